@@ -1,0 +1,401 @@
+"""BERT with masked-LM and next-sentence-prediction heads, in PyTorch.
+
+Numerically equivalent to the reference (Google's BERT, as ported by Hugging Face's
+``BertForPreTraining``): post-LN encoder, learned absolute positions, exact-erf GELU,
+tanh pooler over ``[CLS]``, MLM transform + decoder tied to the word embeddings.
+Module and parameter names are Hugging Face's, so the state dicts map one to one.
+
+Differences that do not change the numbers:
+- attention is ``torch.nn.functional.scaled_dot_product_attention`` (FlashAttention
+  on GPU) with an additive key-padding mask;
+- the MLM head runs only at the masked positions: hidden states are gathered
+  before the vocab projection, so most positions are never projected.
+
+Masked-LM targets come as ``masked_lm_positions`` / ``masked_lm_ids`` (B, P), as in
+the shards. An entry is padding when its position is 0 (``[CLS]``, never a
+prediction) or its id is -100; padding is excluded from the loss. Callers with
+Hugging Face style dense ``labels`` (B, T) using -100 may pass those instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from .config import BertConfig
+
+IGNORE_INDEX = -100
+
+
+def _activation(name: str):
+    if name == "gelu":
+        return F.gelu  # exact erf form
+    if name in ("gelu_new", "gelu_pytorch_tanh"):
+        return lambda x: F.gelu(x, approximate="tanh")
+    return F.relu
+
+
+@dataclass
+class BertPreTrainingOutput:
+    """Outputs of :class:`BertForPreTraining`; losses are None without targets.
+
+    Shapes: ``mlm_logits`` (B, P, V) at the P gathered positions (padding entries
+    included, excluded from the loss); ``nsp_logits`` (B, 2); ``sequence_output``
+    (B, T, H); ``pooled_output`` (B, H).
+    """
+
+    loss: torch.Tensor | None
+    mlm_loss: torch.Tensor | None
+    nsp_loss: torch.Tensor | None
+    mlm_logits: torch.Tensor | None
+    nsp_logits: torch.Tensor
+    sequence_output: torch.Tensor
+    pooled_output: torch.Tensor
+
+
+class BertEmbeddings(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(
+            config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id
+        )
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids: torch.Tensor, segment_ids: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = self.word_embeddings(input_ids) + self.token_type_embeddings(segment_ids)
+        x = x + self.position_embeddings(positions)  # broadcast over the batch
+        return self.dropout(self.LayerNorm(x))
+
+
+class BertSelfAttention(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.head_dim
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout_p = config.attention_probs_dropout_prob
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, t, h = x.shape
+
+        def heads(proj: nn.Linear) -> torch.Tensor:
+            return proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (B, A, T, D)
+
+        y = F.scaled_dot_product_attention(
+            heads(self.query),
+            heads(self.key),
+            heads(self.value),
+            attn_mask=mask,  # (B, 1, 1, T) additive
+            dropout_p=self.dropout_p if self.training else 0.0,
+        )
+        return y.transpose(1, 2).reshape(b, t, h)
+
+
+class BertSelfOutput(nn.Module):
+    """Dense + dropout + residual + LayerNorm (post-LN); used after attention and FFN."""
+
+    def __init__(self, config: BertConfig, in_features: int):
+        super().__init__()
+        self.dense = nn.Linear(in_features, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dropout(self.dense(x)) + residual)
+
+
+class BertAttention(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.self = BertSelfAttention(config)
+        self.output = BertSelfOutput(config, config.hidden_size)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.output(self.self(x, mask), x)
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.act = _activation(config.hidden_act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.dense(x))
+
+
+class BertLayer(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.attention = BertAttention(config)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertSelfOutput(config, config.intermediate_size)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = self.attention(x, mask)
+        return self.output(self.intermediate(x), x)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+        self.gradient_checkpointing = False
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        for layer in self.layer:
+            if self.gradient_checkpointing and self.training:
+                x = checkpoint(layer, x, mask, use_reentrant=False)
+            else:
+                x = layer(x, mask)
+        return x
+
+
+class BertPooler(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, sequence_output: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(sequence_output[:, 0]))
+
+
+class BertModel(nn.Module):
+    """The encoder: embeddings, L post-LN layers, pooler."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = BertEncoder(config)
+        self.pooler = BertPooler(config)
+
+    def forward(
+        self, input_ids: torch.Tensor, segment_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (sequence_output (B, T, H), pooled_output (B, H))."""
+        x = self.embeddings(input_ids, segment_ids)
+        # Additive key-padding mask (B, 1, 1, T): 0 where attended, the dtype's
+        # minimum where padding, as the reference does (a fully padded row stays finite).
+        keep = attention_mask[:, None, None, :].to(x.dtype)
+        mask = (1.0 - keep) * torch.finfo(x.dtype).min
+        x = self.encoder(x, mask)
+        return x, self.pooler(x)
+
+
+class BertPredictionHeadTransform(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = _activation(config.hidden_act)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.act(self.dense(x)))
+
+
+class BertLMPredictionHead(nn.Module):
+    """Transform, then the decoder tied to the word embeddings, plus its own bias."""
+
+    def __init__(self, config: BertConfig, word_embeddings: nn.Embedding):
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(config)
+        self.word_embeddings = [word_embeddings]  # a list, so it is not registered twice
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.transform(x), self.word_embeddings[0].weight, self.bias)
+
+
+class BertPreTrainingHeads(nn.Module):
+    def __init__(self, config: BertConfig, word_embeddings: nn.Embedding):
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config, word_embeddings)
+        self.seq_relationship = nn.Linear(config.hidden_size, 2)
+
+
+class BertForPreTraining(nn.Module):
+    """BERT with the MLM and NSP pretraining heads.
+
+    Example::
+
+        model = BertForPreTraining(BertConfig.preset("tiny"))
+        out = model(input_ids, segment_ids, attention_mask,
+                    masked_lm_positions, masked_lm_ids, next_sentence_label)
+        out.loss.backward()
+    """
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config)
+        self.cls = BertPreTrainingHeads(config, self.bert.embeddings.word_embeddings)
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, 0.0, std)
+            nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, 0.0, std)
+            if module.padding_idx is not None:
+                with torch.no_grad():
+                    module.weight[module.padding_idx].zero_()
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+        elif isinstance(module, BertLMPredictionHead):
+            nn.init.zeros_(module.bias)
+
+    def save_hf(self, directory) -> None:
+        """Write a Hugging Face directory (see :func:`model.hf.save_hf`)."""
+        from .hf import save_hf
+
+        save_hf(self, directory)
+
+    @classmethod
+    def from_hf(cls, directory, *, strict: bool = True) -> BertForPreTraining:
+        """Load a Hugging Face directory (see :func:`model.hf.load_hf`)."""
+        from .hf import load_hf
+
+        return load_hf(directory, strict=strict)
+
+    def set_gradient_checkpointing(self, enabled: bool = True) -> None:
+        """Recompute each layer's activations in backward (less memory, ~30% more time)."""
+        self.bert.encoder.gradient_checkpointing = enabled
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        segment_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        masked_lm_positions: torch.Tensor | None = None,
+        masked_lm_ids: torch.Tensor | None = None,
+        next_sentence_label: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> BertPreTrainingOutput:
+        """Run the encoder and both heads.
+
+        Args:
+            input_ids: integer (B, T), ids < vocab_size, T <= max_position_embeddings.
+            segment_ids: integer (B, T), ids < type_vocab_size.
+            attention_mask: (B, T), 1 for real tokens and 0 for padding.
+            masked_lm_positions: integer (B, P), indices into T; 0 marks padding.
+            masked_lm_ids: integer (B, P), original ids at those positions; -100 marks padding.
+            next_sentence_label: integer (B,), 1 when segment B is random.
+            labels: integer (B, T), HF style: the original id at masked positions, -100
+                elsewhere. An alternative to masked_lm_positions / masked_lm_ids.
+
+        Raises:
+            ValueError: names the tensor with a bad shape, dtype or value range.
+        """
+        self._validate(input_ids, segment_ids, attention_mask)
+        if labels is not None:
+            if masked_lm_positions is not None:
+                raise ValueError("pass either labels or masked_lm_positions/masked_lm_ids")
+            _check_same_shape("labels", labels, input_ids)
+            masked_lm_positions, masked_lm_ids = dense_labels_to_positions(labels)
+        sequence_output, pooled_output = self.bert(input_ids, segment_ids, attention_mask)
+        nsp_logits = self.cls.seq_relationship(pooled_output)
+
+        mlm_logits = mlm_loss = nsp_loss = loss = None
+        if masked_lm_positions is not None:
+            self._validate_positions(
+                masked_lm_positions, masked_lm_ids, input_ids.shape[1], self.config.vocab_size
+            )
+            index = masked_lm_positions.long()[..., None].expand(-1, -1, sequence_output.shape[-1])
+            gathered = sequence_output.gather(1, index)  # (B, P, H)
+            mlm_logits = self.cls.predictions(gathered)  # (B, P, V)
+            if masked_lm_ids is not None:
+                targets = masked_lm_ids.long().masked_fill(masked_lm_positions == 0, IGNORE_INDEX)
+                mlm_loss = F.cross_entropy(
+                    mlm_logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX
+                )
+        if next_sentence_label is not None:
+            if next_sentence_label.shape != input_ids.shape[:1]:
+                raise ValueError(
+                    f"next_sentence_label must have shape {tuple(input_ids.shape[:1])}, "
+                    f"got {tuple(next_sentence_label.shape)}"
+                )
+            nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_label.long())
+        if mlm_loss is not None or nsp_loss is not None:
+            loss = sum(x for x in (mlm_loss, nsp_loss) if x is not None)
+        return BertPreTrainingOutput(
+            loss, mlm_loss, nsp_loss, mlm_logits, nsp_logits, sequence_output, pooled_output
+        )
+
+    def _validate(self, input_ids, segment_ids, attention_mask) -> None:
+        cfg = self.config
+        for name, t in (("input_ids", input_ids), ("segment_ids", segment_ids)):
+            if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+                raise ValueError(f"{name} must be an integer tensor, got {t.dtype}")
+        if input_ids.dim() != 2:
+            raise ValueError(
+                f"input_ids must be 2-D (batch, seq), got shape {tuple(input_ids.shape)}"
+            )
+        _check_same_shape("segment_ids", segment_ids, input_ids)
+        _check_same_shape("attention_mask", attention_mask, input_ids)
+        if input_ids.shape[1] > cfg.max_position_embeddings:
+            raise ValueError(
+                f"input_ids has sequence length {input_ids.shape[1]} > "
+                f"max_position_embeddings={cfg.max_position_embeddings}"
+            )
+        _check_range("input_ids", input_ids, cfg.vocab_size)
+        _check_range("segment_ids", segment_ids, cfg.type_vocab_size)
+
+    @staticmethod
+    def _validate_positions(positions, ids, seq_len: int, vocab_size: int) -> None:
+        if positions.dtype.is_floating_point or positions.dim() != 2:
+            raise ValueError(
+                f"masked_lm_positions must be an integer (batch, P) tensor, "
+                f"got {positions.dtype} {tuple(positions.shape)}"
+            )
+        _check_range("masked_lm_positions", positions, seq_len)
+        if ids is not None:
+            _check_same_shape("masked_lm_ids", ids, positions)
+            _check_range("masked_lm_ids", ids.masked_fill(ids == IGNORE_INDEX, 0), vocab_size)
+
+
+def dense_labels_to_positions(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF-style labels (B, T) with -100 -> (positions, ids), each (B, P).
+
+    P is the largest number of labelled positions in a row; shorter rows are
+    padded with position 0 and id -100. Example: ``[[-100, 7, -100, 9]]`` ->
+    ``([[1, 3]], [[7, 9]])``.
+    """
+    labelled = labels != IGNORE_INDEX
+    width = max(int(labelled.sum(1).max()), 1) if labels.numel() else 1
+    # Stable sort puts labelled positions first, each row in increasing order.
+    order = torch.argsort((~labelled).to(torch.int8), dim=1, stable=True)[:, :width]
+    keep = labelled.gather(1, order)
+    positions = order.masked_fill(~keep, 0)
+    ids = labels.gather(1, order).masked_fill(~keep, IGNORE_INDEX)
+    return positions, ids
+
+
+def _check_same_shape(name: str, t: torch.Tensor, ref: torch.Tensor) -> None:
+    if t.shape != ref.shape:
+        raise ValueError(f"{name} must have shape {tuple(ref.shape)}, got {tuple(t.shape)}")
+
+
+def _check_range(name: str, t: torch.Tensor, upper: int) -> None:
+    if t.numel() and (int(t.min()) < 0 or int(t.max()) >= upper):
+        raise ValueError(
+            f"{name} values must be in [0, {upper}), got min {int(t.min())} max {int(t.max())}"
+        )
+
+
+def num_parameters(model: nn.Module) -> int:
+    """Distinct parameters (the tied decoder weight counted once)."""
+    return sum(p.numel() for p in model.parameters())
