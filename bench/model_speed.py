@@ -1,0 +1,261 @@
+"""Training-step speed of our BERT against transformers' BertForPreTraining (sdpa).
+
+One step = forward, backward and an AdamW step, same config, weights, batch and
+threads. The two models alternate (A B A B ...) after 3 warm-ups each, and the
+median of ``--steps`` steps is reported, so machine noise hits both alike::
+
+    python bench/model_speed.py                      # small (batch 32) and base (batch 8), CPU fp32
+    python bench/model_speed.py --preset base --steps 20
+    python bench/model_speed.py --device cuda --dtype bf16 --preset base large --seq 128 512
+
+Batches look like the pipeline's: 90% of rows full length, 10% a random shorter
+length, 15% of tokens masked up to 20 (or 80 at seq 512) per row. Peak memory is
+CUDA's max allocated on GPU; on CPU it is the peak resident size of a separate
+process that runs the same steps for one model alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from model import BertConfig, BertForPreTraining, num_parameters
+
+BATCH = {"tiny": 64, "mini": 64, "small": 32, "medium": 16, "base": 8, "large": 4}
+
+
+def make_batch(cfg: BertConfig, batch: int, seq: int, device: str, seed: int = 0) -> dict:
+    """A padded batch: positions/ids (B, P) for us, dense labels (B, T) for transformers."""
+    g = torch.Generator().manual_seed(seed)
+    max_pred = 20 if seq <= 128 else 80
+    input_ids = torch.zeros(batch, seq, dtype=torch.long)
+    attention_mask = torch.zeros(batch, seq, dtype=torch.long)
+    segment_ids = torch.zeros(batch, seq, dtype=torch.long)
+    positions = torch.zeros(batch, max_pred, dtype=torch.long)
+    ids = torch.zeros(batch, max_pred, dtype=torch.long)
+    labels = torch.full((batch, seq), -100, dtype=torch.long)
+    for r in range(batch):
+        n = (
+            seq
+            if torch.rand(1, generator=g).item() < 0.9
+            else int(torch.randint(8, seq, (1,), generator=g))
+        )
+        input_ids[r, :n] = torch.randint(5, cfg.vocab_size, (n,), generator=g)
+        attention_mask[r, :n] = 1
+        segment_ids[r, n // 2 : n] = 1
+        k = min(max_pred, max(1, round(n * 0.15)))
+        pos = (torch.randperm(n - 2, generator=g)[:k] + 1).sort().values
+        positions[r, :k] = pos
+        ids[r, :k] = input_ids[r, pos]
+        labels[r, pos] = input_ids[r, pos]
+    nsl = torch.randint(0, 2, (batch,), generator=g)
+    tensors = dict(
+        input_ids=input_ids,
+        segment_ids=segment_ids,
+        attention_mask=attention_mask,
+        masked_lm_positions=positions,
+        masked_lm_ids=ids,
+        next_sentence_label=nsl,
+        labels=labels,
+    )
+    return {k: v.to(device) for k, v in tensors.items()}
+
+
+def build(kind: str, cfg: BertConfig, device: str, dtype: torch.dtype):
+    """Both models from the same seed; the reference gets our weights."""
+    torch.manual_seed(0)
+    ours = BertForPreTraining(cfg)
+    if kind == "ours":
+        model = ours
+    else:
+        import transformers
+
+        hf_cfg = transformers.BertConfig(
+            **{k: v for k, v in cfg.to_dict().items() if k != "architectures"}
+        )
+        hf_cfg._attn_implementation = "sdpa"
+        model = transformers.BertForPreTraining(hf_cfg)
+        model.load_state_dict(ours.state_dict(), strict=False)
+        model.tie_weights()
+    model = model.to(device=device, dtype=dtype).train()
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+
+def step_fn(kind: str, model, opt, b: dict):
+    def step() -> None:
+        if kind == "ours":
+            loss = model(
+                b["input_ids"],
+                b["segment_ids"],
+                b["attention_mask"],
+                b["masked_lm_positions"],
+                b["masked_lm_ids"],
+                b["next_sentence_label"],
+            ).loss
+        else:
+            loss = model(
+                input_ids=b["input_ids"],
+                token_type_ids=b["segment_ids"],
+                attention_mask=b["attention_mask"],
+                labels=b["labels"],
+                next_sentence_label=b["next_sentence_label"],
+            ).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def flops_per_step(cfg: BertConfig, batch: int, seq: int, n_params: int) -> float:
+    """6 x parameters x tokens + attention (12 x L x H x T^2 per row), as in the MFU literature."""
+    return (
+        6 * n_params * batch * seq
+        + 12 * cfg.num_hidden_layers * cfg.hidden_size * seq * seq * batch
+    )
+
+
+def peak_rss_subprocess(args, preset: str, seq: int, kind: str) -> float:
+    """Peak RSS in MiB of a process that runs a few steps of one model alone."""
+    cmd = [
+        sys.executable,
+        __file__,
+        "--memory-of",
+        kind,
+        "--preset",
+        preset,
+        "--seq",
+        str(seq),
+        "--dtype",
+        args.dtype,
+        "--batch",
+        str(args.batch or BATCH[preset]),
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])["peak_mib"]
+
+
+def run_memory_probe(args) -> None:
+    cfg = BertConfig.preset(args.preset[0])
+    dtype = getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[args.dtype])
+    model, opt = build(args.memory_of, cfg, "cpu", dtype)
+    step = step_fn(args.memory_of, model, opt, make_batch(cfg, args.batch, args.seq[0], "cpu"))
+    for _ in range(2):
+        step()
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent across exec.
+    hwm_kib = next(
+        int(line.split()[1])
+        for line in Path("/proc/self/status").read_text().splitlines()
+        if line.startswith("VmHWM:")
+    )
+    print(json.dumps({"peak_mib": hwm_kib / 1024}))
+
+
+def bench(args, preset: str, seq: int) -> dict:
+    cfg = BertConfig.preset(preset)
+    dtype = getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[args.dtype])
+    batch = args.batch or BATCH[preset]
+    b = make_batch(cfg, batch, seq, args.device)
+    tokens = int(b["attention_mask"].sum())
+    kinds = ["ours", "hf"]
+    steps, times = {}, {k: [] for k in kinds}
+    for k in kinds:
+        model, opt = build(k, cfg, args.device, dtype)
+        steps[k] = step_fn(k, model, opt, b)
+    n_params = num_parameters(BertForPreTraining(cfg) if args.device == "cpu" else model)
+    for k in kinds:
+        for _ in range(3):
+            steps[k]()
+    if args.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    for _ in range(args.steps):
+        for k in kinds:
+            sync(args.device)
+            t0 = time.perf_counter()
+            steps[k]()
+            sync(args.device)
+            times[k].append(time.perf_counter() - t0)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    row = {
+        "preset": preset,
+        "seq": seq,
+        "batch": batch,
+        "dtype": args.dtype,
+        "device": args.device,
+        "params": n_params,
+    }
+    for k in kinds:
+        row[f"{k}_tokens_per_s"] = round(tokens / med[k], 1)
+        row[f"{k}_step_s"] = round(med[k], 4)
+    row["ratio"] = round(med["hf"] / med["ours"], 3)
+    flops = flops_per_step(cfg, batch, seq, n_params)
+    if args.peak_tflops:
+        for k in kinds:
+            row[f"{k}_mfu"] = round(flops / med[k] / (args.peak_tflops * 1e12), 4)
+    if args.device == "cpu" and not args.no_memory:
+        for k in kinds:
+            row[f"{k}_peak_rss_mib"] = round(peak_rss_subprocess(args, preset, seq, k), 1)
+    return row
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--preset",
+        nargs="+",
+        default=["small", "base"],
+        help="presets to run (default: small base)",
+    )
+    p.add_argument(
+        "--seq", nargs="+", type=int, default=[128], help="sequence lengths (default: 128)"
+    )
+    p.add_argument(
+        "--batch", type=int, default=0, help="batch size (default: small 32, base 8, large 4, ...)"
+    )
+    p.add_argument("--steps", type=int, default=10, help="timed steps per model (default: 10)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    p.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=0.0,
+        help="peak TFLOP/s of the device for MFU (default: 989 for cuda bf16 = H100/H200 dense)",
+    )
+    p.add_argument("--no-memory", action="store_true", help="skip the CPU peak-memory subprocesses")
+    p.add_argument("--memory-of", choices=["ours", "hf"], help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.memory_of:
+        run_memory_probe(args)
+        return 0
+    if args.device == "cuda" and not args.peak_tflops:
+        args.peak_tflops = 989.0 if args.dtype == "bf16" else 67.0
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}", flush=True)
+    for preset in args.preset:
+        for seq in args.seq:
+            row = bench(args, preset, seq)
+            print(json.dumps(row), flush=True)
+            print(
+                f"{preset} seq {seq} batch {row['batch']}: ours {row['ours_tokens_per_s']:.0f} tok/s, "
+                f"transformers {row['hf_tokens_per_s']:.0f} tok/s, ratio {row['ratio']:.2f}x",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

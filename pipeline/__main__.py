@@ -1,0 +1,100 @@
+"""Command line: ``python -m pipeline build ...`` and ``python -m pipeline stats DIR``.
+
+    python -m pipeline build --input 'corpus/*.txt' --output shards/ --dupe_factor 5
+    python -m pipeline build --help          # every option and its default
+    python -m pipeline stats shards/ [--plot]
+
+Exit codes: 0 success, 1 the job failed, 2 bad arguments or input.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import sys
+import time
+from collections.abc import Sequence
+
+logger = logging.getLogger("pipeline")
+
+USAGE = """usage: python -m pipeline {build,stats} [options]
+
+  build   raw text -> vocab -> NSP pairs -> masked Arrow shards (Apache Beam)
+  stats   summary statistics of a shard directory (optionally as PNG plots)
+
+Run `python -m pipeline build --help` for the options of one command."""
+
+
+def _check_beam_args(beam_args: list[str]) -> None:
+    """Refuse a misspelt option of ours instead of handing it to Beam, which would drop it."""
+    from .config import build_parser
+
+    ours = [a for action in build_parser()._actions for a in action.option_strings]
+    for arg in beam_args:
+        if not arg.startswith("--"):
+            continue
+        name = arg.split("=", 1)[0]
+        close = difflib.get_close_matches(name, ours, n=1, cutoff=0.85)
+        if close:
+            raise ValueError(f"unknown option {name} (did you mean {close[0]}?)")
+
+
+def run_build(argv: Sequence[str]) -> int:
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from .build import build_graph, make_plan, prepare_output
+    from .config import parse_build_args
+    from .dask_compat import install as install_dask_fix
+    from .dask_compat import uses_dask
+    from .format import read_manifest
+
+    try:
+        config, beam_args = parse_build_args(argv)
+        _check_beam_args(beam_args)
+        plan = make_plan(config)
+        prepare_output(config)
+    except (ValueError, FileNotFoundError, FileExistsError) as e:
+        logger.error("%s", e)
+        return 2
+    if uses_dask(beam_args):
+        install_dask_fix()
+    options = PipelineOptions(beam_args)
+    start = time.perf_counter()
+    logger.info("building shards in %s (Beam args: %s)", config.output, beam_args or "none")
+    with beam.Pipeline(options=options) as p:
+        build_graph(p, config, plan)
+    manifest = read_manifest(config.output)
+    elapsed = time.perf_counter() - start
+    stats, skipped = manifest["stats"], manifest["skipped"]
+    logger.info(
+        "done in %.1f s: %d documents -> %d rows in %d shards; random-next %.1f%%, "
+        "%.1f masks/row, %.1f%% of rows shorter than %d; skipped %s",
+        elapsed, stats["documents"], manifest["num_rows"], len(manifest["shards"]),
+        100 * stats["random_next_share"], stats["masks_per_row"], 100 * stats["short_row_share"],
+        config.max_seq_length, skipped or "nothing",
+    )  # fmt: skip
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command == "build":
+        return run_build(rest)
+    if command == "stats":
+        from .stats import main as stats_main
+
+        return stats_main(rest)
+    print(f"unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,493 @@
+"""The Beam pipeline: raw text -> vocab -> NSP instances -> masked Arrow shards.
+
+    python -m pipeline build --input 'corpus/*.txt' --output shards/ --vocab_size 30522
+    python -m pipeline build --input ... --output ... \\
+        --direct_num_workers=2 --direct_running_mode=multi_processing
+
+Steps (labels as in the Beam graph)::
+
+    ListFiles -> ReadDocuments -> [CountWords -> LearnVocab] -> Tokenize
+      -> AssignBuckets -> GroupBuckets -> MakeInstances (NSP + masking, rows keyed by shard)
+      -> GroupShards -> WriteShards -> WriteManifest (last)
+
+Randomness is seeded only from (seed, document id, dupe index); documents meet
+the others of their bucket sorted by id, and each shard is sorted by a seeded
+hash; so every runner and worker count writes byte-identical shards and manifest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import posixpath
+import uuid
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from typing import NamedTuple
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+
+from . import format as shard_format
+from .config import OUTPUT_BYTES_PER_INPUT_BYTE, TARGET_SHARD_BYTES, BuildConfig
+from .masking import MaskingConfig, MaskingVocab, mask_instances
+from .nsp import NspConfig, SpecialIds, create_instances_from_document
+from .rng import derive_seed, numpy_rng, python_rng, shard_key
+from .rows import RowBlock
+from .sources import read_documents
+from .text import basic_tokenize
+from .vocab import (
+    build_tokenizer,
+    learn_wordpiece_vocab,
+    parse_vocab,
+    special_ids,
+    vocab_text,
+)
+
+logger = logging.getLogger(__name__)
+NAMESPACE = "bert_pipeline"
+
+
+class Document(NamedTuple):
+    doc_id: str  # "<path relative to the inputs' common directory>:<ordinal>"
+    sentences: list[str]
+
+
+class TokenizedDocument(NamedTuple):
+    doc_id: str
+    sentences: list[np.ndarray]  # int32 WordPiece ids, each non-empty
+
+
+class Skipped(NamedTuple):
+    """A dropped record, counted under its reason in the manifest's ``skipped``."""
+
+    reason: str
+
+
+def split_skips(pcoll: beam.PCollection, label: str):
+    """(records and Skipped) -> (records, reasons).
+
+    Two filters rather than a multi-output ParDo: Beam's DaskRunner mishandles
+    tagged outputs, and this costs one cheap pass.
+    """
+    kept = pcoll | f"{label}Kept" >> beam.Filter(lambda x: not isinstance(x, Skipped))
+    reasons = pcoll | f"{label}Skips" >> beam.FlatMap(
+        lambda x: [x.reason] if isinstance(x, Skipped) else []
+    )
+    return kept, reasons
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def match_inputs(patterns: Iterable[str]) -> list[tuple[str, int]]:
+    """Expand globs through Beam's FileSystems; returns sorted (path, size_in_bytes).
+
+    Raises:
+        FileNotFoundError: a pattern matches no file (names the pattern).
+    """
+    found: dict[str, int] = {}
+    for pattern in patterns:
+        result = FileSystems.match([pattern])[0]
+        if not result.metadata_list:
+            raise FileNotFoundError(f"--input {pattern!r} matched no file")
+        for meta in result.metadata_list:
+            found[meta.path] = meta.size_in_bytes
+    return sorted(found.items())
+
+
+def common_root(paths: list[str]) -> str:
+    """The directory that all paths share, e.g. ``["/a/b/x", "/a/c/y"] -> "/a"``."""
+    if len(paths) == 1:
+        return posixpath.dirname(paths[0])
+    return posixpath.commonpath(paths) if all(p.startswith("/") for p in paths) else ""
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Write through Beam's FileSystems under a temporary name, then rename."""
+    directory, name = posixpath.split(path)
+    tmp = FileSystems.join(directory, f".{name}.{uuid.uuid4().hex}.tmp")
+    try:
+        with FileSystems.create(tmp, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            f.write(data)
+        FileSystems.rename([tmp], [path])
+    except BaseException:
+        if FileSystems.exists(tmp):
+            FileSystems.delete([tmp])
+        raise
+
+
+def default_num_shards(total_input_bytes: int, dupe_factor: int) -> int:
+    estimate = total_input_bytes * dupe_factor * OUTPUT_BYTES_PER_INPUT_BYTE
+    return max(1, min(99999, round(estimate / TARGET_SHARD_BYTES)))
+
+
+def prepare_output(config: BuildConfig) -> None:
+    """Create the output directory; refuse to mix with an earlier build unless --overwrite.
+
+    Raises:
+        FileExistsError: the directory already holds shards or a manifest.
+    """
+    out = config.output
+    existing = [
+        m.path
+        for pattern in ("shard-*.arrow", shard_format.MANIFEST_NAME)
+        for m in FileSystems.match([FileSystems.join(out, pattern)])[0].metadata_list
+    ]
+    if existing and not config.overwrite:
+        raise FileExistsError(
+            f"{out} already holds {len(existing)} shard/manifest file(s) from an earlier build; "
+            "pass --overwrite to replace them or choose another --output"
+        )
+    # The manifest goes first, so an interrupted clean-up never leaves a manifest
+    # that lists deleted shards.
+    existing.sort(key=lambda p: not p.endswith(shard_format.MANIFEST_NAME))
+    if existing:
+        FileSystems.delete(existing)
+    if not FileSystems.exists(out):
+        FileSystems.mkdirs(out)
+
+
+# ----------------------------------------------------------------------------- DoFns
+
+
+class ReadDocuments(beam.DoFn):
+    """path -> Document, or Skipped for a dropped record."""
+
+    def __init__(self, config: BuildConfig, root: str):
+        self._config = config
+        self._root = root
+        self._docs = Metrics.counter(NAMESPACE, "documents_read")
+
+    def process(self, path: str) -> Iterator:
+        relative = path[len(self._root) :].lstrip("/") if self._root else path
+        ordinal = 0
+        with FileSystems.open(path) as f:
+            items = read_documents(
+                f, input_format=self._config.input_format,
+                text_field=self._config.text_field, path=path,
+            )  # fmt: skip
+            for sentences, reason in items:
+                if reason is not None:
+                    yield Skipped(reason)
+                    continue
+                self._docs.inc()
+                yield Document(f"{relative}:{ordinal}", sentences)
+                ordinal += 1
+
+
+class CountWords(beam.CombineFn):
+    """Documents -> Counter of BERT basic-tokenized words (memory: distinct words)."""
+
+    def __init__(self, do_lower_case: bool):
+        self._lower = do_lower_case
+
+    def create_accumulator(self) -> Counter:
+        return Counter()
+
+    def add_input(self, counts: Counter, doc: Document) -> Counter:
+        for sentence in doc.sentences:
+            counts.update(basic_tokenize(sentence, self._lower))
+        return counts
+
+    def merge_accumulators(self, accumulators: Iterable[Counter]) -> Counter:
+        it = iter(accumulators)
+        total = next(it)
+        for counts in it:
+            total.update(counts)
+        return total
+
+    def extract_output(self, counts: Counter) -> dict[str, int]:
+        return dict(counts)
+
+
+def learn_vocab(word_counts: dict[str, int], config: BuildConfig) -> list[str]:
+    if not word_counts:
+        raise ValueError(f"no words in --input {list(config.input)}: cannot learn a vocab")
+    logger.info("learning a %d-token vocab from %d distinct words", config.vocab_size,
+                len(word_counts))  # fmt: skip
+    return learn_wordpiece_vocab(word_counts, config.vocab_size, min_frequency=config.min_frequency)
+
+
+class Tokenize(beam.DoFn):
+    """Document -> TokenizedDocument with the ``tokenizers`` library, built once per worker.
+
+    Sentences that tokenize to nothing are dropped without ending the document
+    (Google's rule); documents left empty become ``Skipped``.
+    """
+
+    def __init__(self, do_lower_case: bool):
+        self._lower = do_lower_case
+        self._tokenizer = None
+        self._tokens = Metrics.counter(NAMESPACE, "wordpiece_tokens")
+
+    def process(self, doc: Document, vocab: list[str]) -> Iterator:
+        if self._tokenizer is None:
+            self._tokenizer = build_tokenizer(vocab, self._lower)
+        encodings = self._tokenizer.encode_batch(doc.sentences, add_special_tokens=False)
+        sentences = [np.asarray(e.ids, dtype=np.int32) for e in encodings if e.ids]
+        if not sentences:
+            yield Skipped("empty_after_tokenization")
+            return
+        self._tokens.inc(sum(len(s) for s in sentences))
+        yield TokenizedDocument(doc.doc_id, sentences)
+
+
+def bucket_of(doc_id: str, num_docs: int, config: BuildConfig) -> int:
+    """Seeded bucket of a document; ``num_docs // bucket_size`` buckets (at least one)."""
+    num_buckets = max(1, num_docs // config.bucket_size)
+    return derive_seed(config.random_seed, "bucket", doc_id) % num_buckets
+
+
+class MakeInstances(beam.DoFn):
+    """(bucket, documents) -> (shard, RowBlock): Google's NSP pairs, then static masks.
+
+    Documents meet the others of their bucket in id order. Each document's NSP
+    rng is seeded from (seed, doc id, dupe pass); its rows of all passes are
+    masked in one vectorised call, with a generator seeded from (seed, doc id).
+    """
+
+    def __init__(self, config: BuildConfig, num_shards: int):
+        self._config = config
+        self._num_shards = num_shards
+        self._nsp = NspConfig(config.max_seq_length, config.short_seq_prob)
+        self._masking = MaskingConfig(
+            config.masked_lm_prob, config.max_predictions_per_seq, config.do_whole_word_mask
+        )
+        self._vocab = None
+        self._instances = Metrics.counter(NAMESPACE, "instances")
+
+    def _document_rows(self, documents, index: int, doc_id: str) -> RowBlock:
+        """All dupe passes of one document: NSP pairs, then one masking call for all."""
+        seed = self._config.random_seed
+        nsp, keys = [], []
+        for dupe in range(self._config.dupe_factor):
+            rng = python_rng(seed, "nsp", doc_id, dupe)
+            rows = create_instances_from_document(documents, index, self._nsp, rng, self._special)
+            keys += [shard_key(seed, doc_id, dupe, k) for k in range(len(rows))]
+            nsp += rows
+        gen = numpy_rng(seed, "mask", doc_id)
+        masked = mask_instances([row.input_ids for row in nsp], self._masking, self._vocab, gen)
+        return RowBlock.from_instances(keys, nsp, masked)
+
+    def process(self, element, vocab: list[str]) -> Iterator[tuple[int, RowBlock]]:
+        _, docs = element
+        if self._vocab is None:
+            self._vocab = MaskingVocab.from_tokens(vocab)
+            self._special = SpecialIds(self._vocab.cls_id, self._vocab.sep_id)
+        docs = sorted(docs, key=lambda d: d.doc_id)
+        documents = [d.sentences for d in docs]
+        blocks = [self._document_rows(documents, i, doc.doc_id) for i, doc in enumerate(docs)]
+        rows = RowBlock.concat(blocks)
+        self._instances.inc(len(rows))
+        # One sort by (shard, key), then each shard's rows are a contiguous run.
+        shards = rows.keys % np.uint64(self._num_shards)
+        order = np.lexsort((rows.keys, shards))
+        rows, shards = rows.take(order), shards[order]
+        present, starts = np.unique(shards, return_index=True)
+        ends = [*starts[1:].tolist(), len(rows)]
+        for shard, start, end in zip(present.tolist(), starts.tolist(), ends, strict=True):
+            yield shard, rows.take(np.arange(start, end))
+
+
+class WriteShard(beam.DoFn):
+    """(shard, RowBlocks) -> the shard's manifest entry and statistics, after writing it."""
+
+    def __init__(self, config: BuildConfig, num_shards: int):
+        self._config = config
+        self._num_shards = num_shards
+
+    def process(self, element, vocab: list[str]) -> Iterator[dict]:
+        shard, blocks = element
+        block = RowBlock.concat([b for b in blocks if b is not None]).sorted_by_key()
+        schema = shard_format.shard_schema(len(vocab), self._config.max_seq_length)
+        data = shard_format.encode_shard(block.columns(), schema)
+        name = shard_format.shard_name(shard, self._num_shards)
+        write_atomic(FileSystems.join(self._config.output, name), data)
+        yield {
+            "entry": {"name": name, "rows": len(block), "bytes": len(data),
+                      "sha256": hashlib.sha256(data).hexdigest()},
+            "stats": block_stats(block, vocab.index("[MASK]"), self._config.max_seq_length),
+        }  # fmt: skip
+
+
+def block_stats(block: RowBlock, mask_id: int, max_seq_length: int) -> dict[str, int | list[int]]:
+    """Integer sums (so merging shards is exact and order-free) for the manifest."""
+    lengths = np.diff(block.row_offsets)
+    at_positions = block.row_offsets[:-1].repeat(np.diff(block.mlm_offsets))
+    values = block.input_ids[at_positions + block.masked_lm_positions]
+    return {
+        "rows": len(block),
+        "tokens": int(lengths.sum()),
+        "full_length_rows": int((lengths == max_seq_length).sum()),
+        "random_next": int(block.next_sentence_label.sum()),
+        "masked": len(block.masked_lm_ids),
+        "masked_as_mask": int((values == mask_id).sum()),
+        "masked_kept": int((values == block.masked_lm_ids).sum()),
+        "length_histogram": np.bincount(lengths, minlength=max_seq_length + 1).tolist(),
+    }
+
+
+def merge_stats(parts: Iterable[dict]) -> dict:
+    total: dict = {}
+    for part in parts:
+        for key, value in part.items():
+            if isinstance(value, list):
+                old = total.get(key, [0] * len(value))
+                total[key] = [a + b for a, b in zip(old, value, strict=True)]
+            else:
+                total[key] = total.get(key, 0) + value
+    return total
+
+
+def summary_stats(stats: dict, documents: int) -> dict:
+    """Totals plus the shares a practitioner checks against Google's (see DESIGN.md)."""
+    rows, masked = max(stats.get("rows", 0), 1), max(stats.get("masked", 0), 1)
+    real = max(stats.get("tokens", 0) - 3 * stats.get("rows", 0), 1)
+    return {
+        **stats,
+        "documents": documents,
+        "random_next_share": round(stats.get("random_next", 0) / rows, 6),
+        "short_row_share": round(1 - stats.get("full_length_rows", 0) / rows, 6),
+        "masks_per_row": round(stats.get("masked", 0) / rows, 6),
+        "masked_share_of_real_tokens": round(stats.get("masked", 0) / real, 6),
+        "mask_token_share": round(stats.get("masked_as_mask", 0) / masked, 6),
+        "kept_share": round(stats.get("masked_kept", 0) / masked, 6),
+    }
+
+
+def vocab_entry(vocab: list[str], config: BuildConfig) -> dict:
+    """Write vocab.txt and tokenizer.json; return the manifest's ``vocab`` entry."""
+    vocab_bytes = vocab_text(vocab).encode("utf-8")
+    tokenizer_bytes = build_tokenizer(vocab, config.do_lower_case).to_str().encode("utf-8")
+    write_atomic(FileSystems.join(config.output, shard_format.VOCAB_NAME), vocab_bytes)
+    write_atomic(FileSystems.join(config.output, shard_format.TOKENIZER_NAME), tokenizer_bytes)
+    ids = special_ids(vocab)
+    return {
+        "file": shard_format.VOCAB_NAME,
+        "sha256": hashlib.sha256(vocab_bytes).hexdigest(),
+        "size": len(vocab),
+        "do_lower_case": config.do_lower_case,
+        "special_ids": {name.removesuffix("_id"): i for name, i in ids.items()},
+        "tokenizer_file": shard_format.TOKENIZER_NAME,
+        "tokenizer_sha256": hashlib.sha256(tokenizer_bytes).hexdigest(),
+    }
+
+
+def write_manifest(shards: list[dict], vocab: dict, skipped: dict, documents: int,
+                   config: BuildConfig, num_shards: int) -> dict:  # fmt: skip
+    stats = summary_stats(merge_stats(s["stats"] for s in shards), documents)
+    params = {**config.params(), "num_shards": num_shards}
+    manifest = shard_format.build_manifest(
+        shards=[s["entry"] for s in shards], vocab=vocab, params=params, stats=stats,
+        skipped=dict(sorted(skipped.items())),
+    )  # fmt: skip
+    path = FileSystems.join(config.output, shard_format.MANIFEST_NAME)
+    write_atomic(path, shard_format.encode_manifest(manifest))
+    return manifest
+
+
+# ----------------------------------------------------------------------------- graph
+
+
+def read_vocab_file(path: str) -> list[str]:
+    try:
+        with FileSystems.open(path) as f:
+            text = f.read().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--vocab_file {path}: not UTF-8 ({e})") from e
+    except OSError as e:
+        raise FileNotFoundError(f"--vocab_file {path}: {e}") from e
+    return parse_vocab(text, path)
+
+
+class Plan(NamedTuple):
+    """What the driver decides before the pipeline runs (fails fast on bad input)."""
+
+    files: list[str]
+    root: str  # common directory of the inputs; document ids are relative to it
+    num_shards: int
+    vocab: list[str] | None  # from --vocab_file, or None to learn one
+
+
+def make_plan(config: BuildConfig) -> Plan:
+    """Match the inputs, size the shards and read --vocab_file.
+
+    Raises:
+        FileNotFoundError: an input pattern matches nothing, or no --vocab_file.
+        ValueError: the vocab file is malformed (names file and line).
+    """
+    files = match_inputs(config.input)
+    total = sum(size for _, size in files)
+    num_shards = config.num_shards or default_num_shards(total, config.dupe_factor)
+    vocab = read_vocab_file(config.vocab_file) if config.vocab_file else None
+    paths = [path for path, _ in files]
+    logger.info("%d input file(s), %.1f MB, %d shard(s)", len(files), total / 1e6, num_shards)
+    return Plan(paths, common_root(paths), num_shards, vocab)
+
+
+def build_graph(p: beam.Pipeline, config: BuildConfig, plan: Plan) -> beam.PCollection:
+    """Add the whole job to ``p``; returns the PCollection holding the manifest."""
+    num_shards, root = plan.num_shards, plan.root
+    documents, read_skips = split_skips(
+        p
+        | "ListFiles" >> beam.Create(plan.files)
+        | "SpreadFiles" >> beam.Reshuffle()
+        | "ReadDocuments" >> beam.ParDo(ReadDocuments(config, root)),
+        "Read",
+    )
+    if plan.vocab is not None:
+        vocab = p | "VocabFromFile" >> beam.Create([plan.vocab])
+    else:
+        vocab = (
+            documents
+            | "CountWords" >> beam.CombineGlobally(CountWords(config.do_lower_case))
+            | "LearnVocab" >> beam.Map(learn_vocab, config)
+        )
+    vocab_side = beam.pvalue.AsSingleton(vocab)
+    vocab_info = vocab | "WriteVocab" >> beam.Map(vocab_entry, config)
+
+    tokenized, tokenize_skips = split_skips(
+        documents | "Tokenize" >> beam.ParDo(Tokenize(config.do_lower_case), vocab=vocab_side),
+        "Tokenized",
+    )
+    num_docs = tokenized | "CountDocuments" >> beam.combiners.Count.Globally()
+    rows = (
+        tokenized
+        | "AssignBuckets"
+        >> beam.Map(
+            lambda d, n: (bucket_of(d.doc_id, n, config), d), n=beam.pvalue.AsSingleton(num_docs)
+        )
+        | "GroupBuckets" >> beam.GroupByKey()
+        | "MakeInstances" >> beam.ParDo(MakeInstances(config, num_shards), vocab=vocab_side)
+    )
+    # Every shard index gets a placeholder, so a shard that no row lands in is
+    # still written (empty) and the set of files is always complete.
+    placeholders = p | "AllShards" >> beam.Create([(i, None) for i in range(num_shards)])
+    written = (
+        (rows, placeholders)
+        | "MergeRows" >> beam.Flatten()
+        | "GroupShards" >> beam.GroupByKey()
+        | "WriteShards" >> beam.ParDo(WriteShard(config, num_shards), vocab=vocab_side)
+    )
+    skipped = (
+        (read_skips, tokenize_skips)
+        | "MergeSkips" >> beam.Flatten()
+        | "CountSkips" >> beam.combiners.Count.PerElement()
+    )
+    return (
+        written
+        | "CollectShards" >> beam.combiners.ToList()
+        | "WriteManifest"
+        >> beam.Map(
+            write_manifest,
+            vocab=beam.pvalue.AsSingleton(vocab_info),
+            skipped=beam.pvalue.AsDict(skipped),
+            documents=beam.pvalue.AsSingleton(num_docs),
+            config=config,
+            num_shards=num_shards,
+        )
+    )

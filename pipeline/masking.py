@@ -1,0 +1,372 @@
+"""Static masked-LM masking with Google's rules, vectorised over many rows.
+
+Rules (google-research/bert ``create_masked_lm_predictions``):
+
+- Candidates are all positions except ``[CLS]`` and ``[SEP]`` (found by id).
+  With whole-word masking a ``##`` piece joins the group of the candidate
+  before it, so a word is masked whole or not at all. (Google's quirk, kept: a
+  ``##`` piece right after the middle ``[SEP]`` joins the last word of A.)
+- ``num_to_predict = min(max_predictions_per_seq, max(1, round(len(row) *
+  masked_lm_prob)))``, where ``len(row)`` counts ``[CLS]`` and both ``[SEP]``
+  and ``round`` is Python's (half to even): a full 128-token row gets
+  ``round(19.2) = 19`` predictions.
+- Candidate groups are shuffled and taken in that order while fewer than
+  ``num_to_predict`` positions are masked; a group that would overshoot is
+  skipped.
+- Each chosen position becomes ``[MASK]`` with probability 0.8, keeps its id
+  with 0.1, and becomes a uniformly random id in ``[0, vocab_size)`` with 0.1
+  (Google draws from the whole vocabulary, special tokens included).
+
+Randomness comes only from the ``numpy.random.Generator`` passed in, so the
+output is a pure function of the rows, the config and the generator's state.
+It is not draw-for-draw compatible with Google's ``random.Random`` calls (the
+distribution is the same): :func:`mask_instances` masks all the rows of a
+document's dupe pass in a few numpy calls instead of per-token Python.
+
+Use (tests: ``python -m pytest tests/pipeline/test_masking.py``):
+
+    vocab = MaskingVocab.from_tokens(vocab_tokens)
+    gen = pipeline.rng.numpy_rng(seed, doc_id, dupe_index, "masking")
+    masked = mask_instances([x.input_ids for x in nsp_instances], config, vocab, gen)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+# Google: 80% [MASK]; then a coin flip between keep (10%) and random id (10%).
+# One uniform u per prediction: u < 0.8 mask, u < 0.9 keep, else random id.
+_MASK_BELOW = 0.8
+_KEEP_BELOW = 0.9
+
+
+@dataclass(frozen=True)
+class MaskingConfig:
+    """Parameters of masking (Google's flag names and defaults)."""
+
+    # Share of a row's tokens (specials counted) to predict, before the cap.
+    masked_lm_prob: float = 0.15
+    # Cap on predictions per row; the trainer pads masked_lm_positions to it.
+    max_predictions_per_seq: int = 20
+    # Mask whole words: a "##" piece is masked with the word it continues.
+    do_whole_word_mask: bool = False
+
+    def __post_init__(self) -> None:
+        """Raises ValueError naming the field when a value is out of range."""
+        p = self.masked_lm_prob
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
+            raise ValueError(f"masked_lm_prob must be in (0, 1], got {p!r}")
+        cap = self.max_predictions_per_seq
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+            raise ValueError(f"max_predictions_per_seq must be an int >= 1, got {cap!r}")
+        if not isinstance(self.do_whole_word_mask, bool):
+            raise ValueError(f"do_whole_word_mask must be a bool, got {self.do_whole_word_mask!r}")
+
+
+@dataclass(frozen=True, eq=False)
+class MaskingVocab:
+    """What masking needs to know about the vocabulary.
+
+    Attributes:
+        cls_id: id of ``[CLS]`` (never masked).
+        sep_id: id of ``[SEP]`` (never masked).
+        mask_id: id of ``[MASK]``.
+        vocab_size: number of ids; random replacements are drawn from
+            ``[0, vocab_size)``.
+        is_continuation: bool ``[vocab_size]``, True for ``##`` pieces; needed
+            only for whole-word masking. Stored as a read-only copy.
+    """
+
+    cls_id: int
+    sep_id: int
+    mask_id: int
+    vocab_size: int
+    is_continuation: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        """Raises ValueError naming the field when a value is invalid."""
+        if isinstance(self.vocab_size, bool) or not isinstance(self.vocab_size, int):
+            raise ValueError(f"vocab_size must be an int, got {self.vocab_size!r}")
+        for name in ("cls_id", "sep_id", "mask_id"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name} must be an int, got {value!r}")
+            if not 0 <= value < self.vocab_size:
+                raise ValueError(f"{name} must be in [0, {self.vocab_size}), got {value}")
+        if len({self.cls_id, self.sep_id, self.mask_id}) != 3:
+            raise ValueError("cls_id, sep_id and mask_id must be distinct")
+        if self.is_continuation is not None:
+            flags = np.array(self.is_continuation, dtype=bool)  # a private copy
+            if flags.shape != (self.vocab_size,):
+                raise ValueError(
+                    f"is_continuation must have shape ({self.vocab_size},), got {flags.shape}"
+                )
+            flags.setflags(write=False)
+            object.__setattr__(self, "is_continuation", flags)
+
+    @classmethod
+    def from_tokens(cls, tokens: Sequence[str]) -> MaskingVocab:
+        """Builds the vocab info from the tokens of ``vocab.txt``, in id order.
+
+        Args:
+            tokens: the vocabulary, ``tokens[i]`` being the token of id ``i``.
+
+        Returns:
+            A ``MaskingVocab`` with ``is_continuation`` set from ``##`` prefixes.
+
+        Raises:
+            ValueError: ``[CLS]``, ``[SEP]`` or ``[MASK]`` is missing.
+        """
+        index = {token: i for i, token in enumerate(tokens)}
+        missing = [t for t in ("[CLS]", "[SEP]", "[MASK]") if t not in index]
+        if missing:
+            raise ValueError(f"vocabulary lacks special tokens {missing}")
+        return cls(
+            cls_id=index["[CLS]"],
+            sep_id=index["[SEP]"],
+            mask_id=index["[MASK]"],
+            vocab_size=len(tokens),
+            is_continuation=np.array([t.startswith("##") for t in tokens], dtype=bool),
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class MaskedInstance:
+    """One masked row.
+
+    Attributes:
+        input_ids: int32 ``[n]``, the row with predictions replaced.
+        masked_lm_positions: int32 ``[k]``, strictly increasing positions.
+        masked_lm_ids: int32 ``[k]``, the original ids at those positions.
+    """
+
+    input_ids: np.ndarray
+    masked_lm_positions: np.ndarray
+    masked_lm_ids: np.ndarray
+
+
+def num_to_predict(num_tokens: np.ndarray | int, config: MaskingConfig) -> np.ndarray:
+    """Google's prediction count per row: ``min(cap, max(1, round(n * p)))``.
+
+    ``np.rint`` rounds half to even on the same float64 product, exactly as
+    Python 3's ``round`` does (e.g. ``round(2.5) == 2``).
+
+    Args:
+        num_tokens: int ``[R]`` (or a scalar), row lengths with specials.
+        config: the masking config.
+
+    Returns:
+        int64 ``[R]`` (0-d for a scalar), e.g. 19 for 128 tokens at p=0.15.
+    """
+    rounded = np.rint(np.asarray(num_tokens, dtype=np.int64) * config.masked_lm_prob)
+    return np.minimum(config.max_predictions_per_seq, np.maximum(1, rounded)).astype(np.int64)
+
+
+def mask_instances(
+    rows: Sequence[np.ndarray],
+    config: MaskingConfig,
+    vocab: MaskingVocab,
+    gen: np.random.Generator,
+) -> list[MaskedInstance]:
+    """Masks many rows at once (e.g. all NSP rows of one document's dupe pass).
+
+    Args:
+        rows: R rows, each an integer ``[n_r]`` array of ids in
+            ``[0, vocab_size)``, such as ``NspInstance.input_ids``. Not modified.
+        config: the masking config.
+        vocab: special ids, vocabulary size and (for whole-word masking)
+            ``is_continuation``.
+        gen: the only source of randomness; the result depends only on its state.
+
+    Returns:
+        R masked rows, in order. A row without candidates gets no predictions.
+
+    Raises:
+        ValueError: a row is not a 1-D integer array, an id is outside
+            ``[0, vocab_size)``, or whole-word masking is asked for without
+            ``vocab.is_continuation``.
+    """
+    if config.do_whole_word_mask and vocab.is_continuation is None:
+        raise ValueError("do_whole_word_mask needs MaskingVocab.is_continuation")
+    if not rows:
+        return []
+    flat, offsets = _pack(rows, vocab.vocab_size)
+    counts = num_to_predict(offsets[1:] - offsets[:-1], config)
+    selected = _select(flat, offsets, counts, vocab, gen, config.do_whole_word_mask)
+    masked_flat = flat.copy()
+    masked_flat[selected] = _replacements(flat[selected], vocab, gen)
+    return _unpack(masked_flat, flat, offsets, selected)
+
+
+def mask_instance(
+    input_ids: np.ndarray,
+    config: MaskingConfig,
+    vocab: MaskingVocab,
+    gen: np.random.Generator,
+) -> MaskedInstance:
+    """Masks one row; see :func:`mask_instances` for Args and Raises."""
+    return mask_instances([input_ids], config, vocab, gen)[0]
+
+
+def _pack(rows: Sequence[np.ndarray], vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenates rows into int32 ``flat [N]`` with int64 ``offsets [R + 1]``.
+
+    Raises:
+        ValueError: a row is not 1-D or not integer, or holds an id outside
+            ``[0, vocab_size)``.
+    """
+    if any(np.ndim(row) != 1 for row in rows):
+        raise ValueError("each row must be a 1-D array of ids")
+    lengths = np.fromiter((len(row) for row in rows), dtype=np.int64, count=len(rows))
+    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = np.concatenate(rows)
+    if flat.dtype.kind not in "iu":
+        raise ValueError(f"rows must hold integer ids, got dtype {flat.dtype}")
+    if flat.size and (int(flat.min()) < 0 or int(flat.max()) >= vocab_size):
+        raise ValueError(f"ids must be in [0, {vocab_size}), got [{flat.min()}, {flat.max()}]")
+    return flat.astype(np.int32, copy=False), offsets
+
+
+def _select(
+    flat: np.ndarray,
+    offsets: np.ndarray,
+    counts: np.ndarray,
+    vocab: MaskingVocab,
+    gen: np.random.Generator,
+    whole_words: bool,
+) -> np.ndarray:
+    """Google's selection for all rows at once: group, shuffle, take greedily.
+
+    Candidates are grouped into words (one position each unless
+    ``whole_words``) and each row's words are shuffled. Without whole words,
+    every word has size 1, so Google's walk just takes the first ``count``
+    shuffled candidates; with whole words the walk is done per row in
+    :func:`_take_words_greedily`.
+
+    Args:
+        flat: int32 ``[N]``, all rows concatenated.
+        offsets: int64 ``[R + 1]``, row ``r`` is ``flat[offsets[r]:offsets[r + 1]]``.
+        counts: int64 ``[R]``, the prediction budget of each row.
+        vocab: special ids and ``is_continuation``.
+        gen: the source of the shuffles.
+        whole_words: group ``##`` pieces with their word.
+
+    Returns:
+        int64 ``[S]``: chosen indices into ``flat``, ascending.
+    """
+    (candidates,) = np.nonzero((flat != vocab.cls_id) & (flat != vocab.sep_id))  # (C,)
+    bounds = np.searchsorted(candidates, offsets)  # (R + 1,): row r's candidates
+    if not whole_words:
+        per_row = bounds[1:] - bounds[:-1]
+        chosen = _shuffled_prefixes(bounds, np.minimum(per_row, counts), gen)
+        return candidates[np.sort(chosen)]
+    # A "##" piece continues the previous candidate's word (even across the
+    # middle [SEP], as in Google's code), but never across rows.
+    starts = ~vocab.is_continuation[flat[candidates]]  # (C,)
+    row_firsts = bounds[:-1]
+    starts[row_firsts[row_firsts < len(candidates)]] = True
+    word_first = np.flatnonzero(starts)  # (W,) index into candidates
+    word_bounds = np.searchsorted(word_first, bounds)  # (R + 1,): row r's words
+    shuffled = _shuffled_prefixes(word_bounds, word_bounds[1:] - word_bounds[:-1], gen)
+    sizes = np.diff(word_first, append=len(candidates))  # (W,)
+    taken = _take_words_greedily(sizes[shuffled], word_bounds, counts)
+    word_taken = np.zeros(len(word_first), dtype=bool)
+    word_taken[shuffled[taken]] = True
+    return candidates[word_taken[np.cumsum(starts) - 1]]
+
+
+def _shuffled_prefixes(
+    bounds: np.ndarray, limits: np.ndarray, gen: np.random.Generator
+) -> np.ndarray:
+    """Per row, the first ``limits[r]`` items of a random permutation of its range.
+
+    Row ``r`` owns the indices ``[bounds[r], bounds[r + 1])``. They are
+    shuffled by argsorting iid uniform keys in a padded ``[R, max size]``
+    matrix (one numpy call for all rows); padding gets key 2.0 so it sorts
+    after every real key. Taking a prefix of a uniform permutation is Google's
+    shuffle-then-walk when every item has size 1.
+
+    Args:
+        bounds: int ``[R + 1]``, ascending.
+        limits: int ``[R]``, ``0 <= limits[r] <= bounds[r + 1] - bounds[r]``.
+        gen: draws ``R * max size`` uniform keys.
+
+    Returns:
+        int64 ``[sum(limits)]``: the chosen indices, grouped by row, each row's
+        in shuffled order.
+    """
+    sizes = bounds[1:] - bounds[:-1]  # (R,)
+    columns = np.arange(int(sizes.max()) if len(sizes) else 0)
+    keys = gen.random((len(sizes), len(columns)))  # (R, width)
+    keys[columns >= sizes[:, None]] = 2.0
+    order = np.argsort(keys, axis=1)  # (R, width): real items first, shuffled
+    return order[columns < limits[:, None]] + np.repeat(bounds[:-1], limits)
+
+
+def _take_words_greedily(sizes: np.ndarray, bounds: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Google's walk over shuffled words: stop at the budget, skip overshooters.
+
+    Args:
+        sizes: int ``[W]``, word sizes in shuffled order, grouped by row.
+        bounds: int ``[R + 1]``, row ``r``'s words are ``[bounds[r], bounds[r+1])``.
+        counts: int ``[R]``, the budget of each row.
+
+    Returns:
+        bool ``[W]``: which of the shuffled words are taken.
+    """
+    size_list, bound_list = sizes.tolist(), bounds.tolist()
+    taken = np.zeros(len(size_list), dtype=bool)
+    chosen = []
+    for r, budget in enumerate(counts.tolist()):
+        masked = 0
+        for j in range(bound_list[r], bound_list[r + 1]):
+            if masked >= budget:
+                break
+            if masked + size_list[j] > budget:
+                continue  # this word would overshoot the budget
+            chosen.append(j)
+            masked += size_list[j]
+    taken[chosen] = True
+    return taken
+
+
+def _replacements(
+    original: np.ndarray, vocab: MaskingVocab, gen: np.random.Generator
+) -> np.ndarray:
+    """The 80/10/10 rule: ``[MASK]``, the original id, or a random id.
+
+    Args:
+        original: int32 ``[S]``, the ids at the chosen positions.
+
+    Returns:
+        int32 ``[S]``, the ids to write there.
+    """
+    u, v = gen.random((2, len(original)))
+    # floor(v * vocab_size) is uniform on [0, vocab_size) up to ~vocab_size / 2**53;
+    # cheaper than gen.integers for small batches. min() guards a round-up.
+    random_ids = np.minimum((v * vocab.vocab_size).astype(np.int32), vocab.vocab_size - 1)
+    replaced = np.where(u < _KEEP_BELOW, original, random_ids)
+    return np.where(u < _MASK_BELOW, np.int32(vocab.mask_id), replaced).astype(np.int32)
+
+
+def _unpack(
+    masked_flat: np.ndarray, flat: np.ndarray, offsets: np.ndarray, selected: np.ndarray
+) -> list[MaskedInstance]:
+    """Splits the flat results back into rows (views into shared buffers)."""
+    # Predictions per row: selected is ascending, so each row's are contiguous.
+    bounds = np.searchsorted(selected, offsets).tolist()
+    positions = (selected - np.repeat(offsets[:-1], np.diff(bounds))).astype(np.int32)
+    labels = flat[selected]
+    starts = offsets.tolist()
+    return [
+        MaskedInstance(
+            input_ids=masked_flat[starts[r] : starts[r + 1]],
+            masked_lm_positions=positions[bounds[r] : bounds[r + 1]],
+            masked_lm_ids=labels[bounds[r] : bounds[r + 1]],
+        )
+        for r in range(len(starts) - 1)
+    ]

@@ -1,0 +1,115 @@
+"""Documents from input files: txt (Google's convention), jsonl and parquet.
+
+Pure generators over an open binary file, so they are testable without Beam; the
+pipeline opens files through Beam's FileSystems (local, gs://, s3://, hdfs://,
+``.gz``/``.bz2`` decompressed by extension).
+
+Every yielded item is ``(sentences, None)`` for a document or ``(None, reason)``
+for a skipped record, so that the caller counts skips under their reason:
+
+- ``invalid_utf8_line`` — a txt line that is not UTF-8 (the line is dropped);
+- ``invalid_utf8_record`` / ``invalid_json`` / ``missing_text_field`` /
+  ``non_string_text`` — a jsonl record (the record is dropped);
+- ``empty_document`` — a document with no non-blank sentence.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from typing import BinaryIO
+
+from .text import iter_txt_documents, split_sentences
+
+Item = tuple[list[str] | None, str | None]
+
+
+def _txt_lines(f: BinaryIO, skipped: list[str]) -> Iterator[str]:
+    for raw in f:
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError:
+            skipped.append("invalid_utf8_line")
+            # An undecodable line must not end the document the way a blank one would.
+            yield "\x00"
+
+
+def read_txt(f: BinaryIO) -> Iterator[Item]:
+    """One sentence per line, a blank line between documents.
+
+    Example: ``b"A b.\\nC d.\\n\\nE f.\\n"`` -> ``(["A b.", "C d."], None), (["E f."], None)``.
+    """
+    skipped: list[str] = []
+    for sentences in iter_txt_documents(_txt_lines(f, skipped)):
+        yield from ((None, reason) for reason in skipped)
+        skipped.clear()
+        # The placeholder of an undecodable line holds only NUL, which BERT's
+        # normalisation drops; remove it here so it is not a "sentence".
+        sentences = [s for s in sentences if s.strip("\x00")]
+        yield (sentences, None) if sentences else (None, "empty_document")
+    yield from ((None, reason) for reason in skipped)
+
+
+def _document(text: str) -> Item:
+    sentences = split_sentences(text)
+    return (sentences, None) if sentences else (None, "empty_document")
+
+
+def read_jsonl(f: BinaryIO, text_field: str) -> Iterator[Item]:
+    """One JSON object per line; ``text_field`` holds a document, split into sentences."""
+    for raw in f:
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            yield None, "invalid_utf8_record"
+            continue
+        except json.JSONDecodeError:
+            yield None, "invalid_json"
+            continue
+        if not isinstance(record, dict) or text_field not in record:
+            yield None, "missing_text_field"
+            continue
+        text = record[text_field]
+        if not isinstance(text, str):
+            yield None, "non_string_text"
+            continue
+        yield _document(text)
+
+
+def read_parquet(f: BinaryIO, text_field: str, path: str) -> Iterator[Item]:
+    """One document per row of the string column ``text_field``.
+
+    Raises:
+        ValueError: the file has no such column, or it is not a string column
+            (a configuration error, so it stops the run and names the file).
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = f.read() if not f.seekable() else None
+    parquet = pq.ParquetFile(io.BytesIO(data) if data is not None else f)
+    schema = parquet.schema_arrow
+    if text_field not in schema.names:
+        raise ValueError(
+            f"{path}: no column {text_field!r} (columns: {schema.names}); see --text_field"
+        )
+    column_type = schema.field(text_field).type
+    if not (pa.types.is_string(column_type) or pa.types.is_large_string(column_type)):
+        raise ValueError(f"{path}: column {text_field!r} is {column_type}, not a string column")
+    for batch in parquet.iter_batches(columns=[text_field], batch_size=1024):
+        for text in batch.column(0).to_pylist():
+            yield (None, "missing_text_field") if text is None else _document(text)
+
+
+def read_documents(f: BinaryIO, *, input_format: str, text_field: str, path: str) -> Iterator[Item]:
+    """Dispatch on ``input_format`` (txt, jsonl, parquet)."""
+    if input_format == "txt":
+        return read_txt(f)
+    if input_format == "jsonl":
+        return read_jsonl(f, text_field)
+    if input_format == "parquet":
+        return read_parquet(f, text_field, path)
+    raise ValueError(f"unknown input_format {input_format!r}")

@@ -1,0 +1,148 @@
+"""``python -m pipeline stats DIR [--plot]``: statistics of a shard directory.
+
+Reads every shard (memory-mapped, checked against the manifest's sha256), and
+prints row lengths, masks per row, the 80/10/10 split of predictions and the
+random-next share, beside what Google's script gives on English text at seq 128
+(about 19 masks on a full row, 14.9% of real tokens masked, random-next 52-54%).
+With ``--plot`` it writes ``lengths.png`` and ``masking.png`` into DIR (or
+``--plot-dir``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow.compute as pc
+
+from . import format as shard_format
+
+logger = logging.getLogger(__name__)
+
+
+def compute_stats(directory: str) -> dict:
+    """Statistics recomputed from the shards of ``directory``.
+
+    Raises:
+        ValueError: a shard does not match the manifest (names the file).
+    """
+    manifest = shard_format.read_manifest(directory)
+    mask_id = manifest["vocab"]["special_ids"]["mask"]
+    max_len = manifest["schema"]["max_seq_length"]
+    lengths_hist = np.zeros(max_len + 1, dtype=np.int64)
+    masks_hist = np.zeros(max_len + 1, dtype=np.int64)
+    totals = dict(rows=0, tokens=0, masked=0, as_mask=0, kept=0, random_next=0,
+                  full_rows=0, full_row_masks=0)  # fmt: skip
+    for entry in manifest["shards"]:
+        path = directory.rstrip("/") + "/" + entry["name"]
+        table = shard_format.verify_shard(path, entry)
+        if table.num_rows == 0:
+            continue
+        lengths = pc.list_value_length(table["input_ids"]).to_numpy()
+        n_masks = pc.list_value_length(table["masked_lm_positions"]).to_numpy()
+        lengths_hist += np.bincount(lengths, minlength=max_len + 1)
+        masks_hist += np.bincount(n_masks, minlength=max_len + 1)
+        ids = pc.list_flatten(table["input_ids"]).to_numpy().astype(np.int64)
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        positions = pc.list_flatten(table["masked_lm_positions"]).to_numpy().astype(np.int64)
+        original = pc.list_flatten(table["masked_lm_ids"]).to_numpy().astype(np.int64)
+        shown = ids[np.repeat(starts, n_masks) + positions]
+        full = lengths == max_len
+        totals["full_rows"] += int(full.sum())
+        totals["full_row_masks"] += int(n_masks[full].sum())
+        totals["rows"] += table.num_rows
+        totals["tokens"] += int(lengths.sum())
+        totals["masked"] += len(positions)
+        totals["as_mask"] += int((shown == mask_id).sum())
+        totals["kept"] += int((shown == original).sum())
+        totals["random_next"] += int(pc.sum(table["next_sentence_label"]).as_py() or 0)
+    rows, masked = max(totals["rows"], 1), max(totals["masked"], 1)
+    return {
+        "rows": totals["rows"],
+        "tokens": totals["tokens"],
+        "mean_length": round(totals["tokens"] / rows, 3),
+        "short_row_share": round(1 - totals["full_rows"] / rows, 4),
+        "masks_per_row": round(totals["masked"] / rows, 3),
+        "masks_per_full_row": round(totals["full_row_masks"] / max(totals["full_rows"], 1), 3),
+        "masked_share_of_real_tokens": round(
+            totals["masked"] / max(totals["tokens"] - 3 * rows, 1), 4
+        ),
+        "mask_token_share": round(totals["as_mask"] / masked, 4),
+        "kept_share": round(totals["kept"] / masked, 4),
+        "random_id_share": round(1 - (totals["as_mask"] + totals["kept"]) / masked, 4),
+        "random_next_share": round(totals["random_next"] / rows, 4),
+        "length_histogram": lengths_hist.tolist(),
+        "masks_histogram": masks_hist.tolist(),
+        "skipped": manifest["skipped"],
+    }
+
+
+def plot(stats: dict, out_dir: str) -> list[str]:
+    """Write lengths.png and masking.png; returns their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    fig, ax = plt.subplots(figsize=(7, 4))
+    hist = stats["length_histogram"]
+    ax.bar(range(len(hist)), hist, width=1.0)
+    ax.set_xlabel("row length (tokens, specials included)")
+    ax.set_ylabel("rows")
+    ax.set_title(f"Row lengths: {stats['rows']} rows, {100 * stats['short_row_share']:.1f}% short")
+    paths.append(os.path.join(out_dir, "lengths.png"))
+    fig.tight_layout()
+    fig.savefig(paths[-1], dpi=100)
+    plt.close(fig)
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    masks = stats["masks_histogram"]
+    last = max((i for i, c in enumerate(masks) if c), default=0)
+    left.bar(range(last + 1), masks[: last + 1], width=1.0)
+    left.set_xlabel("predictions per row")
+    left.set_ylabel("rows")
+    left.set_title(
+        f"{stats['masks_per_row']:.2f} per row, {stats['masks_per_full_row']:.2f} per full row"
+    )
+    shares = [stats["mask_token_share"], stats["random_id_share"], stats["kept_share"]]
+    right.bar(["[MASK]", "random", "kept"], shares)
+    right.axhline(0.8, ls="--", c="gray")
+    right.axhline(0.1, ls="--", c="gray")
+    right.set_title(f"Predictions; random-next {100 * stats['random_next_share']:.1f}%")
+    paths.append(os.path.join(out_dir, "masking.png"))
+    fig.tight_layout()
+    fig.savefig(paths[-1], dpi=100)
+    plt.close(fig)
+    return paths
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m pipeline stats", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("directory", help="a shard directory written by `python -m pipeline build`")
+    p.add_argument("--plot", action="store_true", help="also write lengths.png and masking.png")
+    p.add_argument("--plot-dir", default=None, help="where to write the plots (default: DIRECTORY)")
+    p.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    args = p.parse_args(argv)
+    try:
+        stats = compute_stats(args.directory)
+    except (ValueError, OSError) as e:
+        logger.error("%s", e)
+        return 1
+    if args.json:
+        print(json.dumps(stats, indent=2))
+    else:
+        for key, value in stats.items():
+            if not key.endswith("histogram"):
+                print(f"{key:>30}: {value}")
+    if args.plot:
+        out = args.plot_dir or args.directory
+        os.makedirs(out, exist_ok=True)
+        for path in plot(stats, out):
+            logger.info("wrote %s", path)
+    return 0

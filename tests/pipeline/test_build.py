@@ -1,0 +1,155 @@
+"""The whole Beam job on a tiny corpus: outputs, statistics, errors, determinism across runners."""
+
+import hashlib
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline import format as shard_format
+from pipeline.__main__ import main
+from pipeline.stats import compute_stats
+from pipeline.vocab import read_vocab
+
+WORDS = (
+    "the a of and to in is was for on that with as by at from his her their this "
+    "river mountain city village forest history music science language people king "
+    "queen war peace book school church river island north south east west ancient "
+    "modern famous small large early late built founded known called named became "
+    "rémy café naïve 東京 über"
+).split()
+
+
+def make_corpus(directory: Path, n_docs=120, n_files=3, seed=0) -> str:
+    """Google's txt convention: one sentence per line, blank line between documents."""
+    rng = random.Random(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    files = [[] for _ in range(n_files)]
+    for d in range(n_docs):
+        sentences = []
+        for _ in range(rng.randint(1, 12)):
+            words = [rng.choice(WORDS) for _ in range(rng.randint(3, 25))]
+            sentences.append(" ".join(words).capitalize() + rng.choice([".", "!", "?"]))
+        files[d % n_files].append("\n".join(sentences) + "\n\n")
+    for i, docs in enumerate(files):
+        (directory / f"part-{i}.txt").write_text("".join(docs), encoding="utf-8")
+    return str(directory / "*.txt")
+
+
+BASE = ["--vocab_size", "200", "--dupe_factor", "3", "--max_seq_length", "48",
+        "--max_predictions_per_seq", "8", "--num_shards", "3", "--bucket_size", "40",
+        "--random_seed", "7"]  # fmt: skip
+
+
+def digest(directory: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(directory.iterdir()) if not p.name.endswith(".png")}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return make_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="module")
+def built(corpus, tmp_path_factory):
+    out = tmp_path_factory.mktemp("shards")
+    assert main(["build", "--input", corpus, "--output", str(out), *BASE]) == 0
+    return out
+
+
+def test_outputs_are_complete_and_verified(built):
+    manifest = shard_format.verify_directory(str(built))
+    names = sorted(p.name for p in built.iterdir())
+    assert names == ["manifest.json", "shard-00000-of-00003.arrow", "shard-00001-of-00003.arrow",
+                     "shard-00002-of-00003.arrow", "tokenizer.json", "vocab.txt"]  # fmt: skip
+    assert manifest["params"]["random_seed"] == 7
+    assert manifest["params"]["dupe_factor"] == 3
+    assert manifest["vocab"]["size"] == len(read_vocab(built / "vocab.txt")) == 200
+    assert manifest["vocab"]["special_ids"] == {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4}
+    rows = [r for e in manifest["shards"] for r in shard_format.iter_rows(
+        shard_format.open_shard(str(built / e["name"])))]  # fmt: skip
+    assert len(rows) == manifest["num_rows"] > 100
+    for r in rows:
+        ids, seg = r["input_ids"], r["segment_ids"]
+        assert 5 <= len(ids) <= 48 and ids[0] == 2 and ids[-1] == 3
+        first_sep = int((seg == 0).sum()) - 1  # [CLS] A [SEP] are segment 0, B [SEP] segment 1
+        assert (seg[: first_sep + 1] == 0).all() and (seg[first_sep + 1 :] == 1).all()
+        assert ids[first_sep] == 3 and first_sep < len(ids) - 2
+        assert len(r["masked_lm_positions"]) <= 8
+        assert not set(r["masked_lm_positions"].tolist()) & {0, first_sep, len(ids) - 1}
+
+
+def test_statistics_match_googles_shape(built):
+    stats = compute_stats(str(built))
+    manifest = shard_format.read_manifest(str(built))
+    assert stats["rows"] == manifest["num_rows"] == manifest["stats"]["rows"]
+    assert 0.45 < stats["random_next_share"] < 0.7
+    assert stats["masks_per_full_row"] == 7  # round(48 * 0.15) = 7 <= cap 8
+    assert 0.7 < stats["mask_token_share"] < 0.9
+    assert stats["short_row_share"] > 0.1
+    assert manifest["stats"]["documents"] == 120
+
+
+def test_same_seed_same_bytes_other_seed_differs(corpus, built, tmp_path):
+    again = tmp_path / "again"
+    assert main(["build", "--input", corpus, "--output", str(again), *BASE]) == 0
+    assert digest(again) == digest(built)
+    other = tmp_path / "other"
+    seed = ["--random_seed", "8"]
+    assert main(["build", "--input", corpus, "--output", str(other), *BASE, *seed]) == 0
+    assert digest(other)["vocab.txt"] == digest(built)["vocab.txt"]
+    assert (
+        digest(other)["shard-00000-of-00003.arrow"] != digest(built)["shard-00000-of-00003.arrow"]
+    )
+
+
+def test_vocab_file_is_reused(corpus, built, tmp_path):
+    out = tmp_path / "reuse"
+    args = ["--vocab_file", str(built / "vocab.txt")]
+    assert main(["build", "--input", corpus, "--output", str(out), *BASE, *args]) == 0
+    same, reused = digest(built), digest(out)
+    assert reused.pop("manifest.json") != same.pop("manifest.json")  # params.vocab_file differs
+    assert reused == same  # same vocab, same seed: same vocab file, tokenizer and shards
+    manifest = shard_format.read_manifest(str(out))
+    assert manifest["params"]["vocab_file"] == str(built / "vocab.txt")
+
+
+def test_bad_arguments_exit_2(corpus, built, tmp_path):
+    assert (
+        main(["build", "--input", str(tmp_path / "nothing*.txt"), "--output", str(tmp_path)]) == 2
+    )
+    assert main(["build", "--input", corpus, "--output", str(built)]) == 2  # would mix builds
+    assert main(["build", "--input", corpus, "--output", str(tmp_path), "--dupe_factr", "3"]) == 2
+    assert (
+        main(["build", "--input", corpus, "--output", str(tmp_path), "--masked_lm_prob", "0"]) == 2
+    )
+
+
+def run_cli(corpus, out, *beam_args):
+    cmd = [sys.executable, "-m", "pipeline", "build", "--input", corpus, "--output", str(out),
+           *BASE, *beam_args]  # fmt: skip
+    env = {**os.environ, "PYTHONHASHSEED": "123"}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_multiprocessing_runner_gives_identical_bytes(corpus, built, tmp_path):
+    run_cli(
+        corpus, tmp_path / "mp", "--direct_num_workers=2", "--direct_running_mode=multi_processing"
+    )
+    assert digest(tmp_path / "mp") == digest(built)
+
+
+@pytest.mark.slow
+def test_dask_runner_gives_identical_bytes(corpus, built, tmp_path):
+    pytest.importorskip("distributed")
+    run_cli(corpus, tmp_path / "dask", "--runner=apache_beam.runners.dask.dask_runner.DaskRunner")
+    assert digest(tmp_path / "dask") == digest(built)
+    manifest = json.loads((tmp_path / "dask" / "manifest.json").read_text())
+    assert manifest["num_rows"] > 100

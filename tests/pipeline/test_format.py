@@ -1,0 +1,585 @@
+"""Tests for pipeline/format.py and the snippets of pipeline/FORMAT.md."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from pipeline import format as shard_format
+
+VOCAB_SIZE, MAX_SEQ = 30522, 128
+SPECIAL_IDS = {"pad": 0, "unk": 100, "cls": 101, "sep": 102, "mask": 103}
+FORMAT_MD = Path(shard_format.__file__).with_name("FORMAT.md")
+
+
+def make_columns(seed: int, num_rows: int, *, vocab_size=VOCAB_SIZE, max_seq=MAX_SEQ) -> dict:
+    """Random but valid rows, as the pipeline produces them (int32 arrays, bool labels)."""
+    rng = np.random.default_rng(seed)
+    columns = {name: [] for name in shard_format.COLUMNS}
+    for _ in range(num_rows):
+        length = int(rng.integers(5, max_seq + 1))
+        split = int(rng.integers(2, length - 2))
+        num_masked = int(rng.integers(0, min(20, length - 3) + 1))
+        positions = np.sort(rng.choice(np.arange(1, length - 1), num_masked, replace=False))
+        columns["input_ids"].append(rng.integers(0, vocab_size, length).astype(np.int32))
+        columns["segment_ids"].append((np.arange(length) > split).astype(np.int8))
+        columns["masked_lm_positions"].append(positions.astype(np.int32))
+        columns["masked_lm_ids"].append(rng.integers(0, vocab_size, num_masked).astype(np.int32))
+        columns["next_sentence_label"].append(bool(rng.integers(0, 2)))
+    return columns
+
+
+def write_output(directory: Path, rows_per_shard=(5, 0, 7), *, seed=0) -> dict:
+    """A complete output directory (shards, vocab, tokenizer, manifest); returns the manifest."""
+    directory.mkdir(parents=True, exist_ok=True)
+    schema = shard_format.shard_schema(VOCAB_SIZE, MAX_SEQ)
+    entries = []
+    for index, num_rows in enumerate(rows_per_shard):
+        name = shard_format.shard_name(index, len(rows_per_shard))
+        data = shard_format.encode_shard(make_columns(seed + index, num_rows), schema, batch_size=4)
+        shard_format.atomic_write_bytes(directory / name, data)
+        digest = shard_format.sha256_file(directory / name)
+        entries.append({"name": name, "rows": num_rows, "bytes": len(data), "sha256": digest})
+    (directory / "vocab.txt").write_text("".join(f"tok{i}\n" for i in range(VOCAB_SIZE)))
+    (directory / "tokenizer.json").write_text("{}\n")
+    vocab = vocab_entry(shard_format.sha256_file(directory / "vocab.txt"))
+    vocab["tokenizer_file"] = "tokenizer.json"
+    vocab["tokenizer_sha256"] = shard_format.sha256_file(directory / "tokenizer.json")
+    manifest = shard_format.build_manifest(
+        shards=entries,
+        vocab=vocab,
+        params={"max_seq_length": MAX_SEQ, "seed": seed, "masked_lm_prob": 0.15},
+        stats={"num_documents": np.int64(3), "mean_length": np.float32(0.5)},
+        skipped={"empty_document": 1},
+    )
+    shard_format.atomic_write_bytes(
+        directory / "manifest.json", shard_format.encode_manifest(manifest)
+    )
+    return manifest
+
+
+def vocab_entry(sha256="0" * 64, size=VOCAB_SIZE) -> dict:
+    return {
+        "file": "vocab.txt",
+        "sha256": sha256,
+        "size": size,
+        "do_lower_case": True,
+        "special_ids": SPECIAL_IDS,
+    }
+
+
+def as_lists(columns: dict) -> dict:
+    return {name: [np.asarray(v).tolist() for v in values] for name, values in columns.items()}
+
+
+# ----------------------------------------------------------------------------- names and schema
+
+
+def test_shard_name_round_trips_and_rejects_bad_names():
+    assert shard_format.shard_name(3, 128) == "shard-00003-of-00128.arrow"
+    assert shard_format.parse_shard_name("shard-00003-of-00128.arrow") == (3, 128)
+    for bad in (
+        "shard-3-of-128.arrow",
+        "shard-00128-of-00128.arrow",
+        "x/shard-00000-of-00001.arrow",
+    ):
+        with pytest.raises(ValueError, match="is not a shard name"):
+            shard_format.parse_shard_name(bad)
+    with pytest.raises(ValueError, match="0 <= 5 < 5"):
+        shard_format.shard_name(5, 5)
+
+
+@pytest.mark.parametrize(
+    ("vocab_size", "max_seq", "token", "position"),
+    [
+        (30522, 128, pa.uint16(), pa.uint8()),
+        (70000, 512, pa.uint32(), pa.uint16()),
+        (65536, 256, pa.uint16(), pa.uint8()),
+        (65537, 257, pa.uint32(), pa.uint16()),
+    ],
+)
+def test_schema_uses_narrowest_types(vocab_size, max_seq, token, position):
+    schema = shard_format.shard_schema(vocab_size, max_seq)
+    assert schema.field("input_ids").type == pa.list_(token)
+    assert schema.field("masked_lm_ids").type == pa.list_(token)
+    assert schema.field("masked_lm_positions").type == pa.list_(position)
+    assert schema.field("segment_ids").type == pa.list_(pa.uint8())
+    assert schema.field("next_sentence_label").type == pa.uint8()
+    assert schema.metadata[b"bert_shard_format_version"] == b"1"
+    assert shard_format.schema_params(schema) == (vocab_size, max_seq)
+    assert schema.equals(shard_format.shard_schema(vocab_size, max_seq), check_metadata=True)
+
+
+@pytest.mark.parametrize(
+    ("vocab_size", "max_seq"), [(0, 128), (2**32 + 1, 128), (100, 0), (100, 70000), (True, 8)]
+)
+def test_schema_rejects_bad_sizes(vocab_size, max_seq):
+    with pytest.raises(ValueError, match="must be an int"):
+        shard_format.shard_schema(vocab_size, max_seq)
+
+
+def test_schema_params_rejects_other_versions():
+    schema = shard_format.shard_schema(VOCAB_SIZE, MAX_SEQ)
+    future = schema.with_metadata({**schema.metadata, b"bert_shard_format_version": b"2"})
+    with pytest.raises(shard_format.ShardFormatError, match="version 2; this reader supports 1"):
+        shard_format.schema_params(future)
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def test_round_trip_keeps_values_and_exact_types(tmp_path):
+    columns = make_columns(0, 23)
+    schema = shard_format.shard_schema(VOCAB_SIZE, MAX_SEQ)
+    path = tmp_path / shard_format.shard_name(0, 1)
+    shard_format.atomic_write_bytes(path, shard_format.encode_shard(columns, schema, batch_size=10))
+    table = shard_format.open_shard(path)
+    assert table.schema.equals(schema, check_metadata=True)
+    assert [len(batch) for batch in table.to_batches()] == [10, 10, 3]
+    assert table.to_pydict() == {
+        **as_lists(columns),
+        "next_sentence_label": [int(x) for x in columns["next_sentence_label"]],
+    }
+    rows = list(shard_format.iter_rows(table))
+    assert len(rows) == 23
+    for i in (0, 11, 22):
+        row = shard_format.row_to_numpy(table, i)
+        assert all(value.dtype == np.int64 for value in row.values())
+        assert row["next_sentence_label"].shape == ()
+        np.testing.assert_array_equal(row["input_ids"], columns["input_ids"][i])
+        np.testing.assert_array_equal(
+            rows[i]["masked_lm_positions"], columns["masked_lm_positions"][i]
+        )
+    sliced = list(shard_format.iter_rows(table.slice(7, 9)))  # crosses a batch boundary
+    for i, row in enumerate(sliced, start=7):
+        for name in shard_format.LIST_COLUMNS:
+            np.testing.assert_array_equal(row[name], columns[name][i], err_msg=name)
+        assert row["next_sentence_label"] == columns["next_sentence_label"][i]
+    with pytest.raises(IndexError, match="row 23 out of range"):
+        shard_format.row_to_numpy(table, 23)
+
+
+def test_encode_is_byte_deterministic_for_any_integer_input():
+    schema = shard_format.shard_schema(VOCAB_SIZE, MAX_SEQ)
+    columns = make_columns(1, 50)
+    as_int64 = {
+        name: [np.asarray(v, dtype=np.int64) for v in values] for name, values in columns.items()
+    }
+    first = shard_format.encode_shard(columns, schema, batch_size=16)
+    assert shard_format.encode_shard(make_columns(1, 50), schema, batch_size=16) == first
+    assert shard_format.encode_shard(as_int64, schema, batch_size=16) == first
+    assert shard_format.encode_shard(as_lists(columns), schema, batch_size=16) == first
+    assert shard_format.encode_shard(columns, schema, batch_size=17) != first
+    rows = [
+        dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)
+    ]
+    assert (
+        shard_format.encode_shard(shard_format.rows_to_columns(rows), schema, batch_size=16)
+        == first
+    )
+
+
+def test_wide_types_round_trip():
+    schema = shard_format.shard_schema(70000, 512)
+    columns = make_columns(2, 9, vocab_size=70000, max_seq=512)
+    columns["input_ids"][0][1] = 69999
+    table = pa.ipc.open_stream(shard_format.encode_shard(columns, schema)).read_all()
+    assert table.schema.field("input_ids").type == pa.list_(pa.uint32())
+    assert table.column("input_ids").to_pylist()[0][1] == 69999
+    assert table.to_pydict()["masked_lm_positions"] == as_lists(columns)["masked_lm_positions"]
+
+
+def _set_row(column, row, value):
+    def mutate(columns):
+        columns[column][row] = value
+
+    return mutate
+
+
+def _set_value(column, row, index, value):
+    def mutate(columns):
+        columns[column][row][index] = value
+
+    return mutate
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (
+            _set_value("input_ids", 2, 1, 30522),
+            r"input_ids: row 2 has value 30522 outside \[0, vocab_size=30522\)",
+        ),
+        (_set_value("input_ids", 1, 0, -1), "input_ids: row 1 has value -1"),
+        (
+            _set_row("input_ids", 0, np.arange(129)),
+            "input_ids: row 0 is longer than max_seq_length=128",
+        ),
+        (_set_row("input_ids", 0, np.array([], dtype=np.int32)), "input_ids: row 0 is empty"),
+        (
+            _set_row("input_ids", 0, np.array([1.0, 2.0])),
+            "input_ids: row 0 must hold integers, got dtype float64",
+        ),
+        (
+            _set_row("input_ids", 0, np.ones((2, 3), dtype=np.int32)),
+            r"input_ids: row 0 must be 1-D, got shape \(2, 3\)",
+        ),
+        (
+            _set_row("segment_ids", 3, np.array([0, 1])),
+            "segment_ids: row 3 has a different length than its input_ids",
+        ),
+        (
+            _set_row("masked_lm_ids", 1, np.arange(30)),
+            "masked_lm_ids: row 1 has a different length than its masked_lm_positions",
+        ),
+        (_set_row("next_sentence_label", 4, 2), "next_sentence_label: row 4 has 2, not 0/1"),
+    ],
+)
+def test_encode_rejects_bad_rows_naming_column_and_row(mutate, message):
+    columns = make_columns(3, 6)
+    mutate(columns)
+    with pytest.raises(ValueError, match=message):
+        shard_format.encode_shard(columns, shard_format.shard_schema(VOCAB_SIZE, MAX_SEQ))
+
+
+def test_encode_rejects_bad_values_in_valid_shapes():
+    schema = shard_format.shard_schema(VOCAB_SIZE, MAX_SEQ)
+    base = {
+        "input_ids": [np.array([101, 7, 102, 8, 102])],
+        "segment_ids": [np.array([0, 0, 0, 1, 1])],
+        "masked_lm_positions": [np.array([1, 3])],
+        "masked_lm_ids": [np.array([5, 6])],
+        "next_sentence_label": [0],
+    }
+    cases = [
+        ("segment_ids", [np.array([0, 0, 0, 1, 2])], "segment_ids: row 0 has value 2 not 0/1"),
+        (
+            "masked_lm_positions",
+            [np.array([1, 5])],
+            "masked_lm_positions: row 0 has value 5 outside the row",
+        ),
+        (
+            "masked_lm_positions",
+            [np.array([3, 1])],
+            "masked_lm_positions: row 0 has value 1 not increasing",
+        ),
+        (
+            "masked_lm_positions",
+            [np.array([3, 3])],
+            "masked_lm_positions: row 0 has value 3 not increasing",
+        ),
+        ("masked_lm_ids", [np.array([5, 30522])], "masked_lm_ids: row 0 has value 30522"),
+    ]
+    for column, value, message in cases:
+        with pytest.raises(ValueError, match=message):
+            shard_format.encode_shard({**base, column: value}, schema)
+    with pytest.raises(ValueError, match="columns must be exactly"):
+        shard_format.encode_shard({**base, "input_mask": base["segment_ids"]}, schema)
+    with pytest.raises(ValueError, match="same number of rows"):
+        shard_format.encode_shard({**base, "next_sentence_label": [0, 1]}, schema)
+    with pytest.raises(ValueError, match=r"batch_size must be an int in \[1, inf\], got 0"):
+        shard_format.encode_shard(base, schema, batch_size=0)
+    # Positions restart at each row: row 1 may start below where row 0 ended.
+    two = {name: values * 2 for name, values in base.items()}
+    two["masked_lm_positions"] = [np.array([3, 4]), np.array([1, 2])]
+    assert shard_format.encode_shard(two, schema)
+
+
+def test_empty_shard_reads_as_zero_rows(tmp_path):
+    schema = shard_format.shard_schema(VOCAB_SIZE, MAX_SEQ)
+    path = tmp_path / shard_format.shard_name(0, 1)
+    shard_format.atomic_write_bytes(path, shard_format.encode_shard(make_columns(0, 0), schema))
+    assert [batch.num_rows for batch in pa.ipc.open_stream(path.read_bytes())] == [0]
+    assert shard_format.open_shard(path).num_rows == 0
+    assert list(shard_format.iter_rows(shard_format.open_shard(path))) == []
+    assert datasets.Dataset.from_file(str(path)).num_rows == 0
+
+
+# ----------------------------------------------------------------------------- atomic write
+
+
+def test_atomic_write_replaces_and_leaves_no_temp_files(tmp_path):
+    path = tmp_path / "file.bin"
+    shard_format.atomic_write_bytes(path, b"one")
+    shard_format.atomic_write_bytes(path, b"two")
+    assert path.read_bytes() == b"two"
+    assert os.listdir(tmp_path) == ["file.bin"]
+    assert (
+        path.stat().st_mode & 0o044
+    )  # readable by others (umask permitting), unlike mkstemp's 0600
+
+
+@pytest.mark.parametrize("failing", ["fsync", "replace"])
+def test_failed_atomic_write_keeps_old_file_and_removes_temp(tmp_path, monkeypatch, failing):
+    path = tmp_path / "file.bin"
+    shard_format.atomic_write_bytes(path, b"old")
+
+    def fail(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(shard_format.os, failing, fail)
+    with pytest.raises(OSError, match="No space left"):
+        shard_format.atomic_write_bytes(path, b"new" * 1000)
+    with pytest.raises(OSError, match="No space left"):
+        shard_format.atomic_write_bytes(tmp_path / "new.bin", b"data")
+    monkeypatch.undo()
+    assert path.read_bytes() == b"old"
+    assert os.listdir(tmp_path) == ["file.bin"]
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def test_open_shard_is_zero_copy_and_reads_file_uri(tmp_path):
+    write_output(tmp_path, (300,))
+    path = tmp_path / shard_format.shard_name(0, 1)
+    before = pa.total_allocated_bytes()
+    table = shard_format.open_shard(path)
+    assert pa.total_allocated_bytes() - before < 1024  # buffers point into the memory map
+    from_uri = shard_format.open_shard(path.as_uri())
+    assert from_uri.equals(table)
+    assert shard_format.read_manifest(tmp_path.as_uri())["num_rows"] == 300
+    assert shard_format.verify_directory(tmp_path.as_uri())["num_rows"] == 300
+
+
+def test_datasets_reads_shards_with_integer_formats(tmp_path):
+    manifest = write_output(tmp_path / "shards")
+    files = [str(tmp_path / "shards" / entry["name"]) for entry in manifest["shards"]]
+    one = datasets.Dataset.from_file(files[0])
+    assert one.num_rows == 5
+    assert one.features["input_ids"].feature.dtype == "uint16"
+    train = datasets.load_dataset(
+        "arrow", data_files=files, split="train", cache_dir=str(tmp_path / "cache")
+    )
+    assert train.num_rows == 12
+    expected = shard_format.open_shard(files[2]).to_pylist()
+    assert [train[5 + i] for i in range(7)] == expected
+    torch_row = train.with_format("torch")[0]
+    for name in shard_format.COLUMNS:
+        assert torch_row[name].dtype == torch.int64, name
+    numpy_row = train.with_format("numpy")[0]
+    for name in shard_format.LIST_COLUMNS:
+        assert np.issubdtype(numpy_row[name].dtype, np.integer), name
+    assert numpy_row["input_ids"].tolist() == train[0]["input_ids"]
+
+
+def test_verify_directory_accepts_a_complete_output(tmp_path, capsys):
+    manifest = write_output(tmp_path)
+    assert shard_format.verify_directory(tmp_path) == manifest
+    assert shard_format.main([str(tmp_path)]) == 0
+    assert "OK: 3 shards, 12 rows" in capsys.readouterr().out
+    (tmp_path / "tokenizer.json").write_text('{"changed": true}\n')
+    with pytest.raises(shard_format.ShardFormatError, match=r"tokenizer\.json has another sha256"):
+        shard_format.verify_directory(tmp_path)
+
+
+def test_truncated_shards_are_detected_naming_the_file(tmp_path):
+    manifest = write_output(tmp_path, (9,))
+    path = tmp_path / manifest["shards"][0]["name"]
+    data = path.read_bytes()
+    path.write_bytes(data[:-8])  # cut exactly before the end-of-stream marker: the dangerous case
+    assert pa.ipc.open_stream(path.read_bytes()).read_all().num_rows > 0  # pyarrow alone says fine
+    with pytest.raises(shard_format.ShardFormatError, match=f"{re.escape(str(path))} is truncated"):
+        shard_format.open_shard(path)
+    with pytest.raises(
+        shard_format.ShardFormatError, match=f"{re.escape(str(path))} has {len(data) - 8} bytes"
+    ):
+        shard_format.verify_shard(path, manifest["shards"][0])
+    path.write_bytes(data[: len(data) // 2] + data[-8:])  # cut mid-batch, marker present
+    with pytest.raises(shard_format.ShardFormatError, match=re.escape(str(path))):
+        shard_format.open_shard(path)
+    path.write_bytes(b"")
+    with pytest.raises(shard_format.ShardFormatError, match="is truncated"):
+        shard_format.open_shard(path)
+    assert shard_format.main([str(tmp_path)]) == 1
+
+
+def test_flipped_byte_is_detected_by_sha256(tmp_path):
+    manifest = write_output(tmp_path, (9,))
+    path = tmp_path / manifest["shards"][0]["name"]
+    data = bytearray(path.read_bytes())
+    data[len(data) - 100] ^= 0x01  # inside a data buffer: still a readable stream
+    path.write_bytes(bytes(data))
+    shard_format.open_shard(path)  # reads; only the checksum can tell
+    with pytest.raises(
+        shard_format.ShardFormatError,
+        match=f"{re.escape(str(path))} has sha256 .* manifest says .* \\(corrupt\\)",
+    ):
+        shard_format.verify_shard(path, manifest["shards"][0])
+    with pytest.raises(shard_format.ShardFormatError, match="corrupt"):
+        shard_format.verify_directory(tmp_path)
+
+
+def test_row_count_mismatch_is_detected(tmp_path):
+    manifest = write_output(tmp_path, (9,))
+    entry = {**manifest["shards"][0], "rows": 10}
+    with pytest.raises(shard_format.ShardFormatError, match="has 9 rows, manifest says 10"):
+        shard_format.verify_shard(tmp_path / entry["name"], entry)
+
+
+# ----------------------------------------------------------------------------- manifest
+
+
+def test_manifest_bytes_are_deterministic_and_hold_no_paths(tmp_path):
+    first = shard_format.encode_manifest(write_output(tmp_path / "a"))
+    second = shard_format.encode_manifest(write_output(tmp_path / "b"))
+    assert first == second == (tmp_path / "a" / "manifest.json").read_bytes()
+    assert first.endswith(b"}\n") and str(tmp_path).encode() not in first
+    text = first.decode()
+    assert text == json.dumps(json.loads(text), sort_keys=True, indent=2, ensure_ascii=False) + "\n"
+    manifest = json.loads(text)
+    assert manifest["format_version"] == 1
+    assert manifest["created_by"].startswith("bert-pipeline")
+    assert manifest["schema"]["columns"]["input_ids"] == "list<item: uint16>"
+    assert manifest["stats"] == {"num_documents": 3, "mean_length": 0.5}
+
+
+def test_build_manifest_sorts_shards_and_rejects_bad_input():
+    entries = [
+        {"name": shard_format.shard_name(i, 2), "rows": 1, "bytes": 10, "sha256": "ab"}
+        for i in (1, 0)
+    ]
+    kwargs = {"vocab": vocab_entry(), "params": {"max_seq_length": 128}, "stats": {}, "skipped": {}}
+    manifest = shard_format.build_manifest(shards=entries, **kwargs)
+    assert [entry["name"] for entry in manifest["shards"]] == [
+        "shard-00000-of-00002.arrow",
+        "shard-00001-of-00002.arrow",
+    ]
+    assert manifest["num_rows"] == 2
+    with pytest.raises(ValueError, match="shards must be shard-00000-of-N"):
+        shard_format.build_manifest(shards=entries[:1], **kwargs)
+    with pytest.raises(ValueError, match=r"shards\[0\] has unknown key\(s\) \['tokens'\]"):
+        shard_format.build_manifest(shards=[{**entries[0], "tokens": 5}, entries[1]], **kwargs)
+    with pytest.raises(ValueError, match=r"vocab has unknown key\(s\) \['lower'\]"):
+        shard_format.build_manifest(
+            shards=entries, **{**kwargs, "vocab": {**vocab_entry(), "lower": True}}
+        )
+    with pytest.raises(ValueError, match=r"vocab\.special_ids lacks key 'mask'"):
+        special = {key: value for key, value in SPECIAL_IDS.items() if key != "mask"}
+        shard_format.build_manifest(
+            shards=entries, **{**kwargs, "vocab": {**vocab_entry(), "special_ids": special}}
+        )
+    with pytest.raises(ValueError, match=r"params\.max_seq_length and vocab\.size are required"):
+        shard_format.build_manifest(shards=entries, **{**kwargs, "params": {}})
+    with pytest.raises(ValueError, match=r"skipped.bad_utf8 must be a non-negative int, got -1"):
+        shard_format.build_manifest(shards=entries, **{**kwargs, "skipped": {"bad_utf8": -1}})
+    with pytest.raises(ValueError, match="Out of range float values are not JSON compliant"):
+        shard_format.build_manifest(shards=entries, **{**kwargs, "stats": {"ratio": float("nan")}})
+
+
+def write_manifest(directory: Path, manifest: dict) -> None:
+    directory.mkdir(exist_ok=True)
+    (directory / "manifest.json").write_bytes(shard_format.encode_manifest(manifest))
+
+
+def test_read_manifest_explains_version_and_key_errors(tmp_path):
+    manifest = write_output(tmp_path / "ok")
+    write_manifest(tmp_path / "v2", {**manifest, "format_version": 2})
+    with pytest.raises(
+        shard_format.ShardFormatError,
+        match=r"manifest.json in .*v2 has format_version 2; this reader supports 1 — upgrade",
+    ):
+        shard_format.read_manifest(tmp_path / "v2")
+    write_manifest(
+        tmp_path / "nokey", {key: value for key, value in manifest.items() if key != "vocab"}
+    )
+    with pytest.raises(shard_format.ShardFormatError, match="lacks key 'vocab'"):
+        shard_format.read_manifest(tmp_path / "nokey")
+    write_manifest(tmp_path / "extra", {**manifest, "added_in_1_1": {"x": 1}})
+    assert shard_format.read_manifest(tmp_path / "extra")["num_rows"] == 12  # unknown keys ignored
+    write_manifest(tmp_path / "rows", {**manifest, "num_rows": 11})
+    with pytest.raises(shard_format.ShardFormatError, match="num_rows 11 != the sum"):
+        shard_format.read_manifest(tmp_path / "rows")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(
+        shard_format.ShardFormatError,
+        match="not found: it is written last, so the run did not finish",
+    ):
+        shard_format.read_manifest(tmp_path / "empty")
+    (tmp_path / "empty" / "manifest.json").write_text("{not json")
+    with pytest.raises(shard_format.ShardFormatError, match="is not valid JSON"):
+        shard_format.read_manifest(tmp_path / "empty")
+
+
+def test_check_vocab_compat_names_both_values(tmp_path):
+    manifest = write_output(tmp_path, (1,))
+    shard_format.check_vocab_compat(manifest, vocab_size=VOCAB_SIZE, special_ids=SPECIAL_IDS)
+    shard_format.check_vocab_compat(manifest, vocab_size=VOCAB_SIZE, special_ids={"pad": 0})
+    with pytest.raises(
+        ValueError,
+        match="the model has vocab_size 30528 but the shards were tokenized with a vocabulary of 30522",
+    ):
+        shard_format.check_vocab_compat(manifest, vocab_size=30528)
+    with pytest.raises(ValueError, match=r"the model uses id 1 for \[PAD\] but the shards use 0"):
+        shard_format.check_vocab_compat(manifest, vocab_size=VOCAB_SIZE, special_ids={"pad": 1})
+    with pytest.raises(ValueError, match="unknown special token 'bos'"):
+        shard_format.check_vocab_compat(manifest, vocab_size=VOCAB_SIZE, special_ids={"bos": 1})
+
+
+# ----------------------------------------------------------------------------- FORMAT.md
+
+
+def _code_blocks(language: str) -> list[str]:
+    """The ``language`` fenced blocks of FORMAT.md, each padded so line numbers match the file."""
+    text = FORMAT_MD.read_text()
+    blocks = re.finditer(rf"```{language}\n(.*?)```", text, flags=re.DOTALL)
+    return ["\n" * text.count("\n", 0, block.start(1)) + block[1] for block in blocks]
+
+
+def test_format_md_manifest_example_is_valid(tmp_path):
+    (example,) = _code_blocks("json")
+    assert shard_format.encode_manifest(json.loads(example)).decode() == example.lstrip("\n")
+    write_manifest(tmp_path, json.loads(example))
+    assert shard_format.read_manifest(tmp_path)["num_rows"] == 2
+    assert (
+        json.loads(example)["schema"]["columns"]
+        == write_output(tmp_path / "real")["schema"]["columns"]
+    )
+
+
+def test_format_md_snippets_run_on_real_shards(tmp_path, monkeypatch):
+    write_output(tmp_path / "shards", (5, 0, 7))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")
+    namespace: dict = {}
+    snippets = _code_blocks("python")
+    assert len(snippets) == 3
+    for snippet in snippets:
+        exec(compile(snippet, str(FORMAT_MD), "exec"), namespace)
+    assert (
+        namespace["row"]
+        == shard_format.open_shard("shards/shard-00000-of-00003.arrow").slice(0, 1).to_pylist()[0]
+    )
+    assert namespace["train"].num_rows == namespace["mapped"].num_rows == 12
+    assert namespace["example"]["input_ids"].dtype == torch.int64
+    batch = namespace["batch"]
+    lengths = batch["attention_mask"].sum(1)
+    assert batch["input_ids"].shape == (8, int(lengths.max()))
+    assert batch["labels"].dtype == torch.int64
+    for i in range(8):  # labels hold masked_lm_ids exactly at masked_lm_positions
+        weights = batch["masked_lm_weights"][i].bool()
+        positions = batch["masked_lm_positions"][i][weights]
+        assert torch.equal(batch["labels"][i][positions], batch["masked_lm_ids"][i][weights])
+        assert int((batch["labels"][i] != -100).sum()) == int(weights.sum())
+
+
+@pytest.mark.skipif(
+    shutil.which("jq") is None or shutil.which("sha256sum") is None, reason="needs jq"
+)
+def test_format_md_shell_check_passes_and_catches_corruption(tmp_path):
+    (command,) = _code_blocks("bash")
+    manifest = write_output(tmp_path / "shards", (3, 4))
+    check = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    with open(tmp_path / "shards" / manifest["shards"][1]["name"], "ab") as f:
+        f.write(b"x")
+    check = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True)
+    assert check.returncode != 0 and "shard-00001-of-00002.arrow: FAILED" in check.stdout
