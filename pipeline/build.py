@@ -35,7 +35,7 @@ from . import format as shard_format
 from .config import OUTPUT_BYTES_PER_INPUT_BYTE, TARGET_SHARD_BYTES, BuildConfig
 from .masking import MaskingConfig, MaskingVocab, mask_instances
 from .nsp import NspConfig, SpecialIds, create_instances_from_document
-from .rng import derive_seed, numpy_rng, python_rng, shard_key
+from .rng import derive_seed, numpy_rng, python_rng, shard_keys
 from .rows import RowBlock
 from .sources import read_documents
 from .text import basic_tokenize
@@ -267,11 +267,11 @@ class MakeInstances(beam.DoFn):
         for dupe in range(self._config.dupe_factor):
             rng = python_rng(seed, "nsp", doc_id, dupe)
             rows = create_instances_from_document(documents, index, self._nsp, rng, self._special)
-            keys += [shard_key(seed, doc_id, dupe, k) for k in range(len(rows))]
+            keys.append(shard_keys(seed, doc_id, dupe, len(rows)))
             nsp += rows
         gen = numpy_rng(seed, "mask", doc_id)
         masked = mask_instances([row.input_ids for row in nsp], self._masking, self._vocab, gen)
-        return RowBlock.from_instances(keys, nsp, masked)
+        return RowBlock.from_instances(np.concatenate(keys), nsp, masked)
 
     def process(self, element, vocab: list[str]) -> Iterator[tuple[int, RowBlock]]:
         _, docs = element

@@ -18,6 +18,7 @@ Use:
     rng = python_rng(seed, doc_id, dupe_index)    # random.Random, for NSP
     gen = numpy_rng(seed, doc_id, dupe_index, "masking")  # numpy Generator
     shard = shard_key(seed, doc_id, dupe_index, instance_index) % num_shards
+    keys = shard_keys(seed, doc_id, dupe_index, count)  # the same, vectorised
 """
 
 from __future__ import annotations
@@ -153,4 +154,28 @@ def shard_key(seed: int, doc_id: str, dupe_index: int, instance_index: int) -> i
     Raises:
         TypeError: a part has the wrong type (see :func:`derive_seed`).
     """
-    return derive_seed("shard_key", seed, doc_id, dupe_index, instance_index)
+    return int(shard_keys(seed, doc_id, dupe_index, instance_index + 1)[-1])
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser on uint64 [N] (wrapping arithmetic): a bijection that
+    turns consecutive integers into well-mixed 64-bit values."""
+    with np.errstate(over="ignore"):
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+def shard_keys(seed: int, doc_id: str, dupe_index: int, count: int) -> np.ndarray:
+    """The keys of instances ``0 .. count - 1`` of one document and dupe pass.
+
+    One SHA-256 per (seed, document, pass), then SplitMix64 of that base plus the
+    instance index: as stable as :func:`derive_seed`, without a hash per instance.
+
+    Returns:
+        uint64 ``[count]``; ``shard_keys(...)[i] == shard_key(..., i)``.
+    """
+    base = np.uint64(derive_seed("shard_key", seed, doc_id, dupe_index))
+    with np.errstate(over="ignore"):
+        return _splitmix64(base + np.arange(count, dtype=np.uint64))
