@@ -33,9 +33,9 @@ from apache_beam.metrics import Metrics
 
 from . import format as shard_format
 from .config import OUTPUT_BYTES_PER_INPUT_BYTE, TARGET_SHARD_BYTES, BuildConfig
-from .masking import MaskingConfig, MaskingVocab, mask_instances
+from .masking import MaskingConfig, MaskingVocab, mask_flat
 from .nsp import NspConfig, SpecialIds, create_instances_from_document
-from .rng import derive_seed, numpy_rng, python_rng, shard_keys
+from .rng import derive_seed, keys_from_bases, python_rng, shard_key_base
 from .rows import RowBlock
 from .sources import read_documents
 from .text import basic_tokenize
@@ -246,8 +246,9 @@ class MakeInstances(beam.DoFn):
     """(bucket, documents) -> (shard, RowBlock): Google's NSP pairs, then static masks.
 
     Documents meet the others of their bucket in id order. Each document's NSP
-    rng is seeded from (seed, doc id, dupe pass); its rows of all passes are
-    masked in one vectorised call, with a generator seeded from (seed, doc id).
+    rng is seeded from (seed, doc id, dupe pass); each row gets a 64-bit key from
+    (seed, doc id, dupe pass, index) that places it in a shard and seeds its
+    masks, so the whole bucket is masked in one vectorised call.
     """
 
     def __init__(self, config: BuildConfig, num_shards: int):
@@ -260,18 +261,17 @@ class MakeInstances(beam.DoFn):
         self._vocab = None
         self._instances = Metrics.counter(NAMESPACE, "instances")
 
-    def _document_rows(self, documents, index: int, doc_id: str) -> RowBlock:
-        """All dupe passes of one document: NSP pairs, then one masking call for all."""
+    def _nsp_rows(self, documents, index: int, doc_id: str, out: tuple[list, list, list]):
+        """All dupe passes of one document: appends NSP instances, and per pass
+        its key base and instance count, to ``out``."""
         seed = self._config.random_seed
-        nsp, keys = [], []
+        rows, bases, counts = out
         for dupe in range(self._config.dupe_factor):
             rng = python_rng(seed, "nsp", doc_id, dupe)
-            rows = create_instances_from_document(documents, index, self._nsp, rng, self._special)
-            keys.append(shard_keys(seed, doc_id, dupe, len(rows)))
-            nsp += rows
-        gen = numpy_rng(seed, "mask", doc_id)
-        masked = mask_instances([row.input_ids for row in nsp], self._masking, self._vocab, gen)
-        return RowBlock.from_instances(np.concatenate(keys), nsp, masked)
+            made = create_instances_from_document(documents, index, self._nsp, rng, self._special)
+            rows += made
+            bases.append(shard_key_base(seed, doc_id, dupe))
+            counts.append(len(made))
 
     def process(self, element, vocab: list[str]) -> Iterator[tuple[int, RowBlock]]:
         _, docs = element
@@ -280,8 +280,11 @@ class MakeInstances(beam.DoFn):
             self._special = SpecialIds(self._vocab.cls_id, self._vocab.sep_id)
         docs = sorted(docs, key=lambda d: d.doc_id)
         documents = [d.sentences for d in docs]
-        blocks = [self._document_rows(documents, i, doc.doc_id) for i, doc in enumerate(docs)]
-        rows = RowBlock.concat(blocks)
+        nsp, bases, counts = [], [], []
+        for index, doc in enumerate(docs):
+            self._nsp_rows(documents, index, doc.doc_id, (nsp, bases, counts))
+        keys = keys_from_bases(np.array(bases, dtype=np.uint64), np.array(counts))
+        rows = self._masked_block(nsp, keys)
         self._instances.inc(len(rows))
         # One sort by (shard, key), then each shard's rows are a contiguous run.
         shards = rows.keys % np.uint64(self._num_shards)
@@ -291,6 +294,27 @@ class MakeInstances(beam.DoFn):
         ends = [*starts[1:].tolist(), len(rows)]
         for shard, start, end in zip(present.tolist(), starts.tolist(), ends, strict=True):
             yield shard, rows.take(np.arange(start, end))
+
+    def _masked_block(self, nsp: list, keys: np.ndarray) -> RowBlock:
+        """Mask all rows in one call; each row's randomness comes from its own key."""
+        lengths = np.fromiter((len(r.input_ids) for r in nsp), dtype=np.int64, count=len(nsp))
+        offsets = np.zeros(len(nsp) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        flat = np.concatenate([r.input_ids for r in nsp])
+        masked, selected = mask_flat(flat, offsets, keys, self._masking, self._vocab)
+        row_of = np.searchsorted(offsets, selected, side="right") - 1
+        return RowBlock(
+            keys=keys,
+            input_ids=masked,
+            segment_ids=np.concatenate([r.segment_ids for r in nsp]).astype(np.int8),
+            row_offsets=offsets,
+            masked_lm_positions=(selected - offsets[row_of]).astype(np.int32),
+            masked_lm_ids=flat[selected].astype(np.int32),
+            mlm_offsets=np.searchsorted(selected, offsets).astype(np.int64),
+            next_sentence_label=np.fromiter(
+                (r.is_random_next for r in nsp), dtype=np.uint8, count=len(nsp)
+            ),
+        )
 
 
 class WriteShard(beam.DoFn):

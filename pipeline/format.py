@@ -30,6 +30,7 @@ import re
 import secrets
 import sys
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from importlib import metadata
 
 import numpy as np
@@ -151,7 +152,8 @@ def encode_shard(
 
     Args:
         columns: one entry per name in COLUMNS. The four list columns are sequences with one
-            1-D integer array (any int dtype, e.g. np.int32, or a list of ints) per row;
+            1-D integer array (any int dtype, e.g. np.int32, or a list of ints) per row, or a
+            ``Ragged`` (flat values + offsets);
             ``next_sentence_label`` is a sequence of bools/ints, one per row. Row i of the shard
             is element i of each column.
         schema: from shard_schema(); its metadata gives vocab_size and max_seq_length.
@@ -167,7 +169,7 @@ def encode_shard(
     _check_int("batch_size", batch_size, 1, None)
     if set(columns) != set(COLUMNS):
         raise ValueError(f"columns must be exactly {list(COLUMNS)}, got {sorted(columns)}")
-    counts = {name: len(columns[name]) for name in COLUMNS}
+    counts = {name: _num_rows(columns[name]) for name in COLUMNS}
     if len(set(counts.values())) != 1:
         raise ValueError(f"all columns must have the same number of rows, got {counts}")
     flat = {name: _flatten(name, columns[name]) for name in LIST_COLUMNS}
@@ -185,6 +187,10 @@ def encode_shard(
         for start in range(0, max(rows.num_rows, 1), batch_size):
             writer.write_batch(rows.slice(start, batch_size))
     return sink.getvalue().to_pybytes()
+
+
+def _num_rows(column) -> int:
+    return len(column.offsets) - 1 if isinstance(column, Ragged) else len(column)
 
 
 def rows_to_columns(rows: Sequence[Mapping]) -> dict[str, list]:
@@ -209,8 +215,34 @@ def _as_int64(values, name: str, kinds: str) -> np.ndarray:
     return array.astype(np.int64)
 
 
-def _flatten(name: str, rows: Sequence) -> tuple[np.ndarray, np.ndarray]:
-    """Per-row arrays -> (values int64 (total,), offsets int64 (rows + 1,))."""
+@dataclass(frozen=True)
+class Ragged:
+    """A list column given flat: row ``i`` is ``values[offsets[i]:offsets[i + 1]]``.
+
+    ``values`` is a 1-D integer array, ``offsets`` int [rows + 1] starting at 0.
+    Writers that already hold their rows flat pass this instead of one array per row.
+    """
+
+    values: np.ndarray
+    offsets: np.ndarray
+
+
+def _flatten(name: str, rows: Sequence | Ragged) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row arrays (or a Ragged) -> (values int64 (total,), offsets int64 (rows + 1,))."""
+    if isinstance(rows, Ragged):
+        values, offsets = np.asarray(rows.values), np.asarray(rows.offsets, dtype=np.int64)
+        if values.ndim != 1 or (values.size and values.dtype.kind not in "iu"):
+            raise ValueError(f"{name}: values must be a 1-D integer array")
+        if (
+            offsets.ndim != 1
+            or offsets[0] != 0
+            or offsets[-1] != len(values)
+            or (np.diff(offsets) < 0).any()
+        ):
+            raise ValueError(f"{name}: offsets must rise from 0 to len(values)")
+        if offsets[-1] > _MAX_LIST_VALUES:
+            raise ValueError(f"{name} holds {offsets[-1]} values, more than 2**31 - 1")
+        return values.astype(np.int64), offsets
     arrays = [np.asarray(row) for row in rows]
     for i, array in enumerate(arrays):
         if array.ndim != 1:

@@ -37,6 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .rng import splitmix64
+
 # Google: 80% [MASK]; then a coin flip between keep (10%) and random id (10%).
 # One uniform u per prediction: u < 0.8 mask, u < 0.9 keep, else random id.
 _MASK_BELOW = 0.8
@@ -201,6 +203,92 @@ def mask_instances(
     return _unpack(masked_flat, flat, offsets, selected)
 
 
+def mask_flat(
+    flat: np.ndarray,
+    offsets: np.ndarray,
+    row_keys: np.ndarray,
+    config: MaskingConfig,
+    vocab: MaskingVocab,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Masks R rows held flat, with all randomness derived from one key per row.
+
+    The same rules as :func:`mask_instances`, but the random numbers are
+    counter-based: the uniform for (row, column, purpose) is SplitMix64 of the
+    row's 64-bit key mixed with the column and purpose. A row's masks therefore
+    depend only on its key and its ids, never on which rows share the call, so
+    a whole bucket of documents is masked in one vectorised call while each
+    row stays seeded from (seed, document id, dupe index) through its key.
+
+    Args:
+        flat: int ``[N]``, the rows' ids concatenated, each in ``[0, vocab_size)``.
+        offsets: int64 ``[R + 1]``, row ``r`` is ``flat[offsets[r]:offsets[r + 1]]``.
+        row_keys: uint64 ``[R]``, e.g. from :func:`pipeline.rng.shard_keys`.
+
+    Returns:
+        (masked int32 ``[N]``, selected int64 ``[S]``): the masked ids and the
+        ascending indices into ``flat`` of the predictions; their original ids
+        are ``flat[selected]``.
+
+    Raises:
+        ValueError: ids outside ``[0, vocab_size)``, mismatched lengths, or
+            whole-word masking without ``vocab.is_continuation``.
+    """
+    if config.do_whole_word_mask and vocab.is_continuation is None:
+        raise ValueError("do_whole_word_mask needs MaskingVocab.is_continuation")
+    flat = np.asarray(flat, dtype=np.int32)
+    offsets = np.asarray(offsets, dtype=np.int64)
+    if len(row_keys) != len(offsets) - 1 or offsets[-1] != len(flat):
+        raise ValueError(
+            f"need one key per row and offsets ending at len(flat): {len(row_keys)} keys, "
+            f"{len(offsets) - 1} rows, offsets end {offsets[-1]}, {len(flat)} ids"
+        )
+    if flat.size and (int(flat.min()) < 0 or int(flat.max()) >= vocab.vocab_size):
+        raise ValueError(
+            f"ids must be in [0, {vocab.vocab_size}), got [{flat.min()}, {flat.max()}]"
+        )
+    if not len(row_keys):
+        return flat.copy(), np.zeros(0, dtype=np.int64)
+    draws = _KeyedUniforms(np.asarray(row_keys, dtype=np.uint64))
+    counts = num_to_predict(np.diff(offsets), config)
+    selected = _select(flat, offsets, counts, vocab, draws, config.do_whole_word_mask)
+    rows = np.searchsorted(offsets, selected, side="right") - 1
+    columns = selected - offsets[rows]
+    u, v = draws.at(rows, columns, 1), draws.at(rows, columns, 2)
+    masked = flat.copy()
+    masked[selected] = _replace_with(flat[selected], u, v, vocab)
+    return masked, selected
+
+
+class _KeyedUniforms:
+    """Uniforms in [0, 1) as a pure function of (row key, column, purpose).
+
+    Stands in for ``np.random.Generator`` in :func:`_select`, which asks it for
+    one ``(R, width)`` matrix of shuffle keys (purpose 0).
+    """
+
+    _COLUMN = np.uint64(0x9E3779B97F4A7C15)
+    _PURPOSE = np.uint64(0xD1B54A32D192ED03)
+
+    def __init__(self, row_keys: np.ndarray):
+        self._keys = row_keys
+
+    def at(self, rows: np.ndarray, columns: np.ndarray, purpose: int) -> np.ndarray:
+        with np.errstate(over="ignore"):
+            x = (
+                self._keys[rows]
+                + np.asarray(columns, dtype=np.uint64) * self._COLUMN
+                + np.uint64(purpose) * self._PURPOSE
+            )
+        return (splitmix64(x) >> np.uint64(11)).astype(np.float64) * (1.0 / 2**53)
+
+    def random(self, shape: tuple[int, int]) -> np.ndarray:
+        rows, width = shape
+        if rows != len(self._keys):
+            raise AssertionError(f"expected {len(self._keys)} rows of keys, got {rows}")
+        grid = np.arange(width, dtype=np.uint64)[None, :]
+        return self.at(np.arange(rows)[:, None], grid, 0)
+
+
 def mask_instance(
     input_ids: np.ndarray,
     config: MaskingConfig,
@@ -346,6 +434,13 @@ def _replacements(
         int32 ``[S]``, the ids to write there.
     """
     u, v = gen.random((2, len(original)))
+    return _replace_with(original, u, v, vocab)
+
+
+def _replace_with(
+    original: np.ndarray, u: np.ndarray, v: np.ndarray, vocab: MaskingVocab
+) -> np.ndarray:
+    """:func:`_replacements` given its uniforms: ``u`` picks the rule, ``v`` the random id."""
     # floor(v * vocab_size) is uniform on [0, vocab_size) up to ~vocab_size / 2**53;
     # cheaper than gen.integers for small batches. min() guards a round-up.
     random_ids = np.minimum((v * vocab.vocab_size).astype(np.int32), vocab.vocab_size - 1)

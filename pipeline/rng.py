@@ -157,7 +157,7 @@ def shard_key(seed: int, doc_id: str, dupe_index: int, instance_index: int) -> i
     return int(shard_keys(seed, doc_id, dupe_index, instance_index + 1)[-1])
 
 
-def _splitmix64(x: np.ndarray) -> np.ndarray:
+def splitmix64(x: np.ndarray) -> np.ndarray:
     """SplitMix64's finaliser on uint64 [N] (wrapping arithmetic): a bijection that
     turns consecutive integers into well-mixed 64-bit values."""
     with np.errstate(over="ignore"):
@@ -165,6 +165,31 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
         x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         return x ^ (x >> np.uint64(31))
+
+
+def shard_key_base(seed: int, doc_id: str, dupe_index: int) -> int:
+    """The 64-bit base of one document's and dupe pass's instance keys."""
+    return derive_seed("shard_key", seed, doc_id, dupe_index)
+
+
+def keys_from_bases(bases: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Instance keys for many (document, pass) groups at once.
+
+    Group ``g`` has ``counts[g]`` instances whose keys are
+    ``splitmix64(bases[g] + i)`` for ``i`` in ``0 .. counts[g] - 1``.
+
+    Args:
+        bases: uint64 ``[G]`` from :func:`shard_key_base`.
+        counts: int ``[G]``.
+
+    Returns:
+        uint64 ``[sum(counts)]``, group by group.
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    starts = np.repeat(np.cumsum(counts) - counts, counts)
+    index = (np.arange(int(counts.sum())) - starts).astype(np.uint64)
+    with np.errstate(over="ignore"):
+        return splitmix64(np.repeat(np.asarray(bases, dtype=np.uint64), counts) + index)
 
 
 def shard_keys(seed: int, doc_id: str, dupe_index: int, count: int) -> np.ndarray:
@@ -176,6 +201,5 @@ def shard_keys(seed: int, doc_id: str, dupe_index: int, count: int) -> np.ndarra
     Returns:
         uint64 ``[count]``; ``shard_keys(...)[i] == shard_key(..., i)``.
     """
-    base = np.uint64(derive_seed("shard_key", seed, doc_id, dupe_index))
-    with np.errstate(over="ignore"):
-        return _splitmix64(base + np.arange(count, dtype=np.uint64))
+    base = shard_key_base(seed, doc_id, dupe_index)
+    return keys_from_bases(np.array([base], dtype=np.uint64), np.array([count]))

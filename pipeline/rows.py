@@ -13,8 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .masking import MaskedInstance
-from .nsp import NspInstance
+from .format import Ragged
 
 
 def _offsets(lengths: np.ndarray) -> np.ndarray:
@@ -54,24 +53,6 @@ class RowBlock:
 
     def __len__(self) -> int:
         return len(self.keys)
-
-    @classmethod
-    def from_instances(
-        cls, keys: Sequence[int], nsp: Sequence[NspInstance], masked: Sequence[MaskedInstance]
-    ) -> RowBlock:
-        """Pack rows; ``nsp[i]`` gives segment ids and label, ``masked[i]`` the rest."""
-        return cls(
-            keys=np.asarray(keys, dtype=np.uint64),
-            input_ids=_concat([m.input_ids for m in masked], np.int32),
-            segment_ids=_concat([n.segment_ids for n in nsp], np.int8),
-            row_offsets=_offsets(np.array([len(m.input_ids) for m in masked], dtype=np.int64)),
-            masked_lm_positions=_concat([m.masked_lm_positions for m in masked], np.int32),
-            masked_lm_ids=_concat([m.masked_lm_ids for m in masked], np.int32),
-            mlm_offsets=_offsets(
-                np.array([len(m.masked_lm_positions) for m in masked], dtype=np.int64)
-            ),
-            next_sentence_label=np.array([n.is_random_next for n in nsp], dtype=np.uint8),
-        )
 
     @classmethod
     def concat(cls, blocks: Sequence[RowBlock]) -> RowBlock:
@@ -114,21 +95,12 @@ class RowBlock:
         return RowBlock(self.keys[order], input_ids, segment_ids, row_offsets, positions, ids,
                         mlm_offsets, self.next_sentence_label[order])  # fmt: skip
 
-    def columns(self) -> dict[str, list[np.ndarray] | np.ndarray]:
-        """The mapping :func:`pipeline.format.encode_shard` takes (views, no copies)."""
-        if not len(self):
-            return {name: [] for name in ("input_ids", "segment_ids", "masked_lm_positions",
-                                          "masked_lm_ids", "next_sentence_label")}  # fmt: skip
-        rows = self.row_offsets[1:-1]
-        mlm = self.mlm_offsets[1:-1]
+    def columns(self) -> dict[str, Ragged | np.ndarray]:
+        """The mapping :func:`pipeline.format.encode_shard` takes (no copies)."""
         return {
-            "input_ids": np.split(self.input_ids, rows),
-            "segment_ids": np.split(self.segment_ids, rows),
-            "masked_lm_positions": np.split(self.masked_lm_positions, mlm),
-            "masked_lm_ids": np.split(self.masked_lm_ids, mlm),
+            "input_ids": Ragged(self.input_ids, self.row_offsets),
+            "segment_ids": Ragged(self.segment_ids, self.row_offsets),
+            "masked_lm_positions": Ragged(self.masked_lm_positions, self.mlm_offsets),
+            "masked_lm_ids": Ragged(self.masked_lm_ids, self.mlm_offsets),
             "next_sentence_label": self.next_sentence_label,
         }
-
-
-def _concat(arrays: list[np.ndarray], dtype) -> np.ndarray:
-    return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype)

@@ -23,9 +23,11 @@ Defaults mirror ``tokenizers.BertWordPieceTokenizer.train``: ``min_frequency=2``
 differences, both about words WordPiece maps to ``[UNK]`` whatever the vocab:
 words longer than ``MAX_INPUT_CHARS_PER_WORD`` and words with a character
 outside the alphabet are not used for merges (``tokenizers`` trains on the
-latter with the character dropped). On held-out text the vocab tokenizes
-within 0.1-0.3% of ``BertWordPieceTokenizer``'s tokens per word: see
-``bench/vocab_quality.py``.
+latter with the character dropped). Measured by ``bench/vocab_quality.py``
+(44 MB of docstrings, 58k distinct words, vocab 8000/16000/30522): 100.0% of
+the tokens are the same as ``BertWordPieceTokenizer``'s and tokens per word on
+held-out text agree to 0.01%. Speed: ~4 s for 58k distinct words; 1M distinct
+(synthetic) words to 30522 tokens in ~45 s and ~0.6 GB.
 
 Use::
 
@@ -38,6 +40,7 @@ Use::
 from __future__ import annotations
 
 import heapq
+import itertools
 import logging
 import operator
 import os
@@ -187,7 +190,7 @@ class _PairTable:
         self.where: defaultdict[int, list[int]] = defaultdict(list)
         for index, symbols in enumerate(words):
             count = counts[index]
-            for a, b in zip(symbols, symbols[1:]):
+            for a, b in itertools.pairwise(symbols):
                 self.pair_counts[a << _SHIFT | b] += count
                 self.where[a << _SHIFT | b].append(index)
         self.heap = [(-count, key) for key, count in self.pair_counts.items()]
@@ -256,12 +259,13 @@ def learn_wordpiece_vocab(
 ) -> list[str]:
     """Learns a WordPiece vocab from word counts (see the module docstring).
 
-    Worked example (``min_frequency=1``, no special tokens)::
+    Worked example (``min_frequency=1``; see tests/pipeline/test_vocab.py)::
 
-        {"low": 5, "lower": 2, "newest": 6, "widest": 3}, vocab_size=20
-        -> alphabet d e i l n o r s t w ##e ##i ##o ##r ##s ##t ##w  (17)
-        -> merges ##e+##s (count 9), ##es+##t (9), ##o+##w (7)
-        -> [..., "##es", "##est", "##ow"]
+        {"low": 5, "lower": 2, "newest": 6, "widest": 3}, vocab_size=30
+        -> 5 specials + alphabet d e i l n o r s t w ##d ##e ##i ##o ##r ##s ##t ##w
+        -> merges ##e+##s (count 9, tied with ##s+##t: older ids first),
+           ##es+##t (9), l+##o (7), lo+##w (7), n+##e (6), ##w+##est (6), ne+##west (6)
+        -> [*specials, *alphabet, "##es", "##est", "lo", "low", "ne", "##west", "newest"]
 
     Args:
         word_counts: word -> count, words as ``basic_tokenize`` returns them
@@ -439,7 +443,7 @@ def special_ids(tokens: Sequence[str]) -> dict[str, int]:
     if missing:
         raise ValueError(f"tokens: missing special tokens {missing}")
     names = ("pad_id", "unk_id", "cls_id", "sep_id", "mask_id")
-    return {name: index[token] for name, token in zip(names, SPECIAL_TOKENS)}
+    return {name: index[token] for name, token in zip(names, SPECIAL_TOKENS, strict=True)}
 
 
 def build_tokenizer(tokens: Sequence[str], do_lower_case: bool) -> Tokenizer:

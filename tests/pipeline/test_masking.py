@@ -8,6 +8,7 @@ import pytest
 from pipeline.masking import (
     MaskingConfig,
     MaskingVocab,
+    mask_flat,
     mask_instance,
     mask_instances,
     num_to_predict,
@@ -244,3 +245,50 @@ def test_vocab_validation_and_bad_rows():
     with pytest.raises(ValueError, match="1-D"):
         mask_instances([np.zeros((2, 3), dtype=np.int32)], MaskingConfig(), plain, gen)
     assert VOCAB.is_continuation is not None and not VOCAB.is_continuation.flags.writeable
+
+
+def flat_of(rows):
+    offsets = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64)
+    return np.concatenate(rows), offsets
+
+
+@pytest.mark.parametrize("whole_words", [False, True])
+def test_mask_flat_rules_and_statistics(whole_words):
+    rows = make_rows(3, 3000, pieces=whole_words) + [full_row(s) for s in range(2000)]
+    flat, offsets = flat_of(rows)
+    keys = np.random.default_rng(0).integers(0, 2**63, size=len(rows), dtype=np.uint64)
+    config = MaskingConfig(do_whole_word_mask=whole_words)
+    masked, selected = mask_flat(flat, offsets, keys, config, VOCAB)
+    assert np.all(np.diff(selected) > 0)
+    assert not np.isin(flat[selected], [CLS, SEP]).any()
+    per_row = np.diff(np.searchsorted(selected, offsets))
+    budget = num_to_predict(np.diff(offsets), config)
+    assert np.all(per_row <= budget)
+    if not whole_words:
+        assert np.array_equal(per_row[3000:], np.full(2000, 19))  # full 128-token rows
+        assert np.array_equal(per_row, budget)
+    untouched = np.ones(len(flat), dtype=bool)
+    untouched[selected] = False
+    assert np.array_equal(masked[untouched], flat[untouched])
+    written, labels = masked[selected], flat[selected]
+    assert abs(np.mean(written == MASK) - 0.8) < 0.01
+    assert abs(np.mean(written == labels) - 0.1) < 0.008
+    assert abs(np.mean((written != MASK) & (written != labels)) - 0.1) < 0.008
+
+
+def test_mask_flat_depends_only_on_each_rows_key():
+    rows = make_rows(4, 50)
+    keys = np.arange(1000, 1050, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    flat, offsets = flat_of(rows)
+    together, sel = mask_flat(flat, offsets, keys, MaskingConfig(), VOCAB)
+    for r in (0, 17, 49):
+        one, one_sel = mask_flat(
+            rows[r], np.array([0, len(rows[r])]), keys[r : r + 1], MaskingConfig(), VOCAB
+        )
+        assert np.array_equal(one, together[offsets[r] : offsets[r + 1]])
+        in_row = sel[(sel >= offsets[r]) & (sel < offsets[r + 1])] - offsets[r]
+        assert np.array_equal(one_sel, in_row)
+    other, _ = mask_flat(flat, offsets, keys + np.uint64(1), MaskingConfig(), VOCAB)
+    assert not np.array_equal(other, together)
+    with pytest.raises(ValueError, match="one key per row"):
+        mask_flat(flat, offsets, keys[:3], MaskingConfig(), VOCAB)

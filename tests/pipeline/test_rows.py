@@ -1,7 +1,5 @@
 import numpy as np
 
-from pipeline.masking import MaskedInstance
-from pipeline.nsp import NspInstance
 from pipeline.rows import RowBlock, take_ragged
 
 
@@ -13,14 +11,21 @@ def test_take_ragged_known_answer():
 
 
 def block(keys, lengths, start=0):
-    nsp, masked = [], []
-    for k, n in enumerate(lengths):
-        ids = np.arange(start + 10 * k, start + 10 * k + n, dtype=np.int32)
-        seg = (np.arange(n) >= n // 2).astype(np.int8)
-        nsp.append(NspInstance(ids, seg, bool(k % 2)))
-        pos = np.array([1, n - 2], dtype=np.int32)
-        masked.append(MaskedInstance(ids, pos, ids[pos]))
-    return RowBlock.from_instances(keys, nsp, masked)
+    """Rows k of ids start+10k .. (n of them), positions [1, n-2] masked by their own ids."""
+    ids = [
+        np.arange(start + 10 * k, start + 10 * k + n, dtype=np.int32) for k, n in enumerate(lengths)
+    ]
+    positions = [np.array([1, n - 2], dtype=np.int32) for n in lengths]
+    return RowBlock(
+        keys=np.asarray(keys, dtype=np.uint64),
+        input_ids=np.concatenate(ids),
+        segment_ids=np.concatenate([(np.arange(n) >= n // 2).astype(np.int8) for n in lengths]),
+        row_offsets=np.concatenate([[0], np.cumsum(lengths)]),
+        masked_lm_positions=np.concatenate(positions),
+        masked_lm_ids=np.concatenate([i[p] for i, p in zip(ids, positions, strict=True)]),
+        mlm_offsets=np.arange(0, 2 * len(lengths) + 1, 2),
+        next_sentence_label=(np.arange(len(lengths)) % 2).astype(np.uint8),
+    )
 
 
 def test_concat_then_sort_keeps_rows_whole():
@@ -28,15 +33,18 @@ def test_concat_then_sort_keeps_rows_whole():
     b = block([20], [6], start=100)
     merged = RowBlock.concat([a, RowBlock.empty(), b]).sorted_by_key()
     assert merged.keys.tolist() == [10, 20, 30]
-    cols = merged.columns()
-    assert [len(r) for r in cols["input_ids"]] == [7, 6, 5]
-    assert cols["input_ids"][0].tolist() == list(range(10, 17))
-    assert cols["input_ids"][1].tolist() == list(range(100, 106))
-    assert cols["masked_lm_ids"][2].tolist() == [1, 3]
-    assert cols["next_sentence_label"].tolist() == [1, 0, 0]
-    assert cols["segment_ids"][0].tolist() == [0, 0, 0, 1, 1, 1, 1]
+
+    def row(name, offsets, r):
+        return getattr(merged, name)[offsets[r] : offsets[r + 1]].tolist()
+
+    assert np.diff(merged.row_offsets).tolist() == [7, 6, 5]
+    assert row("input_ids", merged.row_offsets, 0) == list(range(10, 17))
+    assert row("input_ids", merged.row_offsets, 1) == list(range(100, 106))
+    assert row("masked_lm_ids", merged.mlm_offsets, 2) == [1, 3]
+    assert row("segment_ids", merged.row_offsets, 0) == [0, 0, 0, 1, 1, 1, 1]
+    assert merged.next_sentence_label.tolist() == [1, 0, 0]
 
 
 def test_empty_block_has_no_rows():
-    cols = RowBlock.concat([]).columns()
-    assert all(len(v) == 0 for v in cols.values())
+    empty = RowBlock.concat([])
+    assert len(empty) == 0 and empty.row_offsets.tolist() == [0]
