@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -39,6 +40,14 @@ def _check_beam_args(beam_args: list[str]) -> None:
             raise ValueError(f"unknown option {name} (did you mean {close[0]}?)")
 
 
+def _quiet_beam_logs() -> None:
+    """Beam and Dask log every bundle at INFO; BEAM_LOG_LEVEL=INFO brings them back."""
+    level = os.environ.get("BEAM_LOG_LEVEL", "WARNING")
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith(("apache_beam", "distributed")):
+            logging.getLogger(name).setLevel(level)
+
+
 def run_build(argv: Sequence[str]) -> int:
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
@@ -57,8 +66,12 @@ def run_build(argv: Sequence[str]) -> int:
     except (ValueError, FileNotFoundError, FileExistsError) as e:
         logger.error("%s", e)
         return 2
+    if not any(a.startswith("--default_sdk_harness_log_level") for a in beam_args):
+        # Beam's workers log every bundle at INFO; keep the console for our progress.
+        beam_args = [*beam_args, "--default_sdk_harness_log_level=WARNING"]
     if uses_dask(beam_args):
         install_dask_fix()
+    _quiet_beam_logs()
     options = PipelineOptions(beam_args)
     start = time.perf_counter()
     logger.info("building shards in %s (Beam args: %s)", config.output, beam_args or "none")
