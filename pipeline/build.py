@@ -18,8 +18,10 @@ hash; so every runner and worker count writes byte-identical shards and manifest
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import posixpath
+import random
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -35,7 +37,7 @@ from . import format as shard_format
 from .config import OUTPUT_BYTES_PER_INPUT_BYTE, TARGET_SHARD_BYTES, BuildConfig
 from .masking import MaskingConfig, MaskingVocab, mask_flat
 from .nsp import NspConfig, SpecialIds, create_instances_from_document
-from .rng import derive_seed, keys_from_bases, python_rng, shard_key_base
+from .rng import derive_seed, derive_seeds, keys_from_bases
 from .rows import RowBlock
 from .sources import read_documents
 from .text import basic_tokenize
@@ -57,8 +59,14 @@ class Document(NamedTuple):
 
 
 class TokenizedDocument(NamedTuple):
+    """A document's WordPiece ids, flat (two arrays pickle far faster than one per sentence)."""
+
     doc_id: str
-    sentences: list[np.ndarray]  # int32 WordPiece ids, each non-empty
+    ids: np.ndarray  # int32 [N], the sentences' ids concatenated
+    lengths: np.ndarray  # int32 [S], each sentence's length (all > 0)
+
+    def sentences(self) -> list[np.ndarray]:
+        return np.split(self.ids, np.cumsum(self.lengths[:-1]))
 
 
 class Skipped(NamedTuple):
@@ -228,12 +236,16 @@ class Tokenize(beam.DoFn):
         if self._tokenizer is None:
             self._tokenizer = build_tokenizer(vocab, self._lower)
         encodings = self._tokenizer.encode_batch(doc.sentences, add_special_tokens=False)
-        sentences = [np.asarray(e.ids, dtype=np.int32) for e in encodings if e.ids]
-        if not sentences:
+        ids = [e.ids for e in encodings if e.ids]
+        if not ids:
             yield Skipped("empty_after_tokenization")
             return
-        self._tokens.inc(sum(len(s) for s in sentences))
-        yield TokenizedDocument(doc.doc_id, sentences)
+        lengths = np.fromiter(map(len, ids), dtype=np.int32, count=len(ids))
+        flat = np.fromiter(
+            itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum())
+        )
+        self._tokens.inc(len(flat))
+        yield TokenizedDocument(doc.doc_id, flat, lengths)
 
 
 def bucket_of(doc_id: str, num_docs: int, config: BuildConfig) -> int:
@@ -264,13 +276,15 @@ class MakeInstances(beam.DoFn):
     def _nsp_rows(self, documents, index: int, doc_id: str, out: tuple[list, list, list]):
         """All dupe passes of one document: appends NSP instances, and per pass
         its key base and instance count, to ``out``."""
-        seed = self._config.random_seed
+        seed, passes = self._config.random_seed, range(self._config.dupe_factor)
         rows, bases, counts = out
-        for dupe in range(self._config.dupe_factor):
-            rng = python_rng(seed, "nsp", doc_id, dupe)
+        # derive_seeds(...)[d] == derive_seed(seed, "nsp", doc_id, d), the prefix hashed once.
+        nsp_seeds = derive_seeds((seed, "nsp", doc_id), passes)
+        bases += derive_seeds(("shard_key", seed, doc_id), passes)  # == shard_key_base
+        for nsp_seed in nsp_seeds:
+            rng = random.Random(nsp_seed)
             made = create_instances_from_document(documents, index, self._nsp, rng, self._special)
             rows += made
-            bases.append(shard_key_base(seed, doc_id, dupe))
             counts.append(len(made))
 
     def process(self, element, vocab: list[str]) -> Iterator[tuple[int, RowBlock]]:
@@ -279,7 +293,7 @@ class MakeInstances(beam.DoFn):
             self._vocab = MaskingVocab.from_tokens(vocab)
             self._special = SpecialIds(self._vocab.cls_id, self._vocab.sep_id)
         docs = sorted(docs, key=lambda d: d.doc_id)
-        documents = [d.sentences for d in docs]
+        documents = [d.sentences() for d in docs]
         nsp, bases, counts = [], [], []
         for index, doc in enumerate(docs):
             self._nsp_rows(documents, index, doc.doc_id, (nsp, bases, counts))

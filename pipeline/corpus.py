@@ -58,8 +58,13 @@ def reference_topics() -> Iterator[str]:
 
 
 def document_sentences(docstring: str) -> list[str]:
-    """Prose sentences of one docstring: doctest lines dropped, paragraphs joined and split."""
-    lines = [line for line in docstring.splitlines() if not _DOCTEST.match(line)]
+    """Prose sentences of one docstring: doctest examples (prompts and their output,
+    up to the next blank line) dropped, paragraphs joined and split."""
+    lines, in_example = [], False
+    for line in docstring.splitlines():
+        in_example = bool(_DOCTEST.match(line)) or (in_example and bool(line.strip()))
+        if not in_example:
+            lines.append(line)
     paragraphs = " ".join(line.strip() if line.strip() else "\n\n" for line in lines)
     return [s for s in split_sentences(paragraphs) if s.strip()]
 

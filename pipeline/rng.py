@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import operator
 import random
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -98,6 +99,25 @@ def derive_seed(*parts: int | str) -> int:
     for part in parts:
         digest.update(_encode_part(part))
     return int.from_bytes(digest.digest()[:8], "big")
+
+
+def derive_seeds(prefix: tuple[int | str, ...], last: Sequence[int | str]) -> list[int]:
+    """``[derive_seed(*prefix, x) for x in last]``, hashing the prefix once.
+
+    Example: ``derive_seeds((12345, "doc-0"), [0])[0] == 17840439719599173864``.
+
+    Raises:
+        TypeError: a part is not an ``int`` or ``str``.
+    """
+    head = hashlib.sha256(_ENCODING_VERSION)
+    for part in prefix:
+        head.update(_encode_part(part))
+    seeds = []
+    for part in last:
+        digest = head.copy()
+        digest.update(_encode_part(part))
+        seeds.append(int.from_bytes(digest.digest()[:8], "big"))
+    return seeds
 
 
 def python_rng(*parts: int | str) -> random.Random:

@@ -153,3 +153,22 @@ def test_dask_runner_gives_identical_bytes(corpus, built, tmp_path):
     assert digest(tmp_path / "dask") == digest(built)
     manifest = json.loads((tmp_path / "dask" / "manifest.json").read_text())
     assert manifest["num_rows"] > 100
+
+
+def test_stats_command_writes_plots(built, tmp_path, capsys):
+    assert main(["stats", str(built), "--plot", "--plot-dir", str(tmp_path)]) == 0
+    assert "random_next_share" in capsys.readouterr().out
+    for name in ("lengths.png", "masking.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_stats_names_a_corrupt_shard(built, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(built, copy)
+    shard = copy / "shard-00001-of-00003.arrow"
+    shard.write_bytes(shard.read_bytes()[:-100])
+    with pytest.raises(ValueError, match="shard-00001-of-00003"):
+        compute_stats(str(copy))
+    assert main(["stats", str(copy)]) == 1

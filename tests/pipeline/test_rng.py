@@ -100,3 +100,12 @@ def test_shard_keys_vectorised_matches_scalar():
     assert [int(k) for k in keys] == [shard_key(7, "doc", 2, i) for i in range(50)]
     assert len(set(keys.tolist())) == 50
     assert int(shard_keys(7, "doc", 3, 1)[0]) != int(keys[0])
+
+
+def test_derive_seeds_equals_derive_seed():
+    from pipeline.rng import derive_seeds, shard_key_base
+
+    assert derive_seeds((12345, "doc-0"), [0]) == [KNOWN_SEED]
+    parts = [0, 1, "x", 2**70]
+    assert derive_seeds((3, "nsp", "d"), parts) == [derive_seed(3, "nsp", "d", p) for p in parts]
+    assert derive_seeds(("shard_key", 3, "d"), [1]) == [shard_key_base(3, "d", 1)]
