@@ -172,3 +172,28 @@ def test_stats_names_a_corrupt_shard(built, tmp_path):
     with pytest.raises(ValueError, match="shard-00001-of-00003"):
         compute_stats(str(copy))
     assert main(["stats", str(copy)]) == 1
+
+
+def test_jsonl_input_counts_skipped_records(tmp_path):
+    rng = random.Random(1)
+    lines = []
+    for _ in range(40):
+        text = " ".join(
+            " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 15))).capitalize() + "."
+            for _ in range(rng.randint(2, 8))
+        )
+        lines.append(json.dumps({"body": text}))
+    lines += ["{broken", json.dumps({"other": 1}), json.dumps({"body": "   "})]
+    (tmp_path / "docs.jsonl").write_bytes(("\n".join(lines) + "\n").encode() + b"\xff\xfe\n")
+    out = tmp_path / "out"
+    args = ["--input_format", "jsonl", "--text_field", "body", "--vocab_size", "150",
+            "--dupe_factor", "2", "--max_seq_length", "32", "--num_shards", "2"]  # fmt: skip
+    assert (
+        main(["build", "--input", str(tmp_path / "docs.jsonl"), "--output", str(out), *args]) == 0
+    )
+    manifest = shard_format.verify_directory(str(out))
+    assert manifest["skipped"] == {
+        "empty_document": 1, "invalid_json": 1, "invalid_utf8_record": 1, "missing_text_field": 1,
+    }  # fmt: skip
+    assert manifest["stats"]["documents"] == 40
+    assert manifest["num_rows"] > 40
