@@ -171,26 +171,30 @@ class BertPooler(nn.Module):
 
 
 class BertModel(nn.Module):
-    """The encoder: embeddings, L post-LN layers, pooler."""
+    """The encoder: embeddings, L post-LN layers, pooler.
 
-    def __init__(self, config: BertConfig):
+    ``add_pooling_layer=False`` leaves the pooler out (no ``bert.pooler.*`` weights),
+    as transformers' token-classification and question-answering models do.
+    """
+
+    def __init__(self, config: BertConfig, *, add_pooling_layer: bool = True):
         super().__init__()
         self.config = config
         self.embeddings = BertEmbeddings(config)
         self.encoder = BertEncoder(config)
-        self.pooler = BertPooler(config)
+        self.pooler = BertPooler(config) if add_pooling_layer else None
 
     def forward(
         self, input_ids: torch.Tensor, segment_ids: torch.Tensor, attention_mask: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (sequence_output (B, T, H), pooled_output (B, H))."""
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Returns (sequence_output (B, T, H), pooled_output (B, H) or None without a pooler)."""
         x = self.embeddings(input_ids, segment_ids)
         # Additive key-padding mask (B, 1, 1, T): 0 where attended, the dtype's
         # minimum where padding, as the reference does (a fully padded row stays finite).
         keep = attention_mask[:, None, None, :].to(x.dtype)
         mask = (1.0 - keep) * torch.finfo(x.dtype).min
         x = self.encoder(x, mask)
-        return x, self.pooler(x)
+        return x, (self.pooler(x) if self.pooler is not None else None)
 
 
 class BertPredictionHeadTransform(nn.Module):
@@ -243,20 +247,7 @@ class BertForPreTraining(nn.Module):
         self.apply(self._init_weights)
 
     def _init_weights(self, module: nn.Module) -> None:
-        std = self.config.initializer_range
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, 0.0, std)
-            nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, 0.0, std)
-            if module.padding_idx is not None:
-                with torch.no_grad():
-                    module.weight[module.padding_idx].zero_()
-        elif isinstance(module, nn.LayerNorm):
-            nn.init.ones_(module.weight)
-            nn.init.zeros_(module.bias)
-        elif isinstance(module, BertLMPredictionHead):
-            nn.init.zeros_(module.bias)
+        init_weights(module, self.config.initializer_range)
 
     def save_hf(self, directory) -> None:
         """Write a Hugging Face directory (see :func:`model.hf.save_hf`)."""
@@ -336,23 +327,7 @@ class BertForPreTraining(nn.Module):
         )
 
     def _validate(self, input_ids, segment_ids, attention_mask) -> None:
-        cfg = self.config
-        for name, t in (("input_ids", input_ids), ("segment_ids", segment_ids)):
-            if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
-                raise ValueError(f"{name} must be an integer tensor, got {t.dtype}")
-        if input_ids.dim() != 2:
-            raise ValueError(
-                f"input_ids must be 2-D (batch, seq), got shape {tuple(input_ids.shape)}"
-            )
-        _check_same_shape("segment_ids", segment_ids, input_ids)
-        _check_same_shape("attention_mask", attention_mask, input_ids)
-        if input_ids.shape[1] > cfg.max_position_embeddings:
-            raise ValueError(
-                f"input_ids has sequence length {input_ids.shape[1]} > "
-                f"max_position_embeddings={cfg.max_position_embeddings}"
-            )
-        _check_range("input_ids", input_ids, cfg.vocab_size)
-        _check_range("segment_ids", segment_ids, cfg.type_vocab_size)
+        validate_inputs(self.config, input_ids, segment_ids, attention_mask)
 
     @staticmethod
     def _validate_positions(positions, ids, seq_len: int, vocab_size: int) -> None:
@@ -365,6 +340,54 @@ class BertForPreTraining(nn.Module):
         if ids is not None:
             _check_same_shape("masked_lm_ids", ids, positions)
             _check_range("masked_lm_ids", ids.masked_fill(ids == IGNORE_INDEX, 0), vocab_size)
+
+
+def init_weights(module: nn.Module, std: float) -> None:
+    """The reference's initialisation of one module (use with ``model.apply``).
+
+    Linear and embedding weights normal(0, ``std``), biases zero, the padding
+    embedding row zero, LayerNorm weight one and bias zero, MLM output bias zero.
+    """
+    if isinstance(module, nn.Linear):
+        nn.init.normal_(module.weight, 0.0, std)
+        nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, 0.0, std)
+        if module.padding_idx is not None:
+            with torch.no_grad():
+                module.weight[module.padding_idx].zero_()
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+    elif isinstance(module, BertLMPredictionHead):
+        nn.init.zeros_(module.bias)
+
+
+def validate_inputs(
+    cfg: BertConfig,
+    input_ids: torch.Tensor,
+    segment_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+) -> None:
+    """Check the encoder's inputs against ``cfg`` (shapes as in ``BertForPreTraining.forward``).
+
+    Raises:
+        ValueError: names the tensor with a bad shape, dtype or value range.
+    """
+    for name, t in (("input_ids", input_ids), ("segment_ids", segment_ids)):
+        if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+            raise ValueError(f"{name} must be an integer tensor, got {t.dtype}")
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be 2-D (batch, seq), got shape {tuple(input_ids.shape)}")
+    _check_same_shape("segment_ids", segment_ids, input_ids)
+    _check_same_shape("attention_mask", attention_mask, input_ids)
+    if input_ids.shape[1] > cfg.max_position_embeddings:
+        raise ValueError(
+            f"input_ids has sequence length {input_ids.shape[1]} > "
+            f"max_position_embeddings={cfg.max_position_embeddings}"
+        )
+    _check_range("input_ids", input_ids, cfg.vocab_size)
+    _check_range("segment_ids", segment_ids, cfg.type_vocab_size)
 
 
 def dense_labels_to_positions(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,234 @@
+"""Fine-tuning: a tiny random-init BERT learns synthetic tasks; files, errors, metrics."""
+
+import json
+import random
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from model import BertConfig, BertForPreTraining, BertForSequenceClassification
+from pipeline.vocab import SPECIAL_TOKENS, write_vocab
+from trainer.finetune import (
+    DataError,
+    FinetuneConfig,
+    best_span,
+    encode,
+    evaluate,
+    label_names,
+    linear_schedule,
+    load_examples,
+    load_tokenizer,
+    main,
+    parse_config,
+    squad_normalize,
+    squad_scores,
+)
+
+WORDS = [f"w{i}" for i in range(20)]
+DIGITS = [str(i) for i in range(10)]
+
+
+def make_init(path: Path) -> Path:
+    """A random-init tiny BertForPreTraining HF directory with a vocab.txt."""
+    torch.manual_seed(0)
+    vocab = [*SPECIAL_TOKENS, *WORDS, *DIGITS, "digit", "##w"]
+    config = BertConfig(
+        vocab_size=len(vocab),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    BertForPreTraining(config).save_hf(path)
+    write_vocab(path / "vocab.txt", vocab)
+    return path
+
+
+def has_digit(rng, n):
+    """Sentence pairs; label: is there a digit in either segment (balanced)."""
+    rows = []
+    for i in range(n):
+        words = rng.sample(WORDS, 8)
+        if i % 2:
+            words[rng.randrange(8)] = rng.choice(DIGITS)
+        label = "yes" if i % 2 else "no"
+        rows.append({"text": " ".join(words[:5]), "text_pair": " ".join(words[5:]), "label": label})
+    return rows
+
+
+def digit_tags(rng, n):
+    """Tag every digit token DIGIT, everything else O."""
+    rows = []
+    for _ in range(n):
+        k = rng.randint(4, 12)
+        tokens = [rng.choice(DIGITS) if rng.random() < 0.3 else rng.choice(WORDS) for _ in range(k)]
+        rows.append({"tokens": tokens, "tags": ["DIGIT" if t.isdigit() else "O" for t in tokens]})
+    return rows
+
+
+def find_digit(rng, n):
+    """Question "digit"; the answer is the one digit in a context of 6-13 words."""
+    rows = []
+    for _ in range(n):
+        words = rng.sample(WORDS, rng.randint(5, 12))
+        at = rng.randrange(len(words) + 1)
+        words.insert(at, rng.choice(DIGITS))
+        start = len(" ".join(words[:at])) + (1 if at else 0)
+        answers = {"text": [words[at]], "answer_start": [start]}
+        rows.append({"question": "digit", "context": " ".join(words), "answers": answers})
+    return rows
+
+
+def write_jsonl(path: Path, rows) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """A model this small gains nothing from threads, and on a busy 2-core machine
+    intra-op threads waiting on each other make a run several times slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def init_dir(tmp_path_factory) -> Path:
+    return make_init(tmp_path_factory.mktemp("init"))
+
+
+def finetune(tmp_path, init_dir, task, make, n_train, *flags):
+    train = write_jsonl(tmp_path / "train.jsonl", make(random.Random(1), n_train))
+    eval_ = write_jsonl(tmp_path / "eval.jsonl", make(random.Random(2), 200))
+    argv = ["--task", task, "--init", str(init_dir), "--train", train, "--eval", eval_]
+    argv += ["--lr", "1e-3", "--max-seq-length", "32", "--output-dir", str(tmp_path / "out")]
+    assert main([*argv, *flags]) == 0
+    return json.loads((tmp_path / "out/eval_results.json").read_text())
+
+
+@pytest.mark.slow
+def test_classification_learns_digit_presence_and_saves(tmp_path, init_dir):
+    metrics = finetune(tmp_path, init_dir, "classification", has_digit, 1000, "--epochs", "4")
+    assert metrics["accuracy"] > 0.9  # chance: 0.5
+    # The saved directory is a complete model: reloaded, it scores the same.
+    out = tmp_path / "out"
+    model = BertForSequenceClassification.from_hf(out)
+    assert model.config.labels == ("no", "yes")
+    examples = load_examples("classification", tmp_path / "eval.jsonl")
+    features = encode("classification", load_tokenizer(out), examples, ("no", "yes"), 32)
+    again = evaluate("classification", model, features, ("no", "yes"), 64, 0)
+    assert again["accuracy"] == pytest.approx(metrics["accuracy"])
+    assert json.loads((out / "finetune_config.json").read_text())["epochs"] == 4
+
+
+@pytest.mark.slow
+def test_token_classification_tags_digits(tmp_path, init_dir):
+    metrics = finetune(tmp_path, init_dir, "token", digit_tags, 500, "--epochs", "3")
+    assert metrics["f1"] > 0.9 and metrics["accuracy"] > 0.9  # chance F1 about 0.4
+
+
+@pytest.mark.slow
+def test_question_answering_finds_the_digit(tmp_path, init_dir):
+    metrics = finetune(tmp_path, init_dir, "qa", find_digit, 1000, "--epochs", "3")
+    assert metrics["exact_match"] > 0.8  # chance: about 1 in 10 positions
+    assert metrics["f1"] >= metrics["exact_match"]
+
+
+def test_token_labels_go_on_the_first_word_piece(init_dir):
+    examples = [{"tokens": ["w1w", "7"], "tags": ["O", "DIGIT"], "where": "x:1"}]
+    (feature,) = encode("token", load_tokenizer(init_dir), examples, ("DIGIT", "O"), 32)
+    # [CLS] w1 ##w 7 [SEP]
+    assert feature["labels"] == [-100, 1, -100, 0, -100]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"text": "w1", "label": 1}\n{"text": "w2"\n', r"train.jsonl:2: not JSON"),
+        ('{"text": "w1"}\n', r"train.jsonl:1: missing field 'label'"),
+        ('["w1", 1]\n', r"train.jsonl:1: expected a JSON object"),
+        ("", r"train.jsonl: no examples"),
+    ],
+)
+def test_bad_train_file_exits_2_naming_file_and_line(tmp_path, init_dir, caplog, content, message):
+    (tmp_path / "train.jsonl").write_text(content)
+    eval_ = write_jsonl(tmp_path / "eval.jsonl", has_digit(random.Random(0), 4))
+    argv = ["--task", "classification", "--init", str(init_dir), "--max-seq-length", "32"]
+    assert main([*argv, "--train", str(tmp_path / "train.jsonl"), "--eval", eval_]) == 2
+    assert any(r.levelname == "ERROR" for r in caplog.records)
+    assert re.search(message, caplog.text), caplog.text
+
+
+def test_qa_answer_must_be_in_the_context(tmp_path):
+    row = {"question": "q", "context": "w1 w2 7", "answers": {"text": ["7"], "answer_start": [2]}}
+    path = write_jsonl(tmp_path / "qa.jsonl", [row])
+    with pytest.raises(DataError, match=r"qa.jsonl:1: answer '7' is not at context\[2:\]"):
+        load_examples("qa", path)
+    # SQuAD-style answers with surrounding spaces are trimmed, their start moved.
+    row["answers"] = [{"answer_start": 2, "text": " w2 "}]
+    write_jsonl(tmp_path / "qa.jsonl", [row])
+    assert load_examples("qa", tmp_path / "qa.jsonl")[0]["answers"] == [("w2", 3)]
+
+
+def test_csv_files_are_read_like_jsonl(tmp_path):
+    (tmp_path / "t.csv").write_text('tokens,tags\n"w1 7 w2","O DIGIT O"\n')
+    assert load_examples("token", tmp_path / "t.csv")[0]["tags"] == ["O", "DIGIT", "O"]
+    answers = json.dumps({"text": ["7"], "answer_start": [3]}).replace('"', '""')
+    (tmp_path / "q.csv").write_text(f'question,context,answers\ndigit,w1 7,"{answers}"\n')
+    assert load_examples("qa", tmp_path / "q.csv")[0]["answers"] == [("7", 3)]
+    (tmp_path / "c.tsv").write_text("text\tlabel\n")
+    with pytest.raises(DataError, match=r"unknown extension '\.tsv'"):
+        load_examples("classification", tmp_path / "c.tsv")
+
+
+def test_deepspeed_checkpoint_is_pointed_at_trainer_export(tmp_path, init_dir, caplog):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run/latest").write_text("step00000010")
+    data = write_jsonl(tmp_path / "d.jsonl", has_digit(random.Random(0), 4))
+    argv = ["--task", "classification", "--init", str(tmp_path / "run"), "--train", data]
+    assert main([*argv, "--eval", data]) == 2
+    assert "python -m trainer.export" in caplog.text
+
+
+def test_labels_come_from_the_data_or_the_saved_head():
+    rows = [{"label": "10"}, {"label": "9"}, {"label": "10"}]
+    assert label_names("classification", rows, None, "f") == ("9", "10")  # numeric order
+    assert label_names("classification", rows, ("10", "9", "8"), "f") == ("10", "9", "8")
+    with pytest.raises(DataError, match=r"labels \['9'\] are not among"):
+        label_names("classification", rows, ("10",), "f")
+
+
+def test_squad_metrics_known_answers():
+    assert squad_normalize("The  Cat, sat!") == "cat sat"
+    assert squad_scores("the cat", ["Cat"]) == (1.0, 1.0)
+    em, f1 = squad_scores("black cat sat", ["a black cat", "dog"])
+    assert em == 0.0 and f1 == pytest.approx(0.8)  # P 2/3, R 1
+    start = torch.tensor([0.0, 5.0, 1.0, 9.0])
+    end = torch.tensor([0.0, 1.0, 6.0, 0.0])
+    allowed = torch.tensor([False, True, True, True])
+    assert best_span(start, end, allowed) == (1, 2)  # 11 beats 9 + 0 (3, 3); e < s is barred
+    assert best_span(start, end, torch.tensor([False, False, False, True])) == (3, 3)
+
+
+def test_schedule_warms_up_then_decays_to_zero():
+    f = linear_schedule(warmup=2, total=6)
+    assert [f(s) for s in range(7)] == [0.0, 0.5, 1.0, 0.75, 0.5, 0.25, 0.0]
+
+
+def test_config_flags_override_json_and_unknown_keys_fail(tmp_path):
+    (tmp_path / "c.json").write_text(json.dumps({"task": "qa", "lr": 5e-5, "epochs": 2}))
+    base = ["--init", "i", "--train", "t", "--eval", "e", "--config", str(tmp_path / "c.json")]
+    cfg = parse_config([*base, "--epochs", "4"])
+    assert (cfg.task, cfg.lr, cfg.epochs, cfg.warmup_ratio) == ("qa", 5e-5, 4, 0.1)
+    (tmp_path / "c.json").write_text(json.dumps({"task": "qa", "learning_rate": 1}))
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['learning_rate'\]"):
+        parse_config(base)
+    with pytest.raises(ValueError, match="warmup_ratio"):
+        FinetuneConfig(task="qa", init="i", train="t", eval="e", warmup_ratio=1.5)
