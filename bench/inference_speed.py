@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from model import BertConfig, BertForPreTraining, BertForSequenceClassification, BertModel
 from model.export_onnx import INPUT_NAMES, OnnxExportable, export_onnx, quantize, session
 from pipeline.vocab import SPECIAL_TOKENS, write_vocab
-from trainer.finetune import FinetuneConfig, collate, encode, load_examples, load_tokenizer, run
+from trainer.finetune import FinetuneConfig, run
+from trainer.finetune_data import collate, encode, load_examples, load_tokenizer
 
 logger = logging.getLogger("bench.inference_speed")
 WORDS = [f"w{i}" for i in range(50)]

@@ -39,24 +39,19 @@ file, directory or setting (the message names it).
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import json
 import logging
 import math
-import re
 import shutil
-import string
 import sys
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizers import Tokenizer
 
 from model.config import write_text_atomic
 from model.heads import (
@@ -65,7 +60,9 @@ from model.heads import (
     BertForTokenClassification,
     read_hf_config,
 )
-from pipeline.vocab import build_tokenizer, read_vocab
+from trainer.finetune_data import DataError as DataError  # re-exported: run() raises it
+from trainer.finetune_data import collate, encode, label_names, load_examples, load_tokenizer
+from trainer.finetune_metrics import evaluate
 
 logger = logging.getLogger(__name__)
 
@@ -80,13 +77,6 @@ TOKENIZER_FILES = (
     "tokenizer_config.json",
     "special_tokens_map.json",
 )
-IGNORE_INDEX = -100
-MAX_ANSWER_TOKENS = 30  # longest span considered when decoding QA predictions
-OUTSIDE_TAG = "O"
-
-
-class DataError(ValueError):
-    """A bad input file; the message names the file, the line and the field."""
 
 
 @dataclass(frozen=True)
@@ -124,298 +114,6 @@ class FinetuneConfig:
         for name, (ok, rule) in checks.items():
             if not ok:
                 raise ValueError(f"{name} must be {rule}, got {getattr(self, name)!r}")
-
-
-# ---------------------------------------------------------------- reading files
-
-
-def read_records(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
-    """``(where, record)`` pairs of a JSONL or CSV file; ``where`` is ``"file:line"``.
-
-    Raises:
-        DataError: missing file, unknown extension, bad JSON/CSV/UTF-8, or no records.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: no such file")
-    suffix = path.suffix.lower()
-    if suffix not in (".jsonl", ".json", ".csv"):
-        raise DataError(f"{path}: unknown extension {suffix!r}; use .jsonl, .json or .csv")
-    records = []
-    try:
-        with path.open(encoding="utf-8", newline="") as f:
-            if suffix == ".csv":
-                reader = csv.DictReader(f)
-                records = [(f"{path}:{reader.line_num}", dict(row)) for row in reader]
-            else:
-                for n, line in enumerate(f, 1):
-                    if line.strip():
-                        record = json.loads(line)
-                        if not isinstance(record, dict):
-                            raise DataError(f"{path}:{n}: expected a JSON object per line")
-                        records.append((f"{path}:{n}", record))
-    except json.JSONDecodeError as e:
-        raise DataError(f"{path}:{n}: not JSON ({e.msg}); expected one object per line") from e
-    except (UnicodeDecodeError, csv.Error) as e:
-        raise DataError(f"{path}: cannot parse: {e}") from e
-    if not records:
-        raise DataError(f"{path}: no examples")
-    return records
-
-
-def _field(record: dict, name: str, where: str, optional: bool = False) -> Any:
-    value = record.get(name)
-    if value is None or value == "":
-        if optional:
-            return None
-        raise DataError(f"{where}: missing field {name!r} (have {sorted(record)})")
-    return value
-
-
-def _str_list(value: Any, name: str, where: str) -> list[str]:
-    if isinstance(value, str):  # a CSV cell
-        value = value.split()
-    if not isinstance(value, list) or not value or not all(isinstance(x, str) for x in value):
-        raise DataError(f"{where}: {name!r} must be a non-empty list of strings")
-    return value
-
-
-def _answers(record: dict, where: str) -> list[tuple[str, int]]:
-    value = _field(record, "answers", where)
-    try:
-        value = json.loads(value) if isinstance(value, str) else value
-        if isinstance(value, dict):
-            pairs = zip(value["text"], value["answer_start"], strict=True)
-            value = [{"text": t, "answer_start": a} for t, a in pairs]
-        answers = [_strip_answer(str(v["text"]), int(v["answer_start"])) for v in value]
-    except (ValueError, TypeError, KeyError) as e:
-        raise DataError(
-            f"{where}: 'answers' must be {{'text': [...], 'answer_start': [...]}}"
-        ) from e
-    context = _field(record, "context", where)
-    for text, start in answers:
-        if not text or context[start : start + len(text)] != text:
-            raise DataError(f"{where}: answer {text!r} is not at context[{start}:]")
-    if not answers:
-        raise DataError(f"{where}: no answers (SQuAD v1.1 style: every question has one)")
-    return answers
-
-
-def _strip_answer(text: str, start: int) -> tuple[str, int]:
-    """Surrounding whitespace off an answer (SQuAD has some): ``(" cat", 4) -> ("cat", 5)``."""
-    stripped = text.lstrip()
-    return stripped.rstrip(), start + len(text) - len(stripped)
-
-
-def parse_example(task: str, record: dict, where: str) -> dict[str, Any]:
-    """One record as the task's fields (see the module doc). Raises DataError."""
-    if task == "classification":
-        return {
-            "text": str(_field(record, "text", where)),
-            "text_pair": _field(record, "text_pair", where, optional=True),
-            "label": str(_field(record, "label", where)),
-        }
-    if task == "token":
-        tokens = _str_list(_field(record, "tokens", where), "tokens", where)
-        tags = _str_list(_field(record, "tags", where), "tags", where)
-        if len(tokens) != len(tags):
-            raise DataError(f"{where}: {len(tokens)} tokens but {len(tags)} tags")
-        return {"tokens": tokens, "tags": tags}
-    question = str(_field(record, "question", where))
-    return {"question": question, "context": record["context"], "answers": _answers(record, where)}
-
-
-def load_examples(task: str, path: str | Path) -> list[dict[str, Any]]:
-    """Parsed examples of ``path``; each keeps ``where`` for error messages."""
-    return [{**parse_example(task, r, where), "where": where} for where, r in read_records(path)]
-
-
-def load_tokenizer(directory: str | Path) -> Tokenizer:
-    """``tokenizer.json``, else ``vocab.txt`` built like ``BertTokenizerFast``.
-
-    Raises:
-        FileNotFoundError: neither file is in ``directory``.
-    """
-    directory = Path(directory)
-    if (directory / "tokenizer.json").is_file():
-        tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
-    elif (directory / "vocab.txt").is_file():
-        settings = directory / "tokenizer_config.json"
-        lower = (
-            json.loads(settings.read_text()).get("do_lower_case", True)
-            if settings.is_file()
-            else True
-        )
-        tokenizer = build_tokenizer(read_vocab(directory / "vocab.txt"), do_lower_case=bool(lower))
-    else:
-        raise FileNotFoundError(
-            f"{directory}: no tokenizer.json or vocab.txt; copy there the vocab.txt of the "
-            f"shards the model was pretrained on"
-        )
-    tokenizer.no_padding()
-    return tokenizer
-
-
-def label_names(task: str, examples: list[dict], saved: tuple[str, ...] | None, path: str):
-    """Label names in id order: ``saved`` (checked to cover the data) or the data's, sorted
-    (numerically when all are integers). None for QA."""
-    if task == "qa":
-        return None
-    seen = {e["label"] for e in examples} if task == "classification" else set()
-    for e in examples if task == "token" else []:
-        seen.update(e["tags"])
-    if saved is not None:
-        unknown = sorted(seen - set(saved))
-        if unknown:
-            raise DataError(f"{path}: labels {unknown[:5]} are not among the model's {list(saved)}")
-        return saved
-    numeric = all(re.fullmatch(r"-?\d+", s) for s in seen)
-    return tuple(sorted(seen, key=(lambda s: (int(s), s)) if numeric else None))
-
-
-# ---------------------------------------------------------------- features
-
-
-def encode(task: str, tokenizer: Tokenizer, examples: list[dict], labels, max_len: int):
-    """Features: dicts of ``input_ids``, ``segment_ids`` (lists of int) and the targets
-    (``labels``: int or per-token list with -100; QA ``start_positions``/``end_positions``
-    plus ``offsets`` and ``context`` for decoding)."""
-    label_id = {name: i for i, name in enumerate(labels or ())}
-    strategy = "only_second" if task == "qa" else "longest_first"
-    tokenizer.enable_truncation(max_len, strategy=strategy)
-    try:
-        if task == "classification":
-            inputs = [
-                (e["text"], e["text_pair"]) if e["text_pair"] else e["text"] for e in examples
-            ]
-            encodings = tokenizer.encode_batch(inputs)
-        elif task == "token":
-            encodings = tokenizer.encode_batch(
-                [e["tokens"] for e in examples], is_pretokenized=True
-            )
-        else:
-            encodings = tokenizer.encode_batch([(e["question"], e["context"]) for e in examples])
-    except Exception as e:  # tokenizers raises a bare Exception on impossible truncation
-        raise DataError(
-            f"{examples[0]['where'].rsplit(':', 1)[0]}: {e}; raise --max-seq-length"
-        ) from e
-    features = []
-    for e, enc in zip(examples, encodings, strict=True):
-        f = {"input_ids": enc.ids, "segment_ids": enc.type_ids}
-        if task == "classification":
-            f["labels"] = label_id[e["label"]]
-        elif task == "token":
-            words = enc.word_ids
-            f["labels"] = [
-                label_id[e["tags"][w]]
-                if w is not None and (i == 0 or words[i - 1] != w)
-                else IGNORE_INDEX
-                for i, w in enumerate(words)
-            ]
-        else:
-            text, start = e["answers"][0]
-            first, last = enc.char_to_token(start, 1), enc.char_to_token(start + len(text) - 1, 1)
-            cut = first is None or last is None  # the answer was truncated away: [CLS]
-            f["start_positions"], f["end_positions"] = (0, 0) if cut else (first, last)
-            context_mask = [int(s == 1) for s in enc.sequence_ids]  # no question, no specials
-            f.update(offsets=enc.offsets, context_mask=context_mask, example=e)
-        features.append(f)
-    return features
-
-
-def collate(features: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
-    """Pad to the batch's longest row: int64 (B, T) tensors and (B,) / (B, T) targets."""
-    width = max(len(f["input_ids"]) for f in features)
-
-    def pad(key: str, value: int) -> torch.Tensor:
-        return torch.tensor([f[key] + [value] * (width - len(f[key])) for f in features])
-
-    batch = {"input_ids": pad("input_ids", pad_id), "segment_ids": pad("segment_ids", 0)}
-    batch["attention_mask"] = (
-        torch.arange(width) < torch.tensor([len(f["input_ids"]) for f in features])[:, None]
-    ).long()
-    for key in ("labels", "start_positions", "end_positions"):
-        if key in features[0]:
-            scalar = isinstance(features[0][key], int)
-            batch[key] = (
-                torch.tensor([f[key] for f in features]) if scalar else pad(key, IGNORE_INDEX)
-            )
-    return batch
-
-
-# ---------------------------------------------------------------- metrics
-
-
-def f1_score(tp: int, n_pred: int, n_gold: int) -> float:
-    """Harmonic mean of precision tp/n_pred and recall tp/n_gold; 0 when either is 0."""
-    return 2 * tp / (n_pred + n_gold) if tp else 0.0
-
-
-def squad_normalize(text: str) -> str:
-    """SQuAD's answer normalisation: ``"The  Cat!"`` -> ``"cat"``."""
-    text = "".join(c for c in text.lower() if c not in set(string.punctuation))
-    return " ".join(re.sub(r"\b(a|an|the)\b", " ", text).split())
-
-
-def squad_scores(prediction: str, answers: Sequence[str]) -> tuple[float, float]:
-    """(exact match, token F1), each the best over the gold ``answers``."""
-    pred = squad_normalize(prediction).split()
-    best = (0.0, 0.0)
-    for answer in answers:
-        gold = squad_normalize(answer).split()
-        common = sum((Counter(pred) & Counter(gold)).values())
-        best = max(best, (float(pred == gold), f1_score(common, len(pred), len(gold))))
-    return best
-
-
-def best_span(start: torch.Tensor, end: torch.Tensor, allowed: torch.Tensor) -> tuple[int, int]:
-    """argmax of start[s] + end[e] over allowed s <= e < s + MAX_ANSWER_TOKENS; all (T,)."""
-    scores = start[:, None] + end[None, :]  # (T, T)
-    s, e = torch.meshgrid(torch.arange(len(start)), torch.arange(len(end)), indexing="ij")
-    ok = (e >= s) & (e - s < MAX_ANSWER_TOKENS) & allowed[:, None] & allowed[None, :]
-    flat = int(scores.masked_fill(~ok, -math.inf).argmax())
-    return divmod(flat, len(end))
-
-
-@torch.no_grad()
-def _outputs(model, features: list[dict], batch_size: int, pad_id: int):
-    """Yields (features of a batch, their padded batch, the model's output) in eval mode."""
-    model.eval()
-    try:
-        for i in range(0, len(features), batch_size):
-            chunk = features[i : i + batch_size]
-            batch = collate(chunk, pad_id)
-            inputs = {k: batch[k] for k in ("input_ids", "segment_ids", "attention_mask")}
-            yield chunk, batch, model(**inputs)
-    finally:
-        model.train()
-
-
-def evaluate(task: str, model, features: list[dict], labels, batch_size: int, pad_id: int) -> dict:
-    """The task's metrics on ``features`` (see the module doc), as fractions in [0, 1]."""
-    if task == "qa":
-        em = f1 = 0.0
-        for chunk, batch, out in _outputs(model, features, batch_size, pad_id):
-            width = batch["input_ids"].shape[1]
-            for j, f in enumerate(chunk):
-                mask = f["context_mask"] + [0] * (width - len(f["context_mask"]))
-                s, e = best_span(out.start_logits[j], out.end_logits[j], torch.tensor(mask).bool())
-                text = f["example"]["context"][f["offsets"][s][0] : f["offsets"][e][1]]
-                scores = squad_scores(text, [a for a, _ in f["example"]["answers"]])
-                em, f1 = em + scores[0], f1 + scores[1]
-        return {"exact_match": em / len(features), "f1": f1 / len(features)}
-    preds, golds = [], []
-    for _, batch, out in _outputs(model, features, batch_size, pad_id):
-        scored = batch["labels"] != IGNORE_INDEX  # (B,) or (B, T)
-        preds.append(out.logits.argmax(-1)[scored])
-        golds.append(batch["labels"][scored])
-    pred, gold = torch.cat(preds), torch.cat(golds)
-    metrics = {"accuracy": (pred == gold).float().mean().item()}
-    if task == "token":
-        outside = labels.index(OUTSIDE_TAG) if OUTSIDE_TAG in labels else -1
-        tp = int(((pred == gold) & (gold != outside)).sum())
-        metrics["f1"] = f1_score(tp, int((pred != outside).sum()), int((gold != outside).sum()))
-    return metrics
 
 
 # ---------------------------------------------------------------- training

@@ -10,21 +10,9 @@ import torch
 
 from model import BertConfig, BertForPreTraining, BertForSequenceClassification
 from pipeline.vocab import SPECIAL_TOKENS, write_vocab
-from trainer.finetune import (
-    DataError,
-    FinetuneConfig,
-    best_span,
-    encode,
-    evaluate,
-    label_names,
-    linear_schedule,
-    load_examples,
-    load_tokenizer,
-    main,
-    parse_config,
-    squad_normalize,
-    squad_scores,
-)
+from trainer.finetune import FinetuneConfig, linear_schedule, main, parse_config
+from trainer.finetune_data import DataError, encode, label_names, load_examples, load_tokenizer
+from trainer.finetune_metrics import best_span, evaluate, squad_normalize, squad_scores
 
 WORDS = [f"w{i}" for i in range(20)]
 DIGITS = [str(i) for i in range(10)]
