@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 
 logger = logging.getLogger("pipeline")
+DEFAULT_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
 
 USAGE = """usage: python -m pipeline {build,stats} [options]
 
@@ -69,6 +70,11 @@ def run_build(argv: Sequence[str]) -> int:
     if not any(a.startswith("--default_sdk_harness_log_level") for a in beam_args):
         # Beam's workers log every bundle at INFO; keep the console for our progress.
         beam_args = [*beam_args, "--default_sdk_harness_log_level=WARNING"]
+    if not any(a == "--runner" or a.startswith("--runner=") for a in beam_args):
+        # Beam's DirectRunner would first try to download its Prism runner; go
+        # straight to the engine it uses for batch jobs (in-process or
+        # --direct_running_mode=multi_processing with --direct_num_workers).
+        beam_args = [*beam_args, f"--runner={DEFAULT_RUNNER}"]
     if uses_dask(beam_args):
         install_dask_fix()
     _quiet_beam_logs()

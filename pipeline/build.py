@@ -62,7 +62,7 @@ class TokenizedDocument(NamedTuple):
     """A document's WordPiece ids, flat (two arrays pickle far faster than one per sentence)."""
 
     doc_id: str
-    ids: np.ndarray  # int32 [N], the sentences' ids concatenated
+    ids: np.ndarray  # [N] uint16 (int32 for vocabs over 65,536), the sentences' ids concatenated
     lengths: np.ndarray  # int32 [S], each sentence's length (all > 0)
 
     def sentences(self) -> list[np.ndarray]:
@@ -242,10 +242,15 @@ class Tokenize(beam.DoFn):
             return
         lengths = np.fromiter(map(len, ids), dtype=np.int32, count=len(ids))
         flat = np.fromiter(
-            itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum())
+            itertools.chain.from_iterable(ids), dtype=id_dtype(len(vocab)), count=int(lengths.sum())
         )
         self._tokens.inc(len(flat))
         yield TokenizedDocument(doc.doc_id, flat, lengths)
+
+
+def id_dtype(vocab_size: int) -> type:
+    """The narrowest dtype for token ids: rows cross the shuffle in it (half of int32's bytes)."""
+    return np.uint16 if vocab_size <= 2**16 else np.int32
 
 
 def bucket_of(doc_id: str, num_docs: int, config: BuildConfig) -> int:
@@ -314,16 +319,17 @@ class MakeInstances(beam.DoFn):
         lengths = np.fromiter((len(r.input_ids) for r in nsp), dtype=np.int64, count=len(nsp))
         offsets = np.zeros(len(nsp) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        flat = np.concatenate([r.input_ids for r in nsp])
+        flat = np.concatenate([r.input_ids for r in nsp]).astype(id_dtype(self._vocab.vocab_size))
         masked, selected = mask_flat(flat, offsets, keys, self._masking, self._vocab)
+        masked = masked.astype(flat.dtype)
         row_of = np.searchsorted(offsets, selected, side="right") - 1
         return RowBlock(
             keys=keys,
             input_ids=masked,
             segment_ids=np.concatenate([r.segment_ids for r in nsp]).astype(np.int8),
             row_offsets=offsets,
-            masked_lm_positions=(selected - offsets[row_of]).astype(np.int32),
-            masked_lm_ids=flat[selected].astype(np.int32),
+            masked_lm_positions=(selected - offsets[row_of]).astype(np.uint16),
+            masked_lm_ids=flat[selected],
             mlm_offsets=np.searchsorted(selected, offsets).astype(np.int64),
             next_sentence_label=np.fromiter(
                 (r.is_random_next for r in nsp), dtype=np.uint8, count=len(nsp)

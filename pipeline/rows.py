@@ -38,9 +38,10 @@ def take_ragged(flat: np.ndarray, offsets: np.ndarray, order: np.ndarray):
 
 @dataclass
 class RowBlock:
-    """R rows. ``keys`` uint64 [R] order rows within a shard; ragged columns are
-    ``*_flat`` with int64 offsets [R + 1]: ``input_ids``/``segment_ids`` share
-    ``row_offsets``, ``masked_lm_positions``/``masked_lm_ids`` share ``mlm_offsets``."""
+    """R rows. ``keys`` uint64 [R] order rows within a shard; ragged columns are flat
+    with int64 offsets [R + 1]: ``input_ids``/``segment_ids`` share ``row_offsets``,
+    ``masked_lm_positions``/``masked_lm_ids`` share ``mlm_offsets``. Ids and positions
+    use narrow integer types (uint16 where they fit): blocks cross the shuffle."""
 
     keys: np.ndarray
     input_ids: np.ndarray
