@@ -1,0 +1,6 @@
+"""DeepSpeed ZeRO pretraining of model/ BERT on pipeline/ shards (entry point: trainer/run.py).
+
+Pretraining modules, in the order a run uses them: config (flags), dsconfig (the DeepSpeed JSON),
+distributed (process group, RNG states), prepare (checks, model), shards + order + data
+(the streamed batches), loop (training), metrics, evaluate, checkpoint, export.
+"""

@@ -1,0 +1,74 @@
+"""Trainer options and the DeepSpeed JSON: precedence, validation, batch-size resolution."""
+
+import json
+
+import pytest
+
+from trainer.config import parse_args
+from trainer.dsconfig import precision, resolve_batch_sizes, resolve_ds_config
+
+REQUIRED = ["--ds-config", "ds.json", "--data", "shards", "--output-dir", "out"]
+
+
+def test_defaults_json_file_then_flags(tmp_path):
+    assert parse_args(REQUIRED).max_steps == 1000
+    config_file = tmp_path / "run.json"
+    config_file.write_text(json.dumps({"max_steps": 200, "log_every": 5, "masking": "dynamic"}))
+    config = parse_args([*REQUIRED, "--config", str(config_file), "--max-steps", "300"])
+    assert (config.max_steps, config.log_every, config.masking) == (300, 5, "dynamic")
+    assert parse_args([*REQUIRED, "--local_rank=1", "--skip-corrupt", "true"]).skip_corrupt
+
+
+def test_unknown_key_missing_option_and_bad_value_are_named(tmp_path):
+    config_file = tmp_path / "run.json"
+    config_file.write_text(json.dumps({"max_stpes": 200}))
+    with pytest.raises(ValueError, match=r"run.json: unknown key\(s\) \['max_stpes'\]"):
+        parse_args([*REQUIRED, "--config", str(config_file)])
+    with pytest.raises(ValueError, match="--output-dir"):
+        parse_args(REQUIRED[:4])
+    with pytest.raises(ValueError, match="--log-every must be an int >= 1"):
+        parse_args([*REQUIRED, "--log-every", "0"])
+    with pytest.raises(SystemExit):
+        parse_args([*REQUIRED, "--max-stpes", "3"])
+
+
+def test_batch_sizes_follow_deepspeeds_rule():
+    sizes = resolve_batch_sizes(
+        {"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4}, 2, where="x"
+    )
+    assert (sizes.micro, sizes.accumulation, sizes.per_step, sizes.global_micro) == (4, 4, 32, 8)
+    sizes = resolve_batch_sizes(
+        {"train_batch_size": 32, "gradient_accumulation_steps": 2}, 4, where="x"
+    )
+    assert (sizes.micro, sizes.accumulation) == (4, 2)
+    assert resolve_batch_sizes({"train_micro_batch_size_per_gpu": 3}, 5, where="x").per_step == 15
+
+
+@pytest.mark.parametrize(
+    "ds, world",
+    [
+        ({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4}, 2),
+        (
+            {
+                "train_batch_size": 8,
+                "train_micro_batch_size_per_gpu": 4,
+                "gradient_accumulation_steps": 2,
+            },
+            2,
+        ),
+        ({"train_batch_size": 4, "train_micro_batch_size_per_gpu": 4}, 2),
+    ],
+)
+def test_batch_sizes_that_do_not_fit_the_world_are_refused(ds, world):
+    with pytest.raises(ValueError, match=r"zero2.json: batch sizes .* do not fit 2 rank\(s\)"):
+        resolve_batch_sizes(ds, world, where="zero2.json")
+
+
+def test_warmup_decay_length_defaults_to_max_steps():
+    ds = {"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True},
+          "scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": "auto"}}}  # fmt: skip
+    resolved, _ = resolve_ds_config(ds, 1, 77, where="x")
+    assert resolved["scheduler"]["params"]["total_num_steps"] == 77
+    assert ds["scheduler"]["params"]["total_num_steps"] == "auto"  # the input is not modified
+    assert resolved["train_batch_size"] == 2 and resolved["gradient_accumulation_steps"] == 1
+    assert precision(resolved) == "bf16" and precision({}) == "fp32"

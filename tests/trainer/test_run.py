@@ -1,0 +1,183 @@
+"""trainer/run.py in this process (a one-rank world): metrics, checkpoints, export, refusals."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from model import BertConfig, BertForPreTraining
+from trainer import export
+from trainer.data import PretrainingStream, StreamSpec
+from trainer.run import main
+from trainer.shards import ShardSet
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = {"vocab_size": 200, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+        "intermediate_size": 64, "max_position_embeddings": 64}  # fmt: skip
+
+
+def write_json(path: Path, obj) -> str:
+    path.write_text(json.dumps(obj))
+    return str(path)
+
+
+def model_json(tmp_path, **overrides) -> str:
+    return write_json(tmp_path / "model.json", BertConfig(**{**TINY, **overrides}).to_dict())
+
+
+def ds_json(tmp_path, **overrides) -> str:
+    ds = json.loads((REPO / "deploy" / "cpu.json").read_text())
+    ds.update(overrides)
+    return write_json(tmp_path / "ds.json", ds)
+
+
+def args(tmp_path, data, *extra, **ds) -> list[str]:
+    return ["--ds-config", ds_json(tmp_path, **ds), "--data", str(data),
+            "--model", model_json(tmp_path), "--output-dir", str(tmp_path / "out"),
+            "--num-workers", "0", *extra]  # fmt: skip
+
+
+def records(out: Path, split="train") -> list[dict]:
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["split"] == split]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tiny_shards, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("run")
+    extra = ["--max-steps", "6", "--log-every", "3", "--save-every", "3",
+             "--eval-data", str(tiny_shards), "--eval-every", "3"]  # fmt: skip
+    assert main(args(tmp, tiny_shards, *extra)) == 0
+    return tmp / "out"
+
+
+def test_metrics_are_logged_to_jsonl_and_tensorboard(finished_run, tiny_shards):
+    train = records(finished_run)
+    assert [r["step"] for r in train] == [3, 6]
+    keys = {"loss", "mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy", "lr", "grad_norm",
+            "sequences_per_s", "tokens_per_s", "tflops_per_s", "mfu", "epoch", "samples"}  # fmt: skip
+    assert keys <= set(train[0])
+    assert train[1]["samples"] == 6 * 8 and train[0]["mfu"] is None  # no peak known on CPU
+    assert abs(train[0]["loss"] - train[0]["mlm_loss"] - train[0]["nsp_loss"]) < 1e-4
+    assert 0 < train[0]["tokens_per_s"] < 48 * train[0]["sequences_per_s"]
+    assert train[0]["grad_norm"] > 0 and 0 < train[0]["lr"] <= 1e-3
+    evals = records(finished_run, "eval")
+    assert [r["step"] for r in evals] == [3, 6]
+    assert evals[0]["rows"] == ShardSet(str(tiny_shards)).num_rows  # every held-out row once
+    assert 0 <= evals[1]["mlm_accuracy"] <= 1
+    assert list((finished_run / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_checkpoints_hold_the_data_position_and_configs(finished_run):
+    ckpt = finished_run / "checkpoints"
+    assert (ckpt / "latest").read_text() == "step00000006"
+    assert (ckpt / "step00000003").is_dir()
+    state = json.loads((ckpt / "step00000006" / "trainer_state.json").read_text())
+    assert (state["step"], state["position"], state["rank_positions"]) == (6, 48, [48])
+    train_config = json.loads((ckpt / "step00000006" / "train_config.json").read_text())
+    assert train_config["max_steps"] == 6
+    ds = json.loads((ckpt / "step00000006" / "ds_config.json").read_text())
+    assert ds["scheduler"]["params"]["total_num_steps"] == 6  # "auto" resolved
+    assert BertConfig.from_json(ckpt / "step00000006" / "config.json") == BertConfig(**TINY)
+
+
+def test_hf_export_gives_transformers_the_same_mlm_logits(finished_run, tiny_shards, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    ours = export.load_model(finished_run).eval()
+    assert (
+        export.main([str(finished_run / "checkpoints" / "step00000006"), str(tmp_path / "hf")]) == 0
+    )
+    for hf_dir in (finished_run / "hf", tmp_path / "hf"):
+        theirs = transformers.BertForPreTraining.from_pretrained(str(hf_dir)).eval()
+        batch = PretrainingStream(
+            ShardSet(str(tiny_shards)), StreamSpec(micro=16, world_size=1, rank=0, seed=0)
+        ).batch(0)
+        with torch.no_grad():
+            out = ours(batch["input_ids"], batch["segment_ids"], batch["attention_mask"],
+                       batch["masked_lm_positions"])  # fmt: skip
+            ref = theirs(input_ids=batch["input_ids"], token_type_ids=batch["segment_ids"],
+                         attention_mask=batch["attention_mask"])  # fmt: skip
+        index = batch["masked_lm_positions"][..., None].expand(-1, -1, 200)
+        expected = ref.prediction_logits.gather(1, index)
+        assert (out.mlm_logits - expected).abs().max().item() < 1e-5
+        assert (out.nsp_logits - ref.seq_relationship_logits).abs().max().item() < 1e-5
+    trained = export.load_model(finished_run)
+    untrained = BertForPreTraining(BertConfig(**TINY))
+    assert not torch.equal(trained.bert.pooler.dense.weight, untrained.bert.pooler.dense.weight)
+    assert export.main([str(tmp_path / "nothing"), str(tmp_path / "hf2")]) == 2
+
+
+def test_loss_falls_on_a_small_repeated_dataset(small_shards, tmp_path):
+    model = model_json(tmp_path, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    ds = ds_json(tmp_path, optimizer={"type": "AdamW", "params": {"lr": 3e-3, "torch_adam": True}},
+                 scheduler={"type": "WarmupLR", "params": {"warmup_num_steps": 5, "warmup_max_lr": 3e-3,
+                                                           "warmup_type": "linear"}})  # fmt: skip
+    argv = ["--ds-config", ds, "--data", str(small_shards), "--model", model, "--num-workers", "0",
+            "--output-dir", str(tmp_path / "out"), "--max-steps", "60", "--log-every", "10",
+            "--export-hf", "false", "--save-every", "0"]  # fmt: skip
+    assert main(argv) == 0
+    train = records(tmp_path / "out")
+    assert train[-1]["epoch"] > 2.5  # 161 rows seen three times
+    assert train[-1]["mlm_loss"] < train[0]["mlm_loss"] - 0.5
+    assert train[-1]["mlm_accuracy"] > 2 * train[0]["mlm_accuracy"]
+
+
+def test_vocab_mismatch_is_refused_naming_both_sizes(tiny_shards, tmp_path, caplog):
+    argv = args(tmp_path, tiny_shards, "--max-steps", "1")
+    argv[argv.index("--model") + 1] = model_json(tmp_path, vocab_size=300)
+    assert main(argv) == 2
+    assert "vocab_size 300" in caplog.text and "vocabulary of 200" in caplog.text
+    argv[argv.index("--model") + 1] = model_json(tmp_path, pad_token_id=1)
+    assert main(argv) == 2
+    assert "[PAD]" in caplog.text
+    assert not (tmp_path / "out" / "checkpoints").exists()
+
+
+def test_bad_batch_sizes_and_missing_data_fail_before_training(tiny_shards, tmp_path, caplog):
+    argv = args(tmp_path, tiny_shards, "--max-steps", "1", train_batch_size=7)
+    assert main(argv) == 2
+    assert "batch sizes" in caplog.text and "do not fit 1 rank(s)" in caplog.text
+    assert main(args(tmp_path, tmp_path / "no-such-dir", "--max-steps", "1")) == 2
+    assert "--data" in caplog.text and "no-such-dir" in caplog.text
+    assert main(["--data", str(tiny_shards)]) == 2
+    assert not (tmp_path / "out" / "checkpoints").exists()
+
+
+def test_resume_on_other_data_is_refused(finished_run, small_shards, tmp_path, caplog):
+    argv = args(tmp_path, small_shards, "--max-steps", "8", "--resume", str(finished_run))
+    assert main(argv) == 2
+    assert "trained on other data" in caplog.text
+
+
+def test_non_finite_loss_stops_before_the_update_and_saves_nothing(
+    tiny_shards, tmp_path, monkeypatch, caplog
+):
+    calls = {"n": 0}
+    forward = BertForPreTraining.forward
+
+    def poisoned(self, *a, **k):
+        out = forward(self, *a, **k)
+        calls["n"] += 1
+        if calls["n"] == 3:
+            out.loss = out.loss * float("nan")
+        return out
+
+    monkeypatch.setattr(BertForPreTraining, "forward", poisoned)
+    argv = args(tmp_path, tiny_shards, "--max-steps", "5", "--save-every", "1")
+    assert main(argv) == 3
+    assert "non-finite loss at step 3" in caplog.text
+    ckpt = tmp_path / "out" / "checkpoints"
+    assert (ckpt / "latest").read_text() == "step00000002"
+    assert not (ckpt / "step00000003").exists()
+
+
+def test_entry_point_runs_as_a_module_and_as_a_file():
+    for cmd in (["-m", "trainer.run", "--help"], [str(REPO / "trainer" / "run.py"), "--help"]):
+        done = subprocess.run(
+            [sys.executable, *cmd], capture_output=True, text=True, cwd="/", timeout=120
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "--ds-config" in done.stdout and "--resume" in done.stdout

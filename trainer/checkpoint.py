@@ -1,0 +1,197 @@
+"""DeepSpeed checkpoints with the trainer's state: data position, RNG states, configs.
+
+Layout under ``OUTPUT_DIR/checkpoints``::
+
+    latest                      the tag of the newest complete checkpoint
+    step00001000/               one DeepSpeed checkpoint (ZeRO-partitioned files), plus
+        config.json             the model config (Hugging Face names; export reads it)
+        train_config.json       the resolved trainer options
+        ds_config.json          the resolved DeepSpeed JSON
+        trainer_state.json      step, stream position, epoch, per-rank offsets (readable copy)
+
+Resuming on a different number of ranks: convert the checkpoint to DeepSpeed's universal
+format (``python -m deepspeed.checkpoint.ds_to_universal --input_folder CKPT/stepN
+--output_folder CKPT/stepN_universal``) and pass ``--resume CKPT/stepN_universal``; the
+trainer sees the ``zero/`` folder and sets ``checkpoint.load_universal`` for DeepSpeed. The
+data position is global (a stream position), so the new ranks continue the same stream.
+
+The trainer state also goes into DeepSpeed's client state (key ``trainer_state``), with
+every rank's RNG states, gathered to rank 0. ``latest`` is written by the trainer, after
+every rank has finished writing (DeepSpeed's own ``latest`` is written by rank 0 before the
+final barrier, so a kill could leave it pointing at an incomplete checkpoint); a checkpoint
+without ``latest`` pointing at it is never resumed by ``--resume auto``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from model.config import write_text_atomic
+
+from . import distributed
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
+STATE_KEY = "trainer_state"
+STATE_VERSION = 1
+_MODEL_FILES = ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt")
+# Lets deepspeed/checkpoint/ds_to_universal.py convert our checkpoints without extra flags.
+_UNIVERSAL_INFO = {"universal_checkpoint_info": {"universal_checkpoint_version": 0.4}}
+
+
+class NonFiniteError(RuntimeError):
+    """A loss or weight is NaN or infinite; training stops and nothing is saved."""
+
+
+def tag_for(step: int) -> str:
+    """``tag_for(1000) -> "step00001000"``."""
+    return f"step{step:08d}"
+
+
+def is_checkpoint(path: Path) -> bool:
+    return any((path / name).is_file() for name in _MODEL_FILES)
+
+
+def is_universal(directory: str, tag: str) -> bool:
+    """A universal checkpoint (deepspeed.checkpoint.ds_to_universal output) has a zero/ folder."""
+    return Path(directory, tag, "zero").is_dir()
+
+
+def resolve(path: str | os.PathLike) -> tuple[str, str]:
+    """(checkpoints dir, tag) of a run's output directory, a checkpoints dir or one checkpoint.
+
+    Raises:
+        FileNotFoundError: nothing that looks like a checkpoint at ``path``.
+    """
+    path = Path(path)
+    for directory in (path, path / CHECKPOINTS):
+        latest = directory / LATEST
+        if latest.is_file():
+            tag = latest.read_text().strip()
+            if not is_checkpoint(directory / tag):
+                raise FileNotFoundError(f"{latest} names {tag!r}, which is not a checkpoint")
+            return str(directory), tag
+    if is_checkpoint(path):
+        return str(path.parent), path.name
+    raise FileNotFoundError(
+        f"{path}: no checkpoint (expected a run's output directory, its checkpoints/ "
+        f"directory with a '{LATEST}' file, or one checkpoint directory)"
+    )
+
+
+def find_resume(resume: str | None, output_dir: str) -> tuple[str, str] | None:
+    """What ``--resume`` means: None (start fresh), or (checkpoints dir, tag).
+
+    ``auto`` resumes from ``output_dir`` when it has a checkpoint and starts fresh otherwise.
+
+    Raises:
+        FileNotFoundError: an explicit path without a checkpoint.
+    """
+    if resume is None:
+        return None
+    if resume == "auto":
+        try:
+            return resolve(output_dir)
+        except FileNotFoundError:
+            return None
+    return resolve(resume)
+
+
+def check_world_size(directory: str, tag: str, world_size: int) -> None:
+    """Refuse to load a ZeRO-partitioned checkpoint on another number of ranks.
+
+    Raises:
+        ValueError: with the commands that convert it to a universal checkpoint.
+    """
+    state_file = Path(directory, tag, "trainer_state.json")
+    partitioned = any(Path(directory, tag).glob("zero_pp_rank_*"))
+    if is_universal(directory, tag) or not partitioned or not state_file.is_file():
+        return
+    saved = json.loads(state_file.read_text())["world_size"]
+    if saved != world_size:
+        raise ValueError(
+            f"{directory}/{tag} is partitioned over {saved} ranks, this run has {world_size}: "
+            "convert it first with `python -m deepspeed.checkpoint.ds_to_universal "
+            f"--input_folder {directory}/{tag} --output_folder {directory}/{tag}_universal` "
+            f"and pass --resume {directory}/{tag}_universal (deploy/README.md)"
+        )
+
+
+def _all_finite(engine, device: torch.device) -> bool:
+    bad = False
+    for p in engine.module.parameters():
+        local = getattr(p, "ds_tensor", p)  # ZeRO-3 keeps only a partition on each rank
+        if local.numel() and not bool(torch.isfinite(local).all()):
+            bad = True
+            break
+    return not distributed.any_rank(bad, device)
+
+
+def save(engine, output_dir: str, step: int, state: dict[str, Any], files: dict[str, Any]) -> str:
+    """Save a checkpoint on every rank, then commit it by writing ``latest``; returns the tag.
+
+    Args:
+        engine: the DeepSpeed engine (all ranks call this).
+        state: the trainer state (JSON-able); every rank's RNG states are added to it.
+        files: {file name: JSON-able object} written into the checkpoint by rank 0.
+
+    Raises:
+        NonFiniteError: some weight is not finite (nothing is written).
+    """
+    device = next(engine.module.parameters()).device
+    if not _all_finite(engine, device):
+        raise NonFiniteError(f"weights are not finite at step {step}: checkpoint not saved")
+    directory = os.path.join(output_dir, CHECKPOINTS)
+    tag = tag_for(step)
+    rngs = distributed.gather_objects(distributed.rng_state(), engine.world_size)
+    client = {STATE_KEY: {**state, "version": STATE_VERSION, "rng": rngs}, **_UNIVERSAL_INFO}
+    engine.save_checkpoint(directory, tag=tag, client_state=client, save_latest=False)
+    if engine.global_rank == 0:
+        for name, obj in {**files, "trainer_state.json": state}.items():
+            write_text_atomic(Path(directory, tag, name), json.dumps(obj, indent=2) + "\n")
+    distributed.barrier()
+    if engine.global_rank == 0:
+        write_text_atomic(Path(directory, LATEST), tag)
+    distributed.barrier()
+    logger.info("saved checkpoint %s/%s", directory, tag)
+    return tag
+
+
+def load(engine, directory: str, tag: str) -> dict[str, Any]:
+    """Load weights, optimizer and scheduler; return the trainer state (with "rng").
+
+    Raises:
+        ValueError: the checkpoint has no trainer state of a known version.
+    """
+    path, client = engine.load_checkpoint(directory, tag=tag)
+    if path is None:
+        raise ValueError(f"DeepSpeed could not load the checkpoint {directory}/{tag}")
+    state = (client or {}).get(STATE_KEY)
+    if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+        raise ValueError(
+            f"{directory}/{tag} has no trainer state of version {STATE_VERSION}; "
+            "was it written by trainer/run.py?"
+        )
+    logger.info("resumed from %s/%s at step %d", directory, tag, state["step"])
+    return state
+
+
+def restore_rng(state: dict[str, Any], rank: int, world_size: int, fallback_seed: int) -> None:
+    """Restore this rank's RNG states, or seed fresh ones when the world size changed."""
+    rngs = state.get("rng") or []
+    if len(rngs) == world_size:
+        distributed.set_rng_state(rngs[rank])
+        return
+    logger.warning(
+        "checkpoint has RNG states of %d ranks, this run has %d: dropout RNGs are reseeded",
+        len(rngs), world_size,
+    )  # fmt: skip
+    torch.manual_seed(fallback_seed)

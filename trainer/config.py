@@ -1,0 +1,178 @@
+"""Options of ``trainer/run.py``: one typed, validated config built from defaults < JSON < flags.
+
+The CLI owns data, model, output, steps and cadence; precision, ZeRO stage, batch sizes,
+optimizer and schedule belong to the DeepSpeed JSON (``--ds-config``, see trainer/dsconfig.py).
+
+    python trainer/run.py --ds-config deploy/cpu.json --data shards/ --model tiny \\
+        --output-dir runs/tiny --max-steps 100
+    python trainer/run.py --config my_run.json --max-steps 200   # flags override the file
+
+A ``--config`` file is a JSON object whose keys are the flag names with underscores
+(``{"max_steps": 200, "log_every": 5}``); an unknown key is an error naming the key and file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+MASKING = ("static", "dynamic")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything ``trainer/run.py`` takes besides the DeepSpeed JSON (saved with each checkpoint)."""
+
+    ds_config: str  # DeepSpeed JSON (deploy/zero2.json, deploy/cpu.json, ...)
+    data: str  # shard directory with manifest.json: local path or gs:// s3:// URI
+    output_dir: str  # checkpoints/, tensorboard/, metrics.jsonl, hf/ go here
+    # A preset name (tiny ... large; vocab_size and pad id taken from the shards' manifest)
+    # or a Hugging Face style config.json (used as is, and checked against the manifest).
+    # None: "base", or the config of --init-from-hf when that is given.
+    model: str | None = None
+    max_steps: int = 1000  # optimizer steps (not micro-batches)
+    save_every: int = 1000  # checkpoint cadence in optimizer steps; 0: only at the end
+    log_every: int = 10
+    eval_data: str | None = None  # held-out shard directory, read once per evaluation
+    eval_every: int = 0  # 0: evaluate only at the end (when eval_data is set)
+    resume: str | None = None  # "auto": latest checkpoint in output_dir if any; or a path
+    init_from_hf: str | None = None  # start from these weights (e.g. phase 1 -> phase 2)
+    seed: int = 42
+    masking: str = "static"  # static: the shards' masks; dynamic: re-mask every epoch
+    num_workers: int = 2  # DataLoader worker processes per rank
+    shuffle_window: int = 65536  # rows shuffled together within an epoch
+    skip_corrupt: bool = False  # skip (and count) shards failing the start-up check
+    verify_shards: bool = False  # also check every shard's sha256 at start-up (reads all)
+    peak_tflops: float | None = None  # device peak for MFU; None: a table of known GPUs
+    export_hf: bool = True  # write output_dir/hf (Hugging Face format) at the end
+    record_samples: bool = False  # append the row ids each rank trains on to samples-rankN.txt
+
+    def __post_init__(self) -> None:
+        """Raises ValueError naming the flag of the first invalid value."""
+        for name in ("ds_config", "data", "output_dir", "model", "eval_data", "resume"):
+            value = getattr(self, name)
+            if (value is not None or name in ("ds_config", "data", "output_dir")) and (
+                not isinstance(value, str) or not value
+            ):
+                raise ValueError(f"--{_flag(name)} must be a non-empty string, got {value!r}")
+        positive = ("max_steps", "log_every", "shuffle_window")
+        non_negative = ("save_every", "eval_every", "num_workers", "seed")
+        for name in (*positive, *non_negative):
+            value = getattr(self, name)
+            low = 1 if name in positive else 0
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"--{_flag(name)} must be an int >= {low}, got {value!r}")
+        if self.masking not in MASKING:
+            raise ValueError(f"--masking must be one of {MASKING}, got {self.masking!r}")
+        if self.peak_tflops is not None and not self.peak_tflops > 0:
+            raise ValueError(f"--peak-tflops must be > 0, got {self.peak_tflops!r}")
+        for name in ("skip_corrupt", "verify_shards", "export_hf", "record_samples"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"--{_flag(name)} must be true or false")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
+
+
+_HELP = {
+    "ds_config": "DeepSpeed JSON: precision, ZeRO, batch sizes, optimizer, schedule",
+    "data": "shard directory (manifest.json + shard-*.arrow); local or gs:// s3://",
+    "output_dir": "checkpoints/, tensorboard/, metrics.jsonl and hf/ are written here",
+    "model": "preset (tiny mini small medium base large) or a config.json [base]",
+    "max_steps": "optimizer steps to train for (counting those before a resume)",
+    "save_every": "checkpoint every N steps (0: only at the end)",
+    "log_every": "metrics every N steps",
+    "eval_data": "held-out shard directory for MLM/NSP accuracy",
+    "eval_every": "evaluate every N steps (0: only at the end)",
+    "resume": "'auto' (latest checkpoint of --output-dir, if any) or a checkpoint path",
+    "init_from_hf": "initial weights from a Hugging Face BertForPreTraining directory",
+    "seed": "seed of data order, dynamic masks, dropout and initialisation",
+    "masking": "static: the shards' masks; dynamic: re-mask each epoch (RoBERTa-style)",
+    "num_workers": "DataLoader worker processes per rank",
+    "shuffle_window": "rows shuffled together within an epoch",
+    "skip_corrupt": "skip and count shards that fail the start-up check instead of failing",
+    "verify_shards": "check every shard's sha256 at start-up (reads the whole dataset once)",
+    "peak_tflops": "peak TFLOP/s of one device for MFU (default: known GPUs; none on CPU)",
+    "export_hf": "write a Hugging Face export to OUTPUT_DIR/hf at the end",
+    "record_samples": "append each rank's trained row ids to OUTPUT_DIR/samples-rankN.txt",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Flags of every TrainConfig field; defaults are SUPPRESSed so only given flags override."""
+    p = argparse.ArgumentParser(
+        prog="trainer/run.py",
+        description="Pretrain BERT (MLM + NSP) on pipeline shards with DeepSpeed.",
+        argument_default=argparse.SUPPRESS,
+    )
+    p.add_argument("--config", help="JSON file of defaults for these flags (flags win)")
+    p.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)
+    types = {f.name: f.type for f in dataclasses.fields(TrainConfig)}
+    for field in dataclasses.fields(TrainConfig):
+        kind = types[field.name]
+        convert = {"int": int, "bool": _bool, "float | None": float}.get(str(kind), str)
+        extra = {"choices": MASKING} if field.name == "masking" else {}
+        default = "" if field.default is dataclasses.MISSING else f" (default: {field.default})"
+        p.add_argument(
+            f"--{_flag(field.name)}",
+            dest=field.name,
+            type=convert,
+            help=_HELP[field.name] + default,
+            **extra,
+        )
+    return p
+
+
+def load_json_defaults(path: str) -> dict[str, Any]:
+    """Read a ``--config`` file.
+
+    Raises:
+        ValueError: unreadable, not a JSON object, or an unknown key (names the file and key).
+    """
+    try:
+        values = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"--config {path}: cannot read: {err}") from err
+    if not isinstance(values, dict):
+        raise ValueError(f"--config {path}: expected a JSON object")
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"--config {path}: unknown key(s) {unknown}; known: {sorted(known)}")
+    return values
+
+
+def parse_args(argv: Sequence[str]) -> TrainConfig:
+    """Defaults < ``--config`` JSON < flags -> TrainConfig.
+
+    Raises:
+        ValueError: a missing required option, an unknown key or an invalid value.
+        SystemExit: from argparse for an unknown flag or ``--help``.
+    """
+    args = vars(build_parser().parse_args(list(argv)))
+    args.pop("local_rank", None)  # the deepspeed launcher passes it; we read LOCAL_RANK
+    config_file = args.pop("config", None)
+    values = load_json_defaults(config_file) if config_file else {}
+    values.update(args)
+    missing = [f"--{_flag(n)}" for n in ("ds_config", "data", "output_dir") if n not in values]
+    if missing:
+        raise ValueError(f"missing required option(s): {' '.join(missing)}")
+    return TrainConfig(**values)

@@ -1,0 +1,321 @@
+"""Streaming training batches: a torch IterableDataset over a shard directory.
+
+Each rank reads only its slices of the stream (trainer/order.py explains the order and
+why no row is lost or repeated within an epoch). DataLoader workers build the rank's
+micro-batches in groups of 8 consecutive ones (worker ``w`` of ``W`` the groups ``w, w + W,
+...``), each group packed into one tensor, and the DataLoader hands the groups out
+round-robin, so the batches arrive in the same order for any number of workers. Rows are
+memory-mapped views (trainer/shards.py); only the batch being built is copied.
+
+    loader = make_loader(PretrainingStream(ShardSet("shards/"), StreamSpec(
+        micro=64, world_size=8, rank=3, seed=42, start=saved_position)), num_workers=2)
+    for batch in loader: ...
+
+A batch (:func:`collate`) holds int64 tensors with BERT's names:
+
+    input_ids, segment_ids, attention_mask   (B, T)  T = longest row rounded up to 8
+    masked_lm_positions, masked_lm_ids       (B, P)  P = max_predictions_per_seq; pad 0
+    next_sentence_label                      (B,)    -100 on an evaluation filler row
+    row_ids                                  (B,)    row's index in manifest order; -1 filler
+
+Masking: ``static`` uses the shards' masks. ``dynamic`` (RoBERTa-style) restores the
+original ids from ``masked_lm_ids`` and re-masks with Google's rules
+(pipeline.masking.mask_instances) using ``numpy_rng(seed, "dynamic", p, B)``, where ``p`` is
+the stream position of the micro-batch's first row (the stream position fixes the epoch,
+so every epoch gets fresh masks). The masks are the same for any number of workers and
+on resume; they change if the micro-batch boundaries change (another world size x micro
+batch), which still leaves one valid random masking per row per epoch.
+
+Evaluation (``finite=True``): one pass in manifest order; the last global micro-batch is
+filled up with filler rows that carry no MLM or NSP target.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from pipeline.masking import MaskingConfig, MaskingVocab, mask_instances
+from pipeline.rng import numpy_rng
+
+from .order import StreamOrder, rank_positions
+from .shards import ShardSet
+
+PAD_MULTIPLE = 8
+NSP_IGNORE = -100  # torch cross_entropy's default ignore_index
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """Which part of the stream one rank reads, and how batches are built."""
+
+    micro: int  # rows per micro-batch of this rank
+    world_size: int
+    rank: int
+    seed: int
+    start: int = 0  # stream position to start from (rows consumed by all ranks before)
+    window: int = 65536  # rows shuffled together
+    masking: str = "static"  # or "dynamic"
+    finite: bool = False  # evaluation: one unshuffled pass, then stop
+    max_width: int = 512  # cap on the padded length (the model's max_position_embeddings)
+
+    def __post_init__(self) -> None:
+        """Raises ValueError naming the field of an invalid value."""
+        if self.micro < 1 or self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise ValueError(
+                f"invalid micro/world_size/rank {self.micro}/{self.world_size}/{self.rank}"
+            )
+        if self.start < 0:
+            raise ValueError(f"start must be >= 0, got {self.start}")
+        if self.masking not in ("static", "dynamic"):
+            raise ValueError(f"masking must be static or dynamic, got {self.masking!r}")
+
+
+def collate(
+    rows: Sequence[tuple[dict[str, np.ndarray], int]],
+    *,
+    max_predictions: int,
+    pad_id: int = 0,
+    max_width: int = 512,
+) -> dict[str, torch.Tensor]:
+    """Pad unpadded rows into one batch (see the module docstring for the keys).
+
+    Args:
+        rows: B rows, each ({input_ids, segment_ids, masked_lm_positions, masked_lm_ids:
+            1-D integer arrays}, next_sentence_label).
+        max_predictions: P, the manifest's max_predictions_per_seq.
+        pad_id: the [PAD] id.
+        max_width: the padded length never exceeds max(this, the longest row).
+
+    Raises:
+        ValueError: a row has more than ``max_predictions`` masked positions.
+    """
+    lengths = [len(row["input_ids"]) for row, _ in rows]
+    longest = max(lengths)
+    width = max(longest, min(max_width, math.ceil(longest / PAD_MULTIPLE) * PAD_MULTIPLE))
+    b = len(rows)
+    input_ids = np.full((b, width), pad_id, dtype=np.int64)
+    segment_ids = np.zeros((b, width), dtype=np.int64)
+    attention_mask = np.zeros((b, width), dtype=np.int64)
+    positions = np.zeros((b, max_predictions), dtype=np.int64)
+    ids = np.zeros((b, max_predictions), dtype=np.int64)
+    for i, ((row, _), n) in enumerate(zip(rows, lengths, strict=True)):
+        input_ids[i, :n] = row["input_ids"]
+        segment_ids[i, :n] = row["segment_ids"]
+        attention_mask[i, :n] = 1
+        k = len(row["masked_lm_positions"])
+        if k > max_predictions:
+            raise ValueError(
+                f"a row has {k} masked positions > max_predictions_per_seq {max_predictions}"
+            )
+        positions[i, :k] = row["masked_lm_positions"]
+        ids[i, :k] = row["masked_lm_ids"]
+    labels = np.fromiter((label for _, label in rows), dtype=np.int64, count=b)
+    tensors = {
+        "input_ids": input_ids,
+        "segment_ids": segment_ids,
+        "attention_mask": attention_mask,
+        "masked_lm_positions": positions,
+        "masked_lm_ids": ids,
+        "next_sentence_label": labels,
+    }
+    return {k: torch.from_numpy(v) for k, v in tensors.items()}
+
+
+class DynamicMasker:
+    """Re-mask rows with Google's rules from the shards' own parameters.
+
+    Args:
+        manifest: the shard directory's manifest (params and vocab.special_ids).
+        vocab_tokens: the tokens of vocab.txt; needed only for whole-word masking.
+
+    Raises:
+        ValueError: whole-word masking without ``vocab_tokens``.
+    """
+
+    def __init__(self, manifest: dict, vocab_tokens: Sequence[str] | None = None):
+        params, special = manifest["params"], manifest["vocab"]["special_ids"]
+        self.config = MaskingConfig(
+            masked_lm_prob=float(params["masked_lm_prob"]),
+            max_predictions_per_seq=int(params["max_predictions_per_seq"]),
+            do_whole_word_mask=bool(params.get("do_whole_word_mask", False)),
+        )
+        if vocab_tokens is not None:
+            self.vocab = MaskingVocab.from_tokens(vocab_tokens)
+        elif self.config.do_whole_word_mask:
+            raise ValueError("whole-word masking needs the vocabulary (vocab.txt)")
+        else:
+            self.vocab = MaskingVocab(
+                cls_id=special["cls"],
+                sep_id=special["sep"],
+                mask_id=special["mask"],
+                vocab_size=int(manifest["vocab"]["size"]),
+            )
+
+    def __call__(self, rows: list, gen: np.random.Generator) -> list:
+        """Rows with their masks replaced: same structure as ShardSet.rows() returns."""
+        originals = []
+        for row, _ in rows:
+            ids = row["input_ids"].astype(np.int32)  # a copy: the shard is read-only
+            ids[row["masked_lm_positions"].astype(np.int64)] = row["masked_lm_ids"]
+            originals.append(ids)
+        masked = mask_instances(originals, self.config, self.vocab, gen)
+        out = []
+        for (row, label), new in zip(rows, masked, strict=True):
+            new_row = dict(row)
+            new_row["input_ids"] = new.input_ids
+            new_row["masked_lm_positions"] = new.masked_lm_positions
+            new_row["masked_lm_ids"] = new.masked_lm_ids
+            out.append((new_row, label))
+        return out
+
+
+_SQUARE = ("input_ids", "segment_ids", "attention_mask")  # (B, T)
+_PREDICTIONS = ("masked_lm_positions", "masked_lm_ids")  # (B, P)
+_PER_ROW = ("next_sentence_label", "row_ids")  # (B,)
+
+
+def pack(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """One int64 tensor ``[B, T, P, values...]`` holding a whole batch.
+
+    A DataLoader worker sends each tensor through its own shared-memory segment; one
+    tensor instead of seven makes the transfer about 3x faster (bench/loader_speed.py).
+    """
+    b, t = batch["input_ids"].shape
+    p = batch["masked_lm_positions"].shape[1]
+    parts = [torch.tensor([b, t, p])] + [
+        batch[k].reshape(-1) for k in _SQUARE + _PREDICTIONS + _PER_ROW
+    ]
+    return torch.cat(parts)
+
+
+def pack_group(batches: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+    """Several batches in one tensor ``[n, len_1 .. len_n, pack_1 .. pack_n]``."""
+    packs = [pack(b) for b in batches]
+    return torch.cat([torch.tensor([len(packs)] + [len(p) for p in packs]), *packs])
+
+
+def unpack_group(packed: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+    """The batches :func:`pack_group` packed, as views into ``packed``."""
+    n = int(packed[0])
+    lengths = packed[1 : 1 + n].tolist()
+    return [unpack(p) for p in torch.split(packed[1 + n :], lengths)]
+
+
+def unpack(packed: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The batch :func:`pack` packed, as views into ``packed``."""
+    b, t, p = packed[:3].tolist()
+    sizes = [(b, t)] * len(_SQUARE) + [(b, p)] * len(_PREDICTIONS) + [(b,)] * len(_PER_ROW)
+    out, start = {}, 3
+    for key, shape in zip(_SQUARE + _PREDICTIONS + _PER_ROW, sizes, strict=True):
+        n = math.prod(shape)
+        out[key] = packed[start : start + n].view(shape)
+        start += n
+    return out
+
+
+class PretrainingStream(IterableDataset):
+    """One rank's micro-batches, endless (training) or one pass (``spec.finite``).
+
+    Args:
+        shards: the shard set (checked already; see ShardSet.check).
+        spec: which slices, and how to build batches.
+        masker: required when ``spec.masking == "dynamic"``.
+
+    Raises:
+        ValueError: dynamic masking without a masker.
+    """
+
+    def __init__(self, shards: ShardSet, spec: StreamSpec, masker: DynamicMasker | None = None):
+        super().__init__()
+        if spec.masking == "dynamic" and masker is None:
+            raise ValueError("dynamic masking needs a DynamicMasker")
+        self.shards, self.spec, self.masker = shards, spec, masker
+        self.order = StreamOrder(shards.rows_per_shard, spec.seed, spec.window, not spec.finite)
+        self.max_predictions = int(shards.params["max_predictions_per_seq"])
+        self.pad_id = int(shards.manifest["vocab"]["special_ids"]["pad"])
+        manifest_rows = [entry["rows"] for entry in shards.manifest["shards"]]
+        self.group = 1  # micro-batches per DataLoader transfer (BatchLoader sets it)
+        self.first_row_id = np.concatenate([[0], np.cumsum(manifest_rows)[:-1]]).astype(np.int64)
+
+    def num_batches(self) -> int | None:
+        """Micro-batches per rank of a finite pass; None for an endless stream."""
+        if not self.spec.finite:
+            return None
+        return math.ceil(self.order.num_rows / (self.spec.micro * self.spec.world_size))
+
+    def batch(self, k: int) -> dict[str, torch.Tensor]:
+        """This rank's ``k``-th micro-batch after ``spec.start``."""
+        s = self.spec
+        positions = rank_positions(s.start, k, s.micro, s.world_size, s.rank)
+        filler = positions >= self.order.num_rows if s.finite else np.zeros(len(positions), bool)
+        _, shard, row = self.order.locate(positions)
+        rows = self.shards.rows(shard, row)
+        if self.masker is not None:
+            rows = self.masker(rows, numpy_rng(s.seed, "dynamic", int(positions[0]), s.micro))
+        batch = collate(
+            rows, max_predictions=self.max_predictions, pad_id=self.pad_id, max_width=s.max_width
+        )
+        row_ids = self.first_row_id[shard] + row
+        if filler.any():
+            at = torch.from_numpy(filler)
+            batch["masked_lm_positions"][at] = 0
+            batch["masked_lm_ids"][at] = 0
+            batch["next_sentence_label"][at] = NSP_IGNORE
+            row_ids[filler] = -1
+        batch["row_ids"] = torch.from_numpy(row_ids)
+        return batch
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        """Groups of ``self.group`` consecutive micro-batches, packed (:func:`pack_group`).
+
+        Worker ``w`` of ``W`` builds groups ``w, w + W, ...``; iterate a :func:`make_loader`
+        to get the batches as dicts, in order.
+        """
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        total = self.num_batches()
+        j = worker
+        while True:
+            first, end = j * self.group, (j + 1) * self.group
+            ks = range(first, end if total is None else min(end, total))
+            if not ks:
+                return
+            yield pack_group([self.batch(k) for k in ks])
+            j += workers
+
+
+class BatchLoader:
+    """Iterates a stream's batches through a DataLoader; each batch a dict (module docstring).
+
+    With workers, each transfer carries ``group`` micro-batches packed in one tensor: a
+    transfer costs about a millisecond whatever its size, which would otherwise cap a
+    64-row micro-batch at some 45,000 rows/s (bench/loader_speed.py).
+    """
+
+    def __init__(self, stream: PretrainingStream, num_workers: int, group: int = 8):
+        stream.group = group if num_workers else 1
+        # Its own torch.Generator: a DataLoader otherwise draws its workers' base seed from
+        # the global RNG, which would shift the dropout masks after a resume.
+        self.loader = DataLoader(
+            stream,
+            batch_size=None,
+            num_workers=num_workers,
+            pin_memory=torch.cuda.is_available(),
+            prefetch_factor=2 if num_workers else None,
+            generator=torch.Generator().manual_seed(stream.spec.seed),
+        )
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        for packed in self.loader:
+            yield from unpack_group(packed)
+
+
+def make_loader(stream: PretrainingStream, num_workers: int) -> BatchLoader:
+    """Batches of ``stream`` built by ``num_workers`` DataLoader processes (0: in this one)."""
+    return BatchLoader(stream, num_workers)

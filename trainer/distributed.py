@@ -1,0 +1,136 @@
+"""torch.distributed for the trainer: launched by ``deepspeed`` (or torchrun, SLURM) or not at all.
+
+Launchers set RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT. A plain
+``python trainer/run.py`` sets none of them; :func:`init_distributed` then makes a world
+of one process on a free local port, so the same code path (DeepSpeed engine, collectives)
+runs everywhere. The backend is NCCL with CUDA and gloo without.
+
+RNG states (torch CPU and CUDA, numpy's and Python's global generators) are captured per
+rank for the checkpoint and restored on resume; see :func:`rng_state`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+_OWN_ENV: list[str] = []  # environment variables set by init_distributed, not a launcher
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed() -> DistInfo:
+    """Initialise torch.distributed through DeepSpeed; a one-process world when not launched.
+
+    Raises:
+        RuntimeError: from torch.distributed when the launcher's rendezvous fails.
+    """
+    if "RANK" not in os.environ and "OMPI_COMM_WORLD_RANK" not in os.environ:
+        own = dict(
+            RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(_free_port()),
+        )  # fmt: skip
+        os.environ.update(own)
+        _OWN_ENV.extend(own)
+    cuda = torch.cuda.is_available()
+    if not cuda:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed
+
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if cuda:
+        torch.cuda.set_device(local_rank)
+    if not dist.is_initialized():
+        deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, device)
+
+
+def shutdown() -> None:
+    """Tear the process group down and drop the variables init_distributed set.
+
+    Lets one process (a test) run the trainer several times.
+    """
+    if dist.is_initialized():
+        dist.destroy_process_group()
+        # DeepSpeed caches groups derived from the world group; drop them with it.
+        from deepspeed.utils import groups
+
+        for name in ("_WORLD_GROUP", "_ZERO_PARAM_INTRA_PARALLEL_GROUP"):
+            if hasattr(groups, name):
+                setattr(groups, name, None)
+    while _OWN_ENV:
+        os.environ.pop(_OWN_ENV.pop(), None)
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """In-place sum over ranks; returns the tensor."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """True on every rank when ``flag`` is True on any rank."""
+    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    return bool(all_reduce_sum(t).item() > 0)
+
+
+def barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def rng_state() -> dict[str, Any]:
+    """This rank's RNG states (torch CPU, CUDA if present, numpy global, Python global)."""
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` captured."""
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def gather_objects(obj: Any, world_size: int) -> list[Any]:
+    """Every rank's ``obj``, in rank order, on every rank."""
+    if world_size == 1:
+        return [obj]
+    out: list[Any] = [None] * world_size
+    dist.all_gather_object(out, obj)
+    return out

@@ -1,0 +1,196 @@
+"""Training metrics: per-batch counts, model FLOPs and MFU, and where they are written.
+
+Every ``--log-every`` steps rank 0 writes one record to ``OUTPUT_DIR/metrics.jsonl``, to
+TensorBoard (``OUTPUT_DIR/tensorboard``) and to the console (a tqdm bar on a terminal, a
+log line otherwise). Counts are summed over ranks with one all-reduce per log step.
+
+Record keys: ``step``, ``loss``, ``mlm_loss``, ``mlm_accuracy``, ``nsp_loss``,
+``nsp_accuracy``, ``lr``, ``grad_norm``, ``sequences_per_s``, ``tokens_per_s`` (real,
+non-padding tokens), ``tflops_per_s``, ``mfu`` (null without a known peak), ``epoch``,
+``samples`` (stream position); evaluation records have ``split: "eval"``.
+
+Model FLOPs (:func:`model_flops`) count the matmuls BERT must do for the real tokens of a
+batch, times 3 for forward + backward: per row of n tokens, L x (2n(4H² + 2HI) + 4n²H)
+for the encoder, 2(H² + HV) per masked prediction for the MLM head (it runs only there),
+and the pooler. Padding is not counted, so MFU is what the hardware did usefully.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from model import BertConfig
+
+logger = logging.getLogger(__name__)
+
+# Dense bf16/fp16 tensor-core peaks (TFLOP/s) by device-name substring, most specific first.
+PEAK_TFLOPS = (
+    ("H200", 989.0),
+    ("H100 PCIe", 756.0),
+    ("H100", 989.0),
+    ("A100", 312.0),
+    ("A10G", 70.0),
+    ("L4", 121.0),
+    ("V100", 125.0),
+)
+# Counts summed across ranks: the first ones come from the model's outputs (device
+# tensors, read once per log step), the others from the batch on the host.
+DEVICE_COUNTS = (
+    "loss", "mlm_loss", "nsp_loss", "mlm_correct", "mlm_total", "nsp_correct", "nsp_total",
+)  # fmt: skip
+HOST_COUNTS = ("sequences", "tokens", "flops", "micro_steps")
+COUNTS = DEVICE_COUNTS + HOST_COUNTS
+
+
+def model_flops(config: BertConfig, attention_mask: torch.Tensor, num_predictions: int) -> float:
+    """Training FLOPs (forward + backward) of one batch; see the module docstring.
+
+    Args:
+        attention_mask: (B, T), 1 on real tokens.
+        num_predictions: masked positions of the batch that carry a target.
+    """
+    h, i, v, layers = (
+        config.hidden_size, config.intermediate_size, config.vocab_size, config.num_hidden_layers,
+    )  # fmt: skip
+    lengths = attention_mask.sum(1).double()
+    tokens, squares = float(lengths.sum()), float((lengths**2).sum())
+    encoder = layers * (2 * tokens * (4 * h * h + 2 * h * i) + 4 * squares * h)
+    heads = 2 * num_predictions * (h * h + h * v) + 2 * attention_mask.shape[0] * (h * h + 2 * h)
+    return 3.0 * (encoder + heads)
+
+
+def grad_norm(module: torch.nn.Module) -> float:
+    """L2 norm of all gradients of ``module`` (before clipping, as DeepSpeed reports it)."""
+    norms = [p.grad.detach().float().norm() for p in module.parameters() if p.grad is not None]
+    return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
+
+
+def peak_tflops(override: float | None, dtype: str) -> float | None:
+    """The device's peak for MFU: the flag, else a known GPU (bf16/fp16 only), else None."""
+    if override:
+        return override
+    if not torch.cuda.is_available() or dtype == "fp32":
+        return None
+    name = torch.cuda.get_device_name()
+    return next((peak for key, peak in PEAK_TFLOPS if key in name), None)
+
+
+def batch_counts(out, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """float64 (len(DEVICE_COUNTS),) counts of one micro-batch, on the model's device."""
+    with torch.no_grad():
+        targets = batch["masked_lm_positions"] != 0
+        predicted = out.mlm_logits.argmax(-1)  # (B, P)
+        mlm_correct = ((predicted == batch["masked_lm_ids"]) & targets).sum()
+        nsp_valid = batch["next_sentence_label"] >= 0
+        nsp_correct = (
+            (out.nsp_logits.argmax(-1) == batch["next_sentence_label"]) & nsp_valid
+        ).sum()
+        values = [
+            out.loss.detach().double(),
+            out.mlm_loss.detach().double(),
+            out.nsp_loss.detach().double(),
+            mlm_correct.double(),
+            targets.sum().double(),
+            nsp_correct.double(),
+            nsp_valid.sum().double(),
+        ]
+        return torch.stack(values)
+
+
+def host_counts(batch: dict[str, torch.Tensor], config: BertConfig) -> list[float]:
+    """HOST_COUNTS of one micro-batch still on the host: sequences, real tokens, FLOPs, 1."""
+    mask = batch["attention_mask"]
+    predictions = int((batch["masked_lm_positions"] != 0).sum())
+    flops = model_flops(config, mask, predictions)
+    return [float(mask.shape[0]), float(mask.sum()), flops, 1.0]
+
+
+def summarize(totals: torch.Tensor, seconds: float, world_size: int, peak: float | None) -> dict:
+    """Metrics from counts summed over ranks and micro-steps; losses are means per micro-step."""
+    c = dict(zip(COUNTS, totals.tolist(), strict=True))
+    steps = max(c["micro_steps"], 1.0)
+    tflops = c["flops"] / seconds / 1e12 if seconds > 0 else 0.0
+    return {
+        "loss": c["loss"] / steps,
+        "mlm_loss": c["mlm_loss"] / steps,
+        "mlm_accuracy": c["mlm_correct"] / max(c["mlm_total"], 1.0),
+        "nsp_loss": c["nsp_loss"] / steps,
+        "nsp_accuracy": c["nsp_correct"] / max(c["nsp_total"], 1.0),
+        "sequences_per_s": c["sequences"] / seconds if seconds > 0 else 0.0,
+        "tokens_per_s": c["tokens"] / seconds if seconds > 0 else 0.0,
+        "tflops_per_s": tflops,
+        "mfu": tflops / (peak * world_size) if peak else None,
+    }
+
+
+class MetricsWriter:
+    """Rank 0's sinks: metrics.jsonl, TensorBoard, console. Other ranks get a no-op writer."""
+
+    def __init__(self, output_dir: str, *, enabled: bool, max_steps: int, start_step: int):
+        self.enabled = enabled
+        self._jsonl = self._tb = self._bar = None
+        if not enabled:
+            return
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        self._jsonl = open(Path(output_dir, "metrics.jsonl"), "a", encoding="utf-8")  # noqa: SIM115
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(Path(output_dir, "tensorboard")))
+        except ImportError:  # tensorboard is a dependency, but a missing one must not stop a run
+            logger.warning("tensorboard is not installed: no TensorBoard logs")
+        if sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=max_steps, initial=start_step, unit="step", dynamic_ncols=True)
+        self._start = time.time()
+
+    def write(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        record = {
+            k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in record.items()
+        }
+        self._jsonl.write(json.dumps(record) + "\n")
+        self._jsonl.flush()
+        split, step = record.get("split", "train"), record["step"]
+        if self._tb is not None:
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and key not in ("step",):
+                    self._tb.add_scalar(f"{split}/{key}", value, step)
+            self._tb.flush()
+        line = _console_line(record)
+        if self._bar is not None:
+            self._bar.update(step - self._bar.n)
+            self._bar.set_postfix_str(line, refresh=True)
+        else:
+            logger.info("%s step %d: %s", split, step, line)
+
+    def close(self) -> None:
+        for sink in (self._bar, self._tb, self._jsonl):
+            if sink is not None:
+                sink.close()
+
+
+def _console_line(r: dict[str, Any]) -> str:
+    parts = [f"loss {r['loss']:.4f}" if r.get("loss") is not None else None]
+    parts.append(f"mlm_acc {r['mlm_accuracy']:.3f}")
+    parts.append(f"nsp_acc {r['nsp_accuracy']:.3f}")
+    if r.get("lr") is not None:
+        parts.append(f"lr {r['lr']:.2e}")
+    if r.get("grad_norm") is not None:
+        parts.append(f"gnorm {r['grad_norm']:.3f}")
+    if r.get("sequences_per_s"):
+        parts.append(f"{r['sequences_per_s']:.1f} seq/s {r['tokens_per_s']:.0f} tok/s")
+    if r.get("mfu") is not None:
+        parts.append(f"MFU {100 * r['mfu']:.1f}%")
+    return ", ".join(p for p in parts if p)

@@ -1,0 +1,156 @@
+"""Everything checked and built before the first step: paths, data, model config, model.
+
+All checks run before DeepSpeed builds the engine, so a bad invocation fails in seconds
+with a message naming the file or field: a missing data directory or ds-config, shards
+whose vocabulary (size or [PAD] id) differs from the model's, rows longer than the
+model's positions, a corrupt shard (with ``--skip-corrupt``: skipped and counted).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+from model import PRESETS, BertConfig, BertForPreTraining, load_hf
+from pipeline import format as shard_format
+from pipeline.rng import derive_seed
+from pipeline.vocab import parse_vocab
+
+from .config import TrainConfig
+from .data import DynamicMasker
+from .shards import ShardSet
+
+logger = logging.getLogger(__name__)
+
+
+def check_paths(config: TrainConfig) -> None:
+    """Fail early on local paths that do not exist.
+
+    Raises:
+        FileNotFoundError: naming the flag and the path.
+    """
+    for flag, path in (("--data", config.data), ("--eval-data", config.eval_data)):
+        if path is None or "://" in path:
+            continue
+        if not Path(path).is_dir():
+            raise FileNotFoundError(f"{flag} {path}: no such directory")
+        if not Path(path, shard_format.MANIFEST_NAME).is_file():
+            raise FileNotFoundError(
+                f"{flag} {path} has no {shard_format.MANIFEST_NAME}: not a shard directory, "
+                "or the pipeline run did not finish (the manifest is written last)"
+            )
+    if config.init_from_hf is not None and not Path(config.init_from_hf).is_dir():
+        raise FileNotFoundError(f"--init-from-hf {config.init_from_hf}: no such directory")
+
+
+def open_shards(path: str, config: TrainConfig, *, flag: str) -> ShardSet:
+    """Read the manifest and run the start-up check of every shard.
+
+    Raises:
+        ShardFormatError: a bad manifest or shard (names the file).
+    """
+    shards = ShardSet(path)
+    skipped = shards.check(verify=config.verify_shards, skip_corrupt=config.skip_corrupt)
+    logger.info(
+        "%s %s: %d shards, %d rows%s", flag, path, len(shards.names), shards.num_rows,
+        f", skipped {len(skipped)} corrupt: {skipped}" if skipped else "",
+    )  # fmt: skip
+    return shards
+
+
+def model_config(config: TrainConfig, manifest: dict) -> BertConfig:
+    """The model's config from --model / --init-from-hf, checked against the shards.
+
+    A preset takes its vocab_size and pad_token_id from the manifest (a preset names an
+    architecture, not a vocabulary); a config.json or HF directory is used as it is.
+
+    Raises:
+        ValueError: unknown preset, bad config.json, vocabulary mismatch (naming both
+            values), or rows longer than max_position_embeddings.
+    """
+    vocab = manifest["vocab"]
+    if config.init_from_hf is not None:
+        cfg = BertConfig.from_json(Path(config.init_from_hf, "config.json"))
+        if config.model is not None and _load_model_arg(config.model, vocab) != cfg:
+            raise ValueError(
+                f"--model {config.model} differs from the config of --init-from-hf "
+                f"{config.init_from_hf}; give only one of them"
+            )
+    else:
+        cfg = _load_model_arg(config.model or "base", vocab)
+    check_fit(cfg, manifest)
+    return cfg
+
+
+def check_fit(cfg: BertConfig, manifest: dict) -> None:
+    """Refuse shards the model cannot read: another vocabulary or [PAD] id, longer rows.
+
+    Raises:
+        ValueError: naming both values.
+    """
+    shard_format.check_vocab_compat(
+        manifest, vocab_size=cfg.vocab_size, special_ids={"pad": cfg.pad_token_id}
+    )
+    seq = manifest["schema"]["max_seq_length"]
+    if seq > cfg.max_position_embeddings:
+        raise ValueError(
+            f"the shards have rows of up to {seq} tokens but the model has "
+            f"max_position_embeddings {cfg.max_position_embeddings}"
+        )
+
+
+def _load_model_arg(model: str, vocab: dict) -> BertConfig:
+    if model in PRESETS:
+        return BertConfig.preset(
+            model, vocab_size=vocab["size"], pad_token_id=vocab["special_ids"]["pad"]
+        )
+    if model.endswith(".json") or os.path.isfile(model):
+        return BertConfig.from_json(model)
+    raise ValueError(f"--model {model!r} is neither a preset {sorted(PRESETS)} nor a config.json")
+
+
+def build_model(config: TrainConfig, cfg: BertConfig) -> BertForPreTraining:
+    """The model, initialised identically on every rank (seeded), or loaded from --init-from-hf."""
+    torch.manual_seed(derive_seed(config.seed, "init"))
+    if config.init_from_hf is not None:
+        logger.info("initial weights from %s", config.init_from_hf)
+        return load_hf(config.init_from_hf)
+    return BertForPreTraining(cfg)
+
+
+def param_groups(model: torch.nn.Module) -> list[dict]:
+    """Parameters for the optimizer: biases and LayerNorm weights without weight decay.
+
+    Google's BERT (and transformers' recipe) exempt them; the decayed group takes the
+    ds-config's ``weight_decay``.
+    """
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (no_decay if name.endswith("bias") or "LayerNorm" in name else decay).append(p)
+    return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def masker_for(shards: ShardSet, config: TrainConfig) -> DynamicMasker | None:
+    """A DynamicMasker for ``--masking dynamic`` (reads vocab.txt for whole-word masking)."""
+    if config.masking != "dynamic":
+        return None
+    tokens = None
+    if shards.params.get("do_whole_word_mask", False):
+        name = shards.manifest["vocab"]["file"]
+        tokens = parse_vocab(shards.read_text(name), f"{shards.directory}/{name}")
+    return DynamicMasker(shards.manifest, tokens)
+
+
+def data_fingerprint(shards: ShardSet) -> str:
+    """sha256 of what fixes the data order: shards (names, sha256, rows in use) and vocab."""
+    entries = [
+        (e["name"], e["sha256"], int(rows))
+        for e, rows in zip(shards.manifest["shards"], shards.rows_per_shard, strict=True)
+    ]
+    blob = json.dumps([entries, shards.manifest["vocab"]["sha256"]], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()

@@ -1,0 +1,218 @@
+"""Random access to the rows of a shard directory, memory-mapped, through pipeline.format.
+
+A :class:`ShardSet` knows every shard's row count from ``manifest.json`` and opens shards
+lazily (a small LRU per process: local shards are memory maps, so "open" costs little and
+the rows stay on disk; a gs:// or s3:// shard is read into memory in one request, so at most
+``max_open`` of them are held). Rows are returned as numpy views into the mapped buffers.
+
+Start-up check (:meth:`ShardSet.check`): each shard's size must equal the manifest's
+``bytes`` (catches truncation, cheap on object storage too); local shards are also opened
+(end-of-stream marker, schema) and their row counts compared; ``verify=True`` adds the
+sha256 of every file. A failing shard raises ShardFormatError naming the file, or with
+``skip_corrupt`` is dropped (its rows get count 0) and counted. A shard that fails later,
+mid-run, always raises: skipping it then would change the data order of every rank.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow.fs as pafs
+
+from pipeline import format as shard_format
+
+logger = logging.getLogger(__name__)
+
+_LIST_COLUMNS = shard_format.LIST_COLUMNS  # input_ids, segment_ids, masked_lm_positions, ...
+
+
+@dataclass
+class _Chunk:
+    """One record batch: per list column (offsets int32 (n + 1,), values (total,)), labels (n,)."""
+
+    lists: dict[str, tuple[np.ndarray, np.ndarray]]
+    labels: np.ndarray
+
+
+class _OpenShard:
+    """A shard's record batches as zero-copy numpy views."""
+
+    def __init__(self, path: str):
+        table = shard_format.open_shard(path)
+        self.chunks: list[_Chunk] = []
+        starts = [0]
+        for batch in table.to_batches():
+            lists = {}
+            for name in _LIST_COLUMNS:
+                column = batch.column(name)
+                lists[name] = (column.offsets.to_numpy(), column.values.to_numpy())
+            labels = batch.column("next_sentence_label").to_numpy()
+            self.chunks.append(_Chunk(lists, labels))
+            starts.append(starts[-1] + batch.num_rows)
+        self.starts = np.asarray(starts, dtype=np.int64)  # (chunks + 1,)
+        self.num_rows = int(self.starts[-1])
+
+    def rows(self, index: np.ndarray) -> list[tuple[dict[str, np.ndarray], int]]:
+        """Rows ``index`` (int (n,), in [0, num_rows)) as ({column: 1-D view}, label)."""
+        chunk_of = np.searchsorted(self.starts, index, side="right") - 1
+        out = []
+        for c, local in zip(
+            chunk_of.tolist(), (index - self.starts[chunk_of]).tolist(), strict=True
+        ):
+            chunk = self.chunks[c]
+            row = {}
+            for name, (offsets, values) in chunk.lists.items():
+                row[name] = values[offsets[local] : offsets[local + 1]]
+            out.append((row, int(chunk.labels[local])))
+        return out
+
+
+def _is_remote(path: str) -> bool:
+    return "://" in path
+
+
+def _join(directory: str, name: str) -> str:
+    return (
+        f"{directory.rstrip('/')}/{name}"
+        if _is_remote(directory)
+        else os.path.join(directory, name)
+    )
+
+
+def _file_size(path: str) -> int:
+    if not _is_remote(path):
+        return os.path.getsize(path)
+    filesystem, inner = pafs.FileSystem.from_uri(path)
+    info = filesystem.get_file_info(inner)
+    if info.type == pafs.FileType.NotFound:
+        raise FileNotFoundError(f"{path} does not exist")
+    return info.size
+
+
+class ShardSet:
+    """The shards of one directory; rows addressed by (shard index, row index).
+
+    Args:
+        directory: holds manifest.json; a local path or a URI pyarrow.fs understands.
+        manifest: from pipeline.format.read_manifest(directory), if already read.
+        max_open: shards kept open per process (least recently used ones are closed).
+
+    Raises:
+        ShardFormatError: from read_manifest (no manifest, other version, inconsistent).
+        OSError: the manifest cannot be read.
+    """
+
+    def __init__(self, directory: str, manifest: Mapping | None = None, *, max_open: int = 8):
+        self.directory = os.fspath(directory)
+        self.manifest = dict(manifest or shard_format.read_manifest(self.directory))
+        entries = self.manifest["shards"]
+        self.names = [entry["name"] for entry in entries]
+        self.rows_per_shard = np.array([entry["rows"] for entry in entries], dtype=np.int64)
+        self.skipped: list[str] = []
+        self._max_open = max_open
+        self._open: OrderedDict[int, _OpenShard] = OrderedDict()
+
+    @property
+    def num_rows(self) -> int:
+        """Rows of the shards in use (skipped shards count 0)."""
+        return int(self.rows_per_shard.sum())
+
+    @property
+    def params(self) -> Mapping:
+        """The pipeline parameters of manifest.json (max_predictions_per_seq, ...)."""
+        return self.manifest["params"]
+
+    def path(self, shard: int) -> str:
+        return self.path_of(self.names[shard])
+
+    def read_text(self, name: str) -> str:
+        """A UTF-8 file of the directory (e.g. vocab.txt), local or remote."""
+        path = self.path_of(name)
+        if not _is_remote(path):
+            return Path(path).read_text(encoding="utf-8")
+        filesystem, inner = pafs.FileSystem.from_uri(path)
+        with filesystem.open_input_stream(inner) as f:
+            return f.read().decode("utf-8")
+
+    def path_of(self, name: str) -> str:
+        return _join(self.directory, name)
+
+    def check(self, *, verify: bool = False, skip_corrupt: bool = False) -> list[str]:
+        """The start-up check described in the module docstring; returns skipped file names.
+
+        Raises:
+            ShardFormatError: a shard fails and ``skip_corrupt`` is False (names the file).
+            ValueError: every shard was skipped.
+        """
+        for index, entry in enumerate(self.manifest["shards"]):
+            path = self.path(index)
+            try:
+                self._check_one(path, entry, verify)
+            except (shard_format.ShardFormatError, OSError) as err:
+                if not skip_corrupt:
+                    if isinstance(err, shard_format.ShardFormatError):
+                        raise
+                    raise shard_format.ShardFormatError(f"{path}: {err}") from err
+                logger.warning("skipping shard %s (%d rows): %s", path, entry["rows"], err)
+                self.rows_per_shard[index] = 0
+                self.skipped.append(entry["name"])
+        if self.num_rows == 0:
+            raise ValueError(f"{self.directory}: no rows left to train on")
+        return list(self.skipped)
+
+    @staticmethod
+    def _check_one(path: str, entry: Mapping, verify: bool) -> None:
+        size = _file_size(path)
+        if size != entry["bytes"]:
+            raise shard_format.ShardFormatError(
+                f"{path} has {size} bytes, manifest.json says {entry['bytes']} (truncated?)"
+            )
+        if verify:
+            shard_format.verify_shard(path, entry)
+        elif not _is_remote(path):
+            rows = shard_format.open_shard(path).num_rows
+            if rows != entry["rows"]:
+                raise shard_format.ShardFormatError(
+                    f"{path} has {rows} rows, manifest.json says {entry['rows']}"
+                )
+
+    def _shard(self, index: int) -> _OpenShard:
+        shard = self._open.get(index)
+        if shard is None:
+            shard = _OpenShard(self.path(index))
+            if shard.num_rows != self.rows_per_shard[index]:
+                raise shard_format.ShardFormatError(
+                    f"{self.path(index)} has {shard.num_rows} rows, manifest.json says "
+                    f"{int(self.rows_per_shard[index])}"
+                )
+            self._open[index] = shard
+            while len(self._open) > self._max_open:
+                self._open.popitem(last=False)
+        self._open.move_to_end(index)
+        return shard
+
+    def rows(
+        self, shards: Sequence[int] | np.ndarray, rows: Sequence[int] | np.ndarray
+    ) -> list[tuple[dict[str, np.ndarray], int]]:
+        """Rows ``(shards[i], rows[i])`` in order, each ({column: 1-D unsigned view}, label).
+
+        Args:
+            shards: int (n,), shard indexes.
+            rows: int (n,), row indexes within those shards.
+
+        Raises:
+            ShardFormatError: a shard cannot be read (names the file).
+        """
+        shards, rows = np.asarray(shards), np.asarray(rows)
+        out: list = [None] * len(shards)
+        for shard in np.unique(shards).tolist():
+            where = np.flatnonzero(shards == shard)
+            for i, row in zip(where.tolist(), self._shard(shard).rows(rows[where]), strict=True):
+                out[i] = row
+        return out
