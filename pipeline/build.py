@@ -221,8 +221,10 @@ def learn_vocab(word_counts: dict[str, int], config: BuildConfig) -> list[str]:
 
 
 class Tokenize(beam.DoFn):
-    """Document -> TokenizedDocument with the ``tokenizers`` library, built once per worker.
+    """Batches of Documents -> TokenizedDocuments with the ``tokenizers`` library.
 
+    The tokenizer is built once per worker. One ``encode_batch_fast`` call (no
+    offsets) per batch of documents costs half as much as one call per document.
     Sentences that tokenize to nothing are dropped without ending the document
     (Google's rule); documents left empty become ``Skipped``.
     """
@@ -232,20 +234,23 @@ class Tokenize(beam.DoFn):
         self._tokenizer = None
         self._tokens = Metrics.counter(NAMESPACE, "wordpiece_tokens")
 
-    def process(self, doc: Document, vocab: list[str]) -> Iterator:
+    def process(self, docs: list[Document], vocab: list[str]) -> Iterator:
         if self._tokenizer is None:
             self._tokenizer = build_tokenizer(vocab, self._lower)
-        encodings = self._tokenizer.encode_batch(doc.sentences, add_special_tokens=False)
-        ids = [e.ids for e in encodings if e.ids]
-        if not ids:
-            yield Skipped("empty_after_tokenization")
-            return
-        lengths = np.fromiter(map(len, ids), dtype=np.int32, count=len(ids))
-        flat = np.fromiter(
-            itertools.chain.from_iterable(ids), dtype=id_dtype(len(vocab)), count=int(lengths.sum())
-        )
-        self._tokens.inc(len(flat))
-        yield TokenizedDocument(doc.doc_id, flat, lengths)
+        sentences = [s for doc in docs for s in doc.sentences]
+        encodings = iter(self._tokenizer.encode_batch_fast(sentences, add_special_tokens=False))
+        dtype = id_dtype(len(vocab))
+        for doc in docs:
+            ids = [e.ids for e in itertools.islice(encodings, len(doc.sentences)) if e.ids]
+            if not ids:
+                yield Skipped("empty_after_tokenization")
+                continue
+            lengths = np.fromiter(map(len, ids), dtype=np.int32, count=len(ids))
+            flat = np.fromiter(
+                itertools.chain.from_iterable(ids), dtype=dtype, count=int(lengths.sum())
+            )
+            self._tokens.inc(len(flat))
+            yield TokenizedDocument(doc.doc_id, flat, lengths)
 
 
 def id_dtype(vocab_size: int) -> type:
@@ -495,7 +500,9 @@ def build_graph(p: beam.Pipeline, config: BuildConfig, plan: Plan) -> beam.PColl
     vocab_info = vocab | "WriteVocab" >> beam.Map(vocab_entry, config)
 
     tokenized, tokenize_skips = split_skips(
-        documents | "Tokenize" >> beam.ParDo(Tokenize(config.do_lower_case), vocab=vocab_side),
+        documents
+        | "BatchDocuments" >> beam.BatchElements(min_batch_size=64, max_batch_size=256)
+        | "Tokenize" >> beam.ParDo(Tokenize(config.do_lower_case), vocab=vocab_side),
         "Tokenized",
     )
     num_docs = tokenized | "CountDocuments" >> beam.combiners.Count.Globally()
