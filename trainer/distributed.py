@@ -68,7 +68,24 @@ def init_distributed() -> DistInfo:
     if not dist.is_initialized():
         deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if not cuda:
+        _share_cpu_threads()
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, device)
+
+
+def _share_cpu_threads() -> None:
+    """On CPU, split the cores between the ranks of this node (unless OMP_NUM_THREADS says).
+
+    Two ranks with torch's default of one thread per core each oversubscribe the machine:
+    measured 5x slower on 2 cores than one thread per rank.
+    """
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", "1")))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = max(1, (cores or 1) // max(local_ranks, 1))
+    torch.set_num_threads(threads)
+    logger.info("CPU: %d thread(s) per rank for %d local rank(s)", threads, local_ranks)
 
 
 def shutdown() -> None:
