@@ -181,3 +181,39 @@ def test_entry_point_runs_as_a_module_and_as_a_file():
         )
         assert done.returncode == 0, done.stderr[-2000:]
         assert "--ds-config" in done.stdout and "--resume" in done.stdout
+
+
+def test_export_loads_in_automodel_and_masked_lm(finished_run):
+    transformers = pytest.importorskip("transformers")
+    hf = finished_run / "hf"
+    ours = BertForPreTraining.from_hf(hf).eval()
+    ids = torch.tensor([[2, 17, 4, 33, 3, 50, 61, 3]])
+    seg = torch.tensor([[0, 0, 0, 0, 0, 1, 1, 1]])
+    mask = torch.ones_like(ids)
+    out = ours(ids, seg, mask, masked_lm_positions=torch.tensor([[2]]))
+    encoder = transformers.AutoModel.from_pretrained(hf).eval()
+    assert type(encoder).__name__ == "BertModel"
+    hidden = encoder(input_ids=ids, token_type_ids=seg, attention_mask=mask).last_hidden_state
+    torch.testing.assert_close(hidden, out.sequence_output, atol=1e-5, rtol=1e-5)
+    mlm, info = transformers.BertForMaskedLM.from_pretrained(hf, output_loading_info=True)
+    assert not info["missing_keys"], info
+    logits = mlm.eval()(input_ids=ids, token_type_ids=seg, attention_mask=mask).logits
+    torch.testing.assert_close(logits[:, 2], out.mlm_logits[:, 0], atol=1e-4, rtol=1e-5)
+
+
+def test_continued_pretraining_from_an_hf_directory(finished_run, tiny_shards, tmp_path):
+    # A recognisable starting point: an MLM bias that predicts token 7 everywhere, so
+    # the first step's MLM loss is ~20 instead of a fresh model's log(200) ~ 5.3.
+    start = BertForPreTraining.from_hf(finished_run / "hf")
+    with torch.no_grad():
+        start.cls.predictions.bias.zero_()
+        start.cls.predictions.bias[7] = 20.0
+    start.save_hf(tmp_path / "init")
+    extra = ["--max-steps", "3", "--log-every", "1", "--save-every", "0",
+             "--init-from-hf", str(tmp_path / "init")]  # fmt: skip
+    run = args(tmp_path, tiny_shards, *extra)
+    run[run.index("--model") + 1] = str(tmp_path / "init" / "config.json")
+    assert main(run) == 0
+    assert records(tmp_path / "out")[0]["mlm_loss"] > 10
+    continued = BertForPreTraining.from_hf(tmp_path / "out" / "hf")
+    assert 19.0 < continued.cls.predictions.bias[7].item() <= 20.0
