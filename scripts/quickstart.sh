@@ -15,7 +15,7 @@
 #   WORKERS      Beam DirectRunner worker processes    (default: 2)
 #   BEAM_ARGS    extra Beam options, e.g. "--runner=DataflowRunner --project=..."
 #   PRESET       model size: tiny mini small medium base large, or a config.json (default: mini)
-#   MAX_STEPS    optimizer steps                        (default: 600, ~4 min on 2 CPU cores)
+#   MAX_STEPS    optimizer steps                        (default: 1500, ~6 min on 2 CPU cores)
 #   DS_CONFIG    DeepSpeed JSON                         (default: deploy/cpu.json)
 #   RANKS        training processes (default: GPUs present, else 2 CPU ranks)
 set -euo pipefail
@@ -54,7 +54,7 @@ echo "== 3. data statistics and plots"
 python -m pipeline stats "$run/shards" --plot --plot-dir "$run/plots"
 
 preset="${PRESET:-mini}"
-steps="${MAX_STEPS:-600}"
+steps="${MAX_STEPS:-1500}"
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   ranks="${RANKS:-$(nvidia-smi -L | wc -l)}"
 else
@@ -62,12 +62,12 @@ else
   export DS_ACCELERATOR=cpu
 fi
 eval_args=()
-[ -n "$heldout" ] && eval_args=(--eval-data "$run/heldout" --eval-every 200)
+[ -n "$heldout" ] && eval_args=(--eval-data "$run/heldout" --eval-every 500)
 echo "== 4. training: $preset, $steps steps, $ranks rank(s), ${DS_CONFIG:-deploy/cpu.json}"
 rm -rf "$run/train"
 deepspeed --num_gpus "$ranks" trainer/run.py --ds-config "${DS_CONFIG:-deploy/cpu.json}" \
   --data "$run/shards" "${eval_args[@]}" --model "$preset" --output-dir "$run/train" \
-  --max-steps "$steps" --log-every 20 --save-every 200
+  --max-steps "$steps" --log-every 50 --save-every 500
 
 echo
 echo "== summary ($(( $(date +%s) - start )) s)"
