@@ -108,10 +108,20 @@ def match_inputs(patterns: Iterable[str]) -> list[tuple[str, int]]:
 
 
 def common_root(paths: list[str]) -> str:
-    """The directory that all paths share, e.g. ``["/a/b/x", "/a/c/y"] -> "/a"``."""
-    if len(paths) == 1:
-        return posixpath.dirname(paths[0])
-    return posixpath.commonpath(paths) if all(p.startswith("/") for p in paths) else ""
+    """The directory all paths share, so that document ids do not depend on where the
+    corpus lies or how its paths are spelt (absolute, relative, a URI).
+
+    Examples: ``["/a/b/x", "/a/c/y"] -> "/a"``, ``["c/x.txt"] -> "c"``,
+    ``["gs://b/d/x", "gs://b/d/y"] -> "gs://b/d"``.
+    """
+    parts = [p.split("/")[:-1] for p in paths]  # each file's directory, as components
+    shared = parts[0]
+    for other in parts[1:]:
+        n = 0
+        while n < min(len(shared), len(other)) and shared[n] == other[n]:
+            n += 1
+        shared = shared[:n]
+    return "/".join(shared)
 
 
 def write_atomic(path: str, data: bytes) -> None:

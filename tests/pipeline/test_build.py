@@ -197,3 +197,18 @@ def test_jsonl_input_counts_skipped_records(tmp_path):
     }  # fmt: skip
     assert manifest["stats"]["documents"] == 40
     assert manifest["num_rows"] > 40
+
+
+def test_document_ids_do_not_depend_on_how_paths_are_spelt(corpus, built, tmp_path, monkeypatch):
+    from pipeline.build import common_root
+
+    assert common_root(["/a/b/x", "/a/c/y"]) == "/a"
+    assert common_root(["c/x.txt"]) == "c"
+    assert common_root(["gs://b/d/x", "gs://b/d/y"]) == "gs://b/d"
+    monkeypatch.chdir(Path(corpus).parent.parent)
+    relative = f"{Path(corpus).parent.name}/*.txt"
+    out = tmp_path / "relative"
+    assert main(["build", "--input", relative, "--output", str(out), *BASE]) == 0
+    same, other = digest(built), digest(out)
+    assert other.pop("manifest.json") != same.pop("manifest.json")  # params.input differs
+    assert other == same
