@@ -110,6 +110,9 @@ def test_forward_loss_and_grads_match_transformers(kind):
     r.loss.backward()
     ref_grads = dict(ref.named_parameters())
     for name, p in ours.named_parameters():
+        if name.endswith("attention.self.key.bias"):  # zero in exact arithmetic: noise
+            assert p.grad.abs().max() < 1e-9 and ref_grads[name].grad.abs().max() < 1e-9
+            continue
         assert rel_err(p.grad, ref_grads[name].grad) < 1e-4, name
 
 

@@ -86,6 +86,11 @@ def test_forward_and_backward_match_transformers():
     ref_grads = dict(ref.named_parameters())
     for name, p in ours.named_parameters():
         assert p.grad is not None, name
+        if name.endswith("attention.self.key.bias"):
+            # Zero in exact arithmetic (a key bias shifts all of a query's scores
+            # equally, and softmax ignores shifts): both sides hold rounding noise.
+            assert p.grad.abs().max() < 1e-9 and ref_grads[name].grad.abs().max() < 1e-9, name
+            continue
         assert rel_err(p.grad, ref_grads[name].grad) < 1e-4, name
 
 
