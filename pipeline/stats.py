@@ -81,6 +81,13 @@ def compute_stats(directory: str) -> dict:
     }
 
 
+def _save(fig, path: str) -> None:
+    """Save a figure under a temporary name, then rename it into place."""
+    tmp = f"{path}.tmp.png"
+    fig.savefig(tmp, dpi=100)
+    os.replace(tmp, path)
+
+
 def plot(stats: dict, out_dir: str) -> list[str]:
     """Write lengths.png and masking.png; returns their paths."""
     import matplotlib
@@ -97,7 +104,7 @@ def plot(stats: dict, out_dir: str) -> list[str]:
     ax.set_title(f"Row lengths: {stats['rows']} rows, {100 * stats['short_row_share']:.1f}% short")
     paths.append(os.path.join(out_dir, "lengths.png"))
     fig.tight_layout()
-    fig.savefig(paths[-1], dpi=100)
+    _save(fig, paths[-1])
     plt.close(fig)
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
@@ -116,7 +123,7 @@ def plot(stats: dict, out_dir: str) -> list[str]:
     right.set_title(f"Predictions; random-next {100 * stats['random_next_share']:.1f}%")
     paths.append(os.path.join(out_dir, "masking.png"))
     fig.tight_layout()
-    fig.savefig(paths[-1], dpi=100)
+    _save(fig, paths[-1])
     plt.close(fig)
     return paths
 

@@ -45,12 +45,13 @@ import logging
 import operator
 import os
 import re
-import tempfile
 import time
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+from .format import atomic_write_bytes
 
 __all__ = [
     "MAX_INPUT_CHARS_PER_WORD",
@@ -364,22 +365,6 @@ def _check_tokens(tokens: list[str], source: str) -> None:
         raise ValueError(f"{source}: missing special tokens {missing}")
 
 
-def _atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Writes UTF-8 ``text`` to a temp file beside ``path``, then renames it over
-    ``path``: readers see the old file or the whole new one, never a torn one."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.basename(path), dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def write_vocab(path: str | os.PathLike, tokens: Sequence[str]) -> None:
     """Writes Google's vocab.txt: one token per line, id = line number - 1, UTF-8.
 
@@ -390,7 +375,7 @@ def write_vocab(path: str | os.PathLike, tokens: Sequence[str]) -> None:
         ValueError: a token is empty, has whitespace around it or a newline in
             it, repeats, or a special token is missing.
     """
-    _atomic_write_text(path, vocab_text(tokens, os.fspath(path)))
+    atomic_write_bytes(path, vocab_text(tokens, os.fspath(path)).encode("utf-8"))
 
 
 def vocab_text(tokens: Sequence[str], source: str = "tokens") -> str:
@@ -492,4 +477,4 @@ def build_tokenizer(tokens: Sequence[str], do_lower_case: bool) -> Tokenizer:
 def save_tokenizer_json(path: str | os.PathLike, tokenizer: Tokenizer) -> None:
     """Saves ``tokenizer`` as a ``tokenizer.json`` atomically (temp file + rename);
     ``BertTokenizerFast(tokenizer_file=path)`` loads it."""
-    _atomic_write_text(path, tokenizer.to_str())
+    atomic_write_bytes(path, tokenizer.to_str().encode("utf-8"))
