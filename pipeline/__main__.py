@@ -9,6 +9,7 @@ Exit codes: 0 success, 1 the job failed, 2 bad arguments or input.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import logging
 import os
@@ -49,6 +50,21 @@ def _quiet_beam_logs() -> None:
             logging.getLogger(name).setLevel(level)
 
 
+def with_tokenizer_threads(config, options):
+    """``config`` with ``tokenizer_threads`` resolved for the runner in ``options``."""
+    from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
+
+    from .config import resolve_tokenizer_threads
+
+    threads = resolve_tokenizer_threads(
+        config.tokenizer_threads,
+        options.view_as(StandardOptions).runner,
+        options.view_as(DirectOptions).direct_num_workers,
+        os.cpu_count() or 1,
+    )
+    return dataclasses.replace(config, tokenizer_threads=threads)
+
+
 def run_build(argv: Sequence[str]) -> int:
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
@@ -79,6 +95,7 @@ def run_build(argv: Sequence[str]) -> int:
         install_dask_fix()
     _quiet_beam_logs()
     options = PipelineOptions(beam_args)
+    config = with_tokenizer_threads(config, options)
     start = time.perf_counter()
     logger.info("building shards in %s (Beam args: %s)", config.output, beam_args or "none")
     with beam.Pipeline(options=options) as p:

@@ -8,7 +8,7 @@ Steps (labels as in the Beam graph)::
 
     ListFiles -> ReadDocuments -> [CountWords -> LearnVocab] -> Tokenize
       -> AssignBuckets -> GroupBuckets -> MakeInstances (NSP + masking, rows keyed by shard)
-      -> GroupShards -> WriteShards -> WriteManifest (last)
+      -> GroupShards -> WriteShards -> WriteManifest (empty shards, then the manifest, last)
 
 Randomness is seeded only from (seed, document id, dupe index); documents meet
 the others of their bucket sorted by id, and each shard is sorted by a seeded
@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
+import os
 import posixpath
 import random
 import uuid
@@ -36,9 +37,9 @@ from apache_beam.metrics import Metrics
 from . import format as shard_format
 from .config import OUTPUT_BYTES_PER_INPUT_BYTE, TARGET_SHARD_BYTES, BuildConfig
 from .masking import MaskingConfig, MaskingVocab, mask_flat
-from .nsp import NspConfig, SpecialIds, create_instances_from_document
-from .rng import derive_seed, derive_seeds, keys_from_bases
-from .rows import RowBlock
+from .nsp import BucketLayout, NspConfig, SpecialIds, assemble_rows, plan_document
+from .rng import derive_seed_grid, derive_seeds, keys_from_bases
+from .rows import RowBlock, take_ragged
 from .sources import read_documents
 from .text import basic_tokenize
 from .vocab import (
@@ -53,20 +54,48 @@ logger = logging.getLogger(__name__)
 NAMESPACE = "bert_pipeline"
 
 
-class Document(NamedTuple):
-    doc_id: str  # "<path relative to the inputs' common directory>:<ordinal>"
-    sentences: list[str]
+class DocumentBatch(NamedTuple):
+    """Documents of one input file, read together (elements carry many documents:
+    Beam's per-element cost is paid per batch, not per document)."""
+
+    doc_ids: list[str]  # "<path relative to the inputs' common directory>:<ordinal>"
+    documents: list[list[str]]  # each a non-empty list of sentences
 
 
-class TokenizedDocument(NamedTuple):
-    """A document's WordPiece ids, flat (two arrays pickle far faster than one per sentence)."""
+class TokenizedBatch(NamedTuple):
+    """Documents' WordPiece ids in three flat arrays (a handful of arrays pickle
+    far faster than one per sentence)."""
 
-    doc_id: str
-    ids: np.ndarray  # [N] uint16 (int32 for vocabs over 65,536), the sentences' ids concatenated
-    lengths: np.ndarray  # int32 [S], each sentence's length (all > 0)
+    doc_ids: list[str]
+    ids: np.ndarray  # [N] uint16 (int32 for vocabs over 65,536), all sentences concatenated
+    lengths: np.ndarray  # int64 [S], each sentence's length (all > 0)
+    counts: np.ndarray  # int64 [D], each document's number of sentences (all > 0)
 
-    def sentences(self) -> list[np.ndarray]:
-        return np.split(self.ids, np.cumsum(self.lengths[:-1]))
+    def take(self, docs: np.ndarray) -> TokenizedBatch:
+        """The documents at indices ``docs``, in that order."""
+        seg_offsets = _offsets(self.counts)
+        token_offsets = _offsets(self.lengths)
+        segments, _ = take_ragged(np.arange(len(self.lengths)), seg_offsets, docs)
+        ids, _ = take_ragged(self.ids, token_offsets, segments)
+        return TokenizedBatch(
+            [self.doc_ids[i] for i in docs.tolist()], ids, self.lengths[segments],
+            self.counts[docs],
+        )  # fmt: skip
+
+    @staticmethod
+    def concat(batches: list[TokenizedBatch]) -> TokenizedBatch:
+        return TokenizedBatch(
+            [doc_id for b in batches for doc_id in b.doc_ids],
+            np.concatenate([b.ids for b in batches]),
+            np.concatenate([b.lengths for b in batches]),
+            np.concatenate([b.counts for b in batches]),
+        )
+
+
+def _offsets(lengths: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=out[1:])
+    return out
 
 
 class Skipped(NamedTuple):
@@ -173,7 +202,10 @@ def prepare_output(config: BuildConfig) -> None:
 
 
 class ReadDocuments(beam.DoFn):
-    """path -> Document, or Skipped for a dropped record."""
+    """path -> DocumentBatches of up to ``BATCH_DOCUMENTS`` documents, and a
+    Skipped per dropped record."""
+
+    BATCH_DOCUMENTS = 512
 
     def __init__(self, config: BuildConfig, root: str):
         self._config = config
@@ -183,6 +215,7 @@ class ReadDocuments(beam.DoFn):
     def process(self, path: str) -> Iterator:
         relative = path[len(self._root) :].lstrip("/") if self._root else path
         ordinal = 0
+        batch = DocumentBatch([], [])
         with FileSystems.open(path) as f:
             items = read_documents(
                 f, input_format=self._config.input_format,
@@ -192,13 +225,20 @@ class ReadDocuments(beam.DoFn):
                 if reason is not None:
                     yield Skipped(reason)
                     continue
-                self._docs.inc()
-                yield Document(f"{relative}:{ordinal}", sentences)
+                batch.doc_ids.append(f"{relative}:{ordinal}")
+                batch.documents.append(sentences)
                 ordinal += 1
+                if len(batch.doc_ids) == self.BATCH_DOCUMENTS:
+                    self._docs.inc(len(batch.doc_ids))
+                    yield batch
+                    batch = DocumentBatch([], [])
+        if batch.doc_ids:
+            self._docs.inc(len(batch.doc_ids))
+            yield batch
 
 
 class CountWords(beam.CombineFn):
-    """Documents -> Counter of BERT basic-tokenized words (memory: distinct words)."""
+    """DocumentBatches -> Counter of BERT basic-tokenized words (memory: distinct words)."""
 
     def __init__(self, do_lower_case: bool):
         self._lower = do_lower_case
@@ -206,9 +246,10 @@ class CountWords(beam.CombineFn):
     def create_accumulator(self) -> Counter:
         return Counter()
 
-    def add_input(self, counts: Counter, doc: Document) -> Counter:
-        for sentence in doc.sentences:
-            counts.update(basic_tokenize(sentence, self._lower))
+    def add_input(self, counts: Counter, batch: DocumentBatch) -> Counter:
+        for sentences in batch.documents:
+            for sentence in sentences:
+                counts.update(basic_tokenize(sentence, self._lower))
         return counts
 
     def merge_accumulators(self, accumulators: Iterable[Counter]) -> Counter:
@@ -231,36 +272,51 @@ def learn_vocab(word_counts: dict[str, int], config: BuildConfig) -> list[str]:
 
 
 class Tokenize(beam.DoFn):
-    """Batches of Documents -> TokenizedDocuments with the ``tokenizers`` library.
+    """DocumentBatch -> TokenizedBatch with the ``tokenizers`` library.
 
-    The tokenizer is built once per worker. One ``encode_batch_fast`` call (no
-    offsets) per batch of documents costs half as much as one call per document.
-    Sentences that tokenize to nothing are dropped without ending the document
-    (Google's rule); documents left empty become ``Skipped``.
+    The tokenizer is built once per worker; one ``encode_batch_fast`` call (no
+    offsets) per batch. Sentences that tokenize to nothing are dropped without
+    ending the document (Google's rule); documents left empty become ``Skipped``.
     """
 
-    def __init__(self, do_lower_case: bool):
+    def __init__(self, do_lower_case: bool, threads: int = 0):
         self._lower = do_lower_case
+        self._threads = threads
         self._tokenizer = None
         self._tokens = Metrics.counter(NAMESPACE, "wordpiece_tokens")
 
-    def process(self, docs: list[Document], vocab: list[str]) -> Iterator:
+    def setup(self) -> None:
+        # The tokenizers library reads TOKENIZERS_PARALLELISM on every call and
+        # RAYON_NUM_THREADS when its thread pool starts (this worker's first batch).
+        if self._threads == 1:
+            os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        elif self._threads > 1:
+            os.environ["TOKENIZERS_PARALLELISM"] = "true"
+            os.environ["RAYON_NUM_THREADS"] = str(self._threads)
+
+    def process(self, batch: DocumentBatch, vocab: list[str]) -> Iterator:
         if self._tokenizer is None:
             self._tokenizer = build_tokenizer(vocab, self._lower)
-        sentences = [s for doc in docs for s in doc.sentences]
-        encodings = iter(self._tokenizer.encode_batch_fast(sentences, add_special_tokens=False))
-        dtype = id_dtype(len(vocab))
-        for doc in docs:
-            ids = [e.ids for e in itertools.islice(encodings, len(doc.sentences)) if e.ids]
-            if not ids:
-                yield Skipped("empty_after_tokenization")
-                continue
-            lengths = np.fromiter(map(len, ids), dtype=np.int32, count=len(ids))
-            flat = np.fromiter(
-                itertools.chain.from_iterable(ids), dtype=dtype, count=int(lengths.sum())
-            )
-            self._tokens.inc(len(flat))
-            yield TokenizedDocument(doc.doc_id, flat, lengths)
+        sentences = [s for doc in batch.documents for s in doc]
+        encoded = [
+            e.ids for e in self._tokenizer.encode_batch_fast(sentences, add_special_tokens=False)
+        ]
+        lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+        # Each document's number of non-empty sentences.
+        per_doc = np.fromiter(map(len, batch.documents), dtype=np.int64,
+                              count=len(batch.documents))  # fmt: skip
+        owner = np.repeat(np.arange(len(per_doc)), per_doc)
+        kept = lengths > 0
+        counts = np.bincount(owner[kept], minlength=len(per_doc))
+        for _ in range(int((counts == 0).sum())):
+            yield Skipped("empty_after_tokenization")
+        if not kept.any():
+            return
+        flat = np.fromiter(itertools.chain.from_iterable(encoded), dtype=id_dtype(len(vocab)),
+                           count=int(lengths.sum()))  # fmt: skip
+        self._tokens.inc(len(flat))
+        doc_ids = [d for d, n in zip(batch.doc_ids, counts.tolist(), strict=True) if n]
+        yield TokenizedBatch(doc_ids, flat, lengths[kept], counts[counts > 0])
 
 
 def id_dtype(vocab_size: int) -> type:
@@ -268,19 +324,29 @@ def id_dtype(vocab_size: int) -> type:
     return np.uint16 if vocab_size <= 2**16 else np.int32
 
 
-def bucket_of(doc_id: str, num_docs: int, config: BuildConfig) -> int:
-    """Seeded bucket of a document; ``num_docs // bucket_size`` buckets (at least one)."""
+def split_into_buckets(batch: TokenizedBatch, num_docs: int, config: BuildConfig):
+    """TokenizedBatch -> (bucket, TokenizedBatch) per bucket its documents fall in.
+
+    ``num_docs // bucket_size`` buckets (at least one); a document's bucket is a
+    seeded hash of its id, so it is the same on every runner.
+    """
     num_buckets = max(1, num_docs // config.bucket_size)
-    return derive_seed(config.random_seed, "bucket", doc_id) % num_buckets
+    hashes = derive_seeds((config.random_seed, "bucket"), batch.doc_ids)
+    buckets = np.array(hashes, dtype=np.uint64) % np.uint64(num_buckets)
+    order = np.argsort(buckets, kind="stable")
+    present, starts = np.unique(buckets[order], return_index=True)
+    for bucket, part in zip(present.tolist(), np.split(order, starts[1:]), strict=True):
+        yield bucket, batch.take(part)
 
 
 class MakeInstances(beam.DoFn):
-    """(bucket, documents) -> (shard, RowBlock): Google's NSP pairs, then static masks.
+    """(bucket, TokenizedBatches) -> (shard, RowBlock): Google's NSP pairs, then static masks.
 
     Documents meet the others of their bucket in id order. Each document's NSP
     rng is seeded from (seed, doc id, dupe pass); each row gets a 64-bit key from
     (seed, doc id, dupe pass, index) that places it in a shard and seeds its
-    masks, so the whole bucket is masked in one vectorised call.
+    masks. Instances are planned on segment lengths, then the whole bucket is
+    assembled and masked in a few vectorised calls.
     """
 
     def __init__(self, config: BuildConfig, num_shards: int):
@@ -293,62 +359,54 @@ class MakeInstances(beam.DoFn):
         self._vocab = None
         self._instances = Metrics.counter(NAMESPACE, "instances")
 
-    def _nsp_rows(self, documents, index: int, doc_id: str, out: tuple[list, list, list]):
-        """All dupe passes of one document: appends NSP instances, and per pass
-        its key base and instance count, to ``out``."""
-        seed, passes = self._config.random_seed, range(self._config.dupe_factor)
-        rows, bases, counts = out
-        # derive_seeds(...)[d] == derive_seed(seed, "nsp", doc_id, d), the prefix hashed once.
-        nsp_seeds = derive_seeds((seed, "nsp", doc_id), passes)
-        bases += derive_seeds(("shard_key", seed, doc_id), passes)  # == shard_key_base
-        for nsp_seed in nsp_seeds:
-            rng = random.Random(nsp_seed)
-            made = create_instances_from_document(documents, index, self._nsp, rng, self._special)
-            rows += made
-            counts.append(len(made))
-
     def process(self, element, vocab: list[str]) -> Iterator[tuple[int, RowBlock]]:
-        _, docs = element
+        _, batches = element
         if self._vocab is None:
             self._vocab = MaskingVocab.from_tokens(vocab)
             self._special = SpecialIds(self._vocab.cls_id, self._vocab.sep_id)
-        docs = sorted(docs, key=lambda d: d.doc_id)
-        documents = [d.sentences() for d in docs]
-        nsp, bases, counts = [], [], []
-        for index, doc in enumerate(docs):
-            self._nsp_rows(documents, index, doc.doc_id, (nsp, bases, counts))
+        bucket = TokenizedBatch.concat(list(batches))
+        order = sorted(range(len(bucket.doc_ids)), key=bucket.doc_ids.__getitem__)
+        bucket = bucket.take(np.array(order, dtype=np.int64))
+        layout = BucketLayout(bucket.lengths, bucket.counts)
+        seed, passes = self._config.random_seed, range(self._config.dupe_factor)
+        # Grid row i, column d == derive_seed(*prefix, doc_ids[i], d).
+        nsp_seeds = derive_seed_grid((seed, "nsp"), bucket.doc_ids, passes)
+        key_bases = derive_seed_grid(("shard_key", seed), bucket.doc_ids, passes)
+        plans: list[tuple[int, int, int, int, int]] = []
+        counts = []
+        for index, seeds in enumerate(nsp_seeds):
+            for nsp_seed in seeds:
+                rng = random.Random(nsp_seed)
+                counts.append(plan_document(layout, index, self._nsp, rng, plans))
+        bases = [base for row in key_bases for base in row]  # == shard_key_base(seed, id, d)
         keys = keys_from_bases(np.array(bases, dtype=np.uint64), np.array(counts))
-        rows = self._masked_block(nsp, keys)
+        rows = self._masked_block(bucket.ids, np.array(plans, dtype=np.int64), keys)
         self._instances.inc(len(rows))
-        # One sort by (shard, key), then each shard's rows are a contiguous run.
+        if self._num_shards == 1:
+            yield 0, rows
+            return
+        # Rows grouped by shard (the writer sorts each shard by key).
         shards = rows.keys % np.uint64(self._num_shards)
-        order = np.lexsort((rows.keys, shards))
-        rows, shards = rows.take(order), shards[order]
-        present, starts = np.unique(shards, return_index=True)
-        ends = [*starts[1:].tolist(), len(rows)]
-        for shard, start, end in zip(present.tolist(), starts.tolist(), ends, strict=True):
-            yield shard, rows.take(np.arange(start, end))
+        order = np.argsort(shards, kind="stable")
+        present, starts = np.unique(shards[order], return_index=True)
+        for shard, part in zip(present.tolist(), np.split(order, starts[1:]), strict=True):
+            yield shard, rows.take(part)
 
-    def _masked_block(self, nsp: list, keys: np.ndarray) -> RowBlock:
-        """Mask all rows in one call; each row's randomness comes from its own key."""
-        lengths = np.fromiter((len(r.input_ids) for r in nsp), dtype=np.int64, count=len(nsp))
-        offsets = np.zeros(len(nsp) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        flat = np.concatenate([r.input_ids for r in nsp]).astype(id_dtype(self._vocab.vocab_size))
+    def _masked_block(self, tokens: np.ndarray, plans: np.ndarray, keys: np.ndarray) -> RowBlock:
+        """Assemble and mask all rows at once; each row's randomness comes from its own key."""
+        flat, _, offsets = assemble_rows(tokens, plans, self._special)
         masked, selected = mask_flat(flat, offsets, keys, self._masking, self._vocab)
         masked = masked.astype(flat.dtype)
         row_of = np.searchsorted(offsets, selected, side="right") - 1
         return RowBlock(
             keys=keys,
             input_ids=masked,
-            segment_ids=np.concatenate([r.segment_ids for r in nsp]).astype(np.int8),
+            b_starts=(plans[:, 1] - plans[:, 0] + 2).astype(np.uint16),  # [CLS] A [SEP]
             row_offsets=offsets,
             masked_lm_positions=(selected - offsets[row_of]).astype(np.uint16),
             masked_lm_ids=flat[selected],
             mlm_offsets=np.searchsorted(selected, offsets).astype(np.int64),
-            next_sentence_label=np.fromiter(
-                (r.is_random_next for r in nsp), dtype=np.uint8, count=len(nsp)
-            ),
+            next_sentence_label=plans[:, 4].astype(np.uint8),
         )
 
 
@@ -361,16 +419,23 @@ class WriteShard(beam.DoFn):
 
     def process(self, element, vocab: list[str]) -> Iterator[dict]:
         shard, blocks = element
-        block = RowBlock.concat([b for b in blocks if b is not None]).sorted_by_key()
-        schema = shard_format.shard_schema(len(vocab), self._config.max_seq_length)
-        data = shard_format.encode_shard(block.columns(), schema)
-        name = shard_format.shard_name(shard, self._num_shards)
-        write_atomic(FileSystems.join(self._config.output, name), data)
-        yield {
-            "entry": {"name": name, "rows": len(block), "bytes": len(data),
-                      "sha256": hashlib.sha256(data).hexdigest()},
-            "stats": block_stats(block, vocab.index("[MASK]"), self._config.max_seq_length),
-        }  # fmt: skip
+        yield write_shard(shard, RowBlock.concat(list(blocks)), vocab, self._config,
+                          self._num_shards)  # fmt: skip
+
+
+def write_shard(shard: int, block: RowBlock, vocab: list[str], config: BuildConfig,
+                num_shards: int) -> dict:  # fmt: skip
+    """Sort the rows by key, write the shard atomically, return its entry and statistics."""
+    block = block.sorted_by_key()
+    schema = shard_format.shard_schema(len(vocab), config.max_seq_length)
+    data = shard_format.encode_shard(block.columns(), schema)
+    name = shard_format.shard_name(shard, num_shards)
+    write_atomic(FileSystems.join(config.output, name), data)
+    return {
+        "entry": {"name": name, "rows": len(block), "bytes": len(data),
+                  "sha256": hashlib.sha256(data).hexdigest()},
+        "stats": block_stats(block, vocab.index("[MASK]"), config.max_seq_length),
+    }  # fmt: skip
 
 
 def block_stats(block: RowBlock, mask_id: int, max_seq_length: int) -> dict[str, int | list[int]]:
@@ -436,12 +501,18 @@ def vocab_entry(vocab: list[str], config: BuildConfig) -> dict:
     }
 
 
-def write_manifest(shards: list[dict], vocab: dict, skipped: dict, documents: int,
-                   config: BuildConfig, num_shards: int) -> dict:  # fmt: skip
+def write_manifest(shards: list[dict], vocab: list[str], vocab_info: dict, skipped: dict,
+                   documents: int, config: BuildConfig, num_shards: int) -> dict:  # fmt: skip
+    """Write the shards no row landed in (empty, so the set of files is always
+    complete), then the manifest, last."""
+    written = {s["entry"]["name"] for s in shards}
+    for index in range(num_shards):
+        if shard_format.shard_name(index, num_shards) not in written:
+            shards = [*shards, write_shard(index, RowBlock.empty(), vocab, config, num_shards)]
     stats = summary_stats(merge_stats(s["stats"] for s in shards), documents)
     params = {**config.params(), "num_shards": num_shards}
     manifest = shard_format.build_manifest(
-        shards=[s["entry"] for s in shards], vocab=vocab, params=params, stats=stats,
+        shards=[s["entry"] for s in shards], vocab=vocab_info, params=params, stats=stats,
         skipped=dict(sorted(skipped.items())),
     )  # fmt: skip
     path = FileSystems.join(config.output, shard_format.MANIFEST_NAME)
@@ -511,26 +582,24 @@ def build_graph(p: beam.Pipeline, config: BuildConfig, plan: Plan) -> beam.PColl
 
     tokenized, tokenize_skips = split_skips(
         documents
-        | "BatchDocuments" >> beam.BatchElements(min_batch_size=64, max_batch_size=256)
-        | "Tokenize" >> beam.ParDo(Tokenize(config.do_lower_case), vocab=vocab_side),
+        | "Tokenize"
+        >> beam.ParDo(Tokenize(config.do_lower_case, config.tokenizer_threads), vocab=vocab_side),
         "Tokenized",
     )
-    num_docs = tokenized | "CountDocuments" >> beam.combiners.Count.Globally()
+    num_docs = (
+        tokenized
+        | "DocumentsPerBatch" >> beam.Map(lambda batch: len(batch.doc_ids))
+        | "CountDocuments" >> beam.CombineGlobally(sum)
+    )
     rows = (
         tokenized
         | "AssignBuckets"
-        >> beam.Map(
-            lambda d, n: (bucket_of(d.doc_id, n, config), d), n=beam.pvalue.AsSingleton(num_docs)
-        )
+        >> beam.FlatMap(split_into_buckets, beam.pvalue.AsSingleton(num_docs), config)
         | "GroupBuckets" >> beam.GroupByKey()
         | "MakeInstances" >> beam.ParDo(MakeInstances(config, num_shards), vocab=vocab_side)
     )
-    # Every shard index gets a placeholder, so a shard that no row lands in is
-    # still written (empty) and the set of files is always complete.
-    placeholders = p | "AllShards" >> beam.Create([(i, None) for i in range(num_shards)])
     written = (
-        (rows, placeholders)
-        | "MergeRows" >> beam.Flatten()
+        rows
         | "GroupShards" >> beam.GroupByKey()
         | "WriteShards" >> beam.ParDo(WriteShard(config, num_shards), vocab=vocab_side)
     )
@@ -545,7 +614,8 @@ def build_graph(p: beam.Pipeline, config: BuildConfig, plan: Plan) -> beam.PColl
         | "WriteManifest"
         >> beam.Map(
             write_manifest,
-            vocab=beam.pvalue.AsSingleton(vocab_info),
+            vocab=vocab_side,
+            vocab_info=beam.pvalue.AsSingleton(vocab_info),
             skipped=beam.pvalue.AsDict(skipped),
             documents=beam.pvalue.AsSingleton(num_docs),
             config=config,

@@ -54,6 +54,9 @@ class BuildConfig:
     # Vocab learning: words seen fewer times are not counted into merges.
     min_frequency: int = 2
     overwrite: bool = False
+    # Threads of the tokenizers library per Beam worker process; 0: automatic
+    # (see resolve_tokenizer_threads). Speed only: not part of the manifest.
+    tokenizer_threads: int = 0
 
     def __post_init__(self) -> None:
         if not self.input:
@@ -70,6 +73,7 @@ class BuildConfig:
             "input_format": self.input_format in INPUT_FORMATS,
             "bucket_size": self.bucket_size >= 1,
             "min_frequency": self.min_frequency >= 1,
+            "tokenizer_threads": self.tokenizer_threads >= 0,
         }
         for name, ok in checks.items():
             if not ok:
@@ -82,7 +86,7 @@ class BuildConfig:
         byte-identical manifests.
         """
         values = dataclasses.asdict(self)
-        for key in ("output", "overwrite"):
+        for key in ("output", "overwrite", "tokenizer_threads"):
             values.pop(key)
         values["input"] = list(self.input)
         return values
@@ -188,6 +192,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="vocab learning: minimum count of a word or merge",
     )
     p.add_argument(
+        "--tokenizer_threads",
+        type=int,
+        default=d.tokenizer_threads,
+        help="threads of the tokenizers library per Beam worker; 0: the machine's cores "
+        "divided by --direct_num_workers on the DirectRunner, 1 on other runners "
+        "(they run one worker process per core)",
+    )
+    p.add_argument(
         "--overwrite", action="store_true", help="replace shards and manifest already in --output"
     )
     return p
@@ -203,3 +215,22 @@ def parse_build_args(argv: Sequence[str]) -> tuple[BuildConfig, list[str]]:
     values = vars(args)
     values["input"] = tuple(values["input"])
     return BuildConfig(**values), beam_args
+
+
+def resolve_tokenizer_threads(requested: int, runner: str | None, direct_num_workers: int,
+                              cpus: int) -> int:  # fmt: skip
+    """The tokenizer threads per worker: ``requested``, or for 0 (automatic) the
+    cores left to each worker on the local DirectRunner and 1 elsewhere.
+
+    Beam runs one worker process per core on Dataflow, Flink and Spark, so a
+    tokenizer that also spread each batch over every core would oversubscribe
+    them (the ``datasets`` library turns tokenizer parallelism off in its worker
+    processes for the same reason). ``direct_num_workers`` 0 means one per core.
+    """
+    if requested:
+        return requested
+    local = runner is None or runner.rsplit(".", 1)[-1] in ("DirectRunner", "FnApiRunner")
+    if not local:
+        return 1
+    workers = direct_num_workers if direct_num_workers > 0 else cpus
+    return max(1, cpus // max(1, workers))

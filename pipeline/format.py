@@ -228,7 +228,9 @@ class Ragged:
 
 
 def _flatten(name: str, rows: Sequence | Ragged) -> tuple[np.ndarray, np.ndarray]:
-    """Per-row arrays (or a Ragged) -> (values int64 (total,), offsets int64 (rows + 1,))."""
+    """Per-row arrays (or a Ragged) -> (values (total,), offsets int64 (rows + 1,)).
+
+    Values are int64, except that a Ragged's values keep their integer dtype."""
     if isinstance(rows, Ragged):
         values, offsets = np.asarray(rows.values), np.asarray(rows.offsets, dtype=np.int64)
         if values.ndim != 1 or (values.size and values.dtype.kind not in "iu"):
@@ -242,7 +244,9 @@ def _flatten(name: str, rows: Sequence | Ragged) -> tuple[np.ndarray, np.ndarray
             raise ValueError(f"{name}: offsets must rise from 0 to len(values)")
         if offsets[-1] > _MAX_LIST_VALUES:
             raise ValueError(f"{name} holds {offsets[-1]} values, more than 2**31 - 1")
-        return values.astype(np.int64), offsets
+        if values.dtype == np.uint64:
+            return values.astype(np.int64), offsets  # huge values turn negative: still caught
+        return values, offsets  # checked and cast in their own dtype: no int64 copy
     arrays = [np.asarray(row) for row in rows]
     for i, array in enumerate(arrays):
         if array.ndim != 1:
@@ -307,7 +311,8 @@ def _require_values(ok: np.ndarray, values: np.ndarray, offsets: np.ndarray, nam
 
 
 def _list_array(values: np.ndarray, offsets: np.ndarray, list_type: pa.DataType) -> pa.Array:
-    narrow = _from_numpy(values.astype(np.dtype(str(list_type.value_type))), list_type.value_type)
+    target = np.dtype(str(list_type.value_type))
+    narrow = _from_numpy(values.astype(target, copy=False), list_type.value_type)
     return pa.ListArray.from_arrays(
         _from_numpy(offsets.astype(np.int32), pa.int32()), narrow, type=list_type
     )

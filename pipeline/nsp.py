@@ -20,8 +20,11 @@ Per document and dupe pass:
 4. ``truncate_seq_pair`` trims the longer side, from a random end, until the
    pair fits; the row is ``[CLS] A [SEP] B [SEP]``.
 
-Speed: no Python loop runs over tokens. Truncation is computed on lengths
-(tokens to cut per end) and the row is assembled with list/numpy slices; a
+Speed: no Python loop runs over tokens. A document's segments are
+consecutive in its bucket's flat token array, so A and B (truncated or not)
+are contiguous ranges: :func:`plan_document` draws the random numbers and
+computes four offsets per instance from segment lengths alone, and
+:func:`assemble_rows` gathers all the planned rows of a bucket at once. A
 truncation of 32 or more tokens draws its coin flips in one ``getrandbits``
 call that consumes the Mersenne Twister exactly as the equivalent ``random()``
 calls do (shorter ones loop over the cuts, which is cheaper there).
@@ -107,6 +110,160 @@ class NspInstance:
     is_random_next: bool
 
 
+class BucketLayout:
+    """The documents of a bucket as offsets into one flat token array.
+
+    Segments of a document are consecutive in the flat array, so ``A``, ``B``
+    and their truncations are always one contiguous token range: an instance is
+    planned as four offsets (:func:`plan_document`) and all rows are gathered
+    at once (:func:`assemble_rows`).
+
+    Attributes:
+        seg_starts: token offset of every segment, then the total (``S + 1`` ints).
+        doc_starts: index of every document's first segment, then ``S`` (``D + 1``).
+    """
+
+    def __init__(self, segment_lengths: Sequence[int] | np.ndarray,
+                 segments_per_document: Sequence[int] | np.ndarray):  # fmt: skip
+        """Raises ValueError naming the document when it or one of its segments is empty."""
+        lengths = np.asarray(segment_lengths, dtype=np.int64)
+        counts = np.asarray(segments_per_document, dtype=np.int64)
+        if int(counts.sum()) != len(lengths):
+            raise ValueError(
+                f"segments_per_document sums to {int(counts.sum())}, "
+                f"but there are {len(lengths)} segment lengths"
+            )
+        bad = np.flatnonzero(counts <= 0)
+        if not len(bad) and len(lengths) and lengths.min() <= 0:
+            owner = np.repeat(np.arange(len(counts)), counts)
+            bad = owner[lengths <= 0][:1]
+        if len(bad):
+            raise ValueError(
+                f"all_documents[{int(bad[0])}] must be a non-empty list of non-empty segments "
+                "(empty ones are removed upstream)"
+            )
+        self.seg_starts: list[int] = np.concatenate([[0], np.cumsum(lengths)]).tolist()
+        self.doc_starts: list[int] = np.concatenate([[0], np.cumsum(counts)]).tolist()
+
+    @property
+    def num_documents(self) -> int:
+        return len(self.doc_starts) - 1
+
+
+def plan_document(
+    layout: BucketLayout,
+    document_index: int,
+    config: NspConfig,
+    rng: random.Random,
+    out: list[tuple[int, int, int, int, int]],
+) -> int:
+    """Plans the NSP instances of one document for one dupe pass (Google's algorithm).
+
+    Draws from ``rng`` exactly as Google's ``create_instances_from_document``
+    does (without its masking calls) but touches only lengths: each instance is
+    appended to ``out`` as ``(a_start, a_end, b_start, b_end, is_random_next)``,
+    token offsets into the bucket's flat array after truncation.
+
+    Quirk kept from Google: the random-next document is drawn up to 10 times
+    until it differs from ``document_index``; if all 10 draws hit the current
+    document (e.g. the bucket holds only it) that document is used and the row
+    is still labelled random.
+
+    Returns:
+        The number of instances appended (at least one: the last segment
+        always closes a chunk).
+    """
+    starts, doc_starts = layout.seg_starts, layout.doc_starts
+    first, stop = doc_starts[document_index], doc_starts[document_index + 1]
+    num_documents = len(doc_starts) - 1
+    # randint(a, b) is a + _randbelow(b - a + 1) in CPython; calling it directly
+    # skips two Python frames per draw and consumes the generator identically.
+    randbelow, uniform = rng._randbelow, rng.random
+    max_num_tokens = config.max_seq_length - 3  # room for [CLS], [SEP], [SEP]
+    # Usually fill the whole row; sometimes (short_seq_prob) aim shorter to reduce
+    # the mismatch with short fine-tuning inputs. A target, not a hard limit.
+    target = max_num_tokens
+    if uniform() < config.short_seq_prob:
+        target = 2 + randbelow(max_num_tokens - 1)  # randint(2, max_num_tokens)
+
+    made = len(out)
+    chunk_start = first  # the current chunk is segments [chunk_start, i]
+    i = first
+    while i < stop:
+        if i == stop - 1 or starts[i + 1] - starts[chunk_start] >= target:
+            num_segments = i + 1 - chunk_start
+            # a_end: how many segments of the chunk go into A.
+            a_end = 1 if num_segments == 1 else 1 + randbelow(num_segments - 1)
+            a0, a1 = starts[chunk_start], starts[chunk_start + a_end]
+            if num_segments == 1 or uniform() < 0.5:
+                is_random = 1
+                for _ in range(_RANDOM_DOCUMENT_TRIES):
+                    other = randbelow(num_documents)  # randint(0, D - 1)
+                    if other != document_index:
+                        break
+                other_first, other_stop = doc_starts[other], doc_starts[other + 1]
+                j = other_first + randbelow(other_stop - other_first)  # random start
+                # Segments from there until B reaches target - len(A) or the
+                # document ends; at least one.
+                b0, target_b = starts[j], target - (a1 - a0)
+                j += 1
+                while j < other_stop and starts[j] - b0 < target_b:
+                    j += 1
+                b1 = starts[j]
+                # Put the unused segments back so they start the next chunk.
+                i = chunk_start + a_end - 1
+            else:
+                is_random, b0, b1 = 0, a1, starts[i + 1]
+            if (a1 - a0) + (b1 - b0) > max_num_tokens:
+                a_front, a_back, b_front, b_back = truncation_cuts(
+                    a1 - a0, b1 - b0, max_num_tokens, rng
+                )
+                a0, a1, b0, b1 = a0 + a_front, a1 - a_back, b0 + b_front, b1 - b_back
+            out.append((a0, a1, b0, b1, is_random))
+            chunk_start = i + 1
+        i += 1
+    return len(out) - made
+
+
+def assemble_rows(
+    tokens: np.ndarray, plans: np.ndarray, special_ids: SpecialIds
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Lays out planned rows ``[CLS] A [SEP] B [SEP]`` with one gather.
+
+    Args:
+        tokens: 1-D ids, the bucket's flat token array.
+        plans: int ``[R, 5]`` rows of :func:`plan_document`.
+        special_ids: ids of ``[CLS]`` and ``[SEP]``.
+
+    Returns:
+        ``(input_ids, segment_ids, offsets)``: ids ``[N]`` in ``tokens``' dtype,
+        int8 ``[N]``, int64 ``[R + 1]`` (row ``r`` is ``[offsets[r], offsets[r + 1])``).
+    """
+    plans = np.asarray(plans, dtype=np.int64).reshape(-1, 5)
+    a0, a1, b0, b1 = plans[:, 0], plans[:, 1], plans[:, 2], plans[:, 3]
+    len_a = a1 - a0
+    lengths = len_a + (b1 - b0) + 3
+    offsets = np.zeros(len(plans) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    # p: position within the row. Source index: a0 - 1 + p through the first
+    # [SEP] (position len_a + 1), then b0 - len_a - 2 + p; the three special
+    # positions read a neighbour (or the pad at -1 / len(tokens)) and are overwritten.
+    position = np.arange(offsets[-1]) - np.repeat(offsets[:-1], lengths)
+    len_a_each = np.repeat(len_a, lengths)
+    in_b = position > len_a_each + 1
+    source = np.where(in_b, np.repeat(b0 - len_a - 2, lengths), np.repeat(a0 - 1, lengths))
+    source += position
+    padded = np.empty(len(tokens) + 1, dtype=tokens.dtype)
+    padded[:-1] = tokens
+    padded[-1] = 0
+    input_ids = padded[source]
+    input_ids[offsets[:-1]] = special_ids.cls_id
+    input_ids[offsets[:-1] + len_a + 1] = special_ids.sep_id
+    input_ids[offsets[1:] - 1] = special_ids.sep_id
+    segment_ids = in_b.view(np.int8)  # 1 after the first [SEP]
+    return input_ids, segment_ids, offsets
+
+
 def create_instances_from_document(
     all_documents: Sequence[Document],
     document_index: int,
@@ -116,10 +273,8 @@ def create_instances_from_document(
 ) -> list[NspInstance]:
     """Creates the NSP instances of one document for one dupe pass (Google's algorithm).
 
-    Quirk kept from Google: the random-next document is drawn up to 10 times
-    until it differs from ``document_index``; if all 10 draws hit the current
-    document (e.g. ``all_documents`` holds only it) that document is used and
-    the row is still labelled ``is_random_next=True``.
+    The one-document form of :func:`plan_document` + :func:`assemble_rows`
+    (the pipeline plans whole buckets and assembles them at once).
 
     Args:
         all_documents: the documents random-next segments are drawn from (a
@@ -135,136 +290,27 @@ def create_instances_from_document(
         special_ids: ids of ``[CLS]`` and ``[SEP]``.
 
     Returns:
-        The instances in document order; at least one, since the last segment
-        always closes a chunk.
+        The instances in document order; at least one.
 
     Raises:
-        ValueError: ``document_index`` is out of range, the document is empty,
-            or a segment used (of this document or the random document) is empty.
+        ValueError: ``document_index`` is out of range, or a document or
+            segment is empty.
     """
     if not 0 <= document_index < len(all_documents):
         raise ValueError(
             f"document_index must be in [0, {len(all_documents)}), got {document_index!r}"
         )
-    document = all_documents[document_index]
-    lengths = _segment_lengths(document, document_index)
-    max_num_tokens = config.max_seq_length - 3  # room for [CLS], [SEP], [SEP]
-    # Usually fill the whole row; sometimes (short_seq_prob) aim shorter to reduce
-    # the mismatch with short fine-tuning inputs. A target, not a hard limit.
-    target_seq_length = max_num_tokens
-    if rng.random() < config.short_seq_prob:
-        target_seq_length = rng.randint(2, max_num_tokens)
-
-    instances = []
-    chunk_start = 0  # the current chunk is document[chunk_start : i + 1]
-    current_length = 0
-    i = 0
-    while i < len(document):
-        current_length += lengths[i]
-        if i == len(document) - 1 or current_length >= target_seq_length:
-            chunk = document[chunk_start : i + 1]
-            # a_end: how many segments of the chunk go into A.
-            a_end = 1 if len(chunk) == 1 else rng.randint(1, len(chunk) - 1)
-            segments_a = chunk[:a_end]
-            len_a = sum(lengths[chunk_start : chunk_start + a_end])
-            is_random_next = len(chunk) == 1 or rng.random() < 0.5
-            if is_random_next:
-                segments_b = _random_next_segments(
-                    all_documents, document_index, target_seq_length - len_a, rng
-                )
-                # Put the unused segments back so they start the next chunk.
-                i -= len(chunk) - a_end
-            else:
-                segments_b = chunk[a_end:]
-            input_ids, segment_ids = _make_row(
-                segments_a, segments_b, max_num_tokens, rng, special_ids
-            )
-            instances.append(NspInstance(input_ids, segment_ids, is_random_next))
-            chunk_start = i + 1
-            current_length = 0
-        i += 1
-    return instances
-
-
-def _random_next_segments(
-    all_documents: Sequence[Document],
-    document_index: int,
-    target_b_length: int,
-    rng: random.Random,
-) -> list[Segment]:
-    """Draws segments B from a random document, Google's way.
-
-    Args:
-        all_documents: as for :func:`create_instances_from_document`.
-        document_index: the current document, avoided for up to 10 draws.
-        target_b_length: segments are taken from a random start until B has
-            at least this many tokens (or the document ends); may be <= 0,
-            in which case one segment is taken.
-        rng: advanced by the document draws and one start draw.
-
-    Returns:
-        One or more consecutive segments of the random document.
-
-    Raises:
-        ValueError: the random document is empty or a taken segment is empty.
-    """
-    for _ in range(_RANDOM_DOCUMENT_TRIES):
-        random_document_index = rng.randint(0, len(all_documents) - 1)
-        if random_document_index != document_index:
-            break
-    random_document = all_documents[random_document_index]
-    if not len(random_document):
-        raise ValueError(f"all_documents[{random_document_index}] is empty")
-    random_start = rng.randint(0, len(random_document) - 1)
-    segments_b = []
-    len_b = 0
-    for segment in random_document[random_start:]:
-        if not len(segment):
-            raise ValueError(f"all_documents[{random_document_index}] has an empty segment")
-        segments_b.append(segment)
-        len_b += len(segment)
-        if len_b >= target_b_length:
-            break
-    return segments_b
-
-
-def _make_row(
-    segments_a: Sequence[Segment],
-    segments_b: Sequence[Segment],
-    max_num_tokens: int,
-    rng: random.Random,
-    special_ids: SpecialIds,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Truncates the pair (Google's ``truncate_seq_pair``) and lays out the row.
-
-    Args:
-        segments_a: the segments of A, in order.
-        segments_b: the segments of B, in order.
-        max_num_tokens: the limit on ``len(tokens_a) + len(tokens_b)``.
-        rng: advanced by one ``random()`` per truncated token.
-        special_ids: ids of ``[CLS]`` and ``[SEP]``.
-
-    Returns:
-        ``(input_ids, segment_ids)``: int32 ``[n]`` and int8 ``[n]``.
-    """
-    tokens_a = _concat(segments_a)
-    tokens_b = _concat(segments_b)
-    a_front, a_back, b_front, b_back = truncation_cuts(
-        len(tokens_a), len(tokens_b), max_num_tokens, rng
-    )
-    tokens_a = tokens_a[a_front : len(tokens_a) - a_back]
-    tokens_b = tokens_b[b_front : len(tokens_b) - b_back]
-    len_a, len_b = len(tokens_a), len(tokens_b)
-    assert len_a >= 1 and len_b >= 1, (len_a, len_b)  # as Google asserts
-    input_ids = np.empty(len_a + len_b + 3, dtype=np.int32)
-    input_ids[0] = special_ids.cls_id
-    input_ids[1 : len_a + 1] = tokens_a
-    input_ids[len_a + 1] = special_ids.sep_id
-    input_ids[len_a + 2 : -1] = tokens_b
-    input_ids[-1] = special_ids.sep_id
-    segment_ids = np.zeros(len_a + len_b + 3, dtype=np.int8)
-    segment_ids[len_a + 2 :] = 1
-    return input_ids, segment_ids
+    segments = [segment for document in all_documents for segment in document]
+    layout = BucketLayout([len(s) for s in segments], [len(d) for d in all_documents])
+    plans: list[tuple[int, int, int, int, int]] = []
+    plan_document(layout, document_index, config, rng, plans)
+    tokens = np.concatenate([np.asarray(s, dtype=np.int32) for s in segments])
+    input_ids, segment_ids, offsets = assemble_rows(tokens, np.array(plans), special_ids)
+    bounds = zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)
+    return [
+        NspInstance(input_ids[start:end], segment_ids[start:end], bool(plan[4]))
+        for plan, (start, end) in zip(plans, bounds, strict=True)
+    ]
 
 
 def truncation_cuts(
@@ -338,37 +384,6 @@ def _coin_flips(rng: random.Random, count: int) -> np.ndarray:
     raw = rng.getrandbits(64 * count).to_bytes(8 * count, "little")
     words = np.frombuffer(raw, dtype="<u4")
     return words[0::2] < 2**31
-
-
-def _concat(segments: Sequence[Segment]) -> Segment:
-    """Concatenates segments: one segment as is, numpy arrays with numpy, lists as a list.
-
-    Lists of Python ints are cheaper to join as lists than via numpy (which
-    would convert each list first); the row is converted once, on assembly.
-    """
-    if len(segments) == 1:
-        return segments[0]
-    if isinstance(segments[0], np.ndarray):
-        return np.concatenate(segments)
-    tokens: list[int] = []
-    for segment in segments:
-        tokens.extend(segment)
-    return tokens
-
-
-def _segment_lengths(document: Document, document_index: int) -> list[int]:
-    """Returns the segment lengths, refusing empty documents and segments.
-
-    Raises:
-        ValueError: the document or one of its segments is empty.
-    """
-    lengths = [len(segment) for segment in document]
-    if not lengths or min(lengths) == 0:
-        raise ValueError(
-            f"all_documents[{document_index}] must be a non-empty list of non-empty segments "
-            "(empty ones are removed upstream)"
-        )
-    return lengths
 
 
 def _is_int(value: object) -> bool:

@@ -120,6 +120,34 @@ def derive_seeds(prefix: tuple[int | str, ...], last: Sequence[int | str]) -> li
     return seeds
 
 
+def derive_seed_grid(
+    prefix: tuple[int | str, ...], middles: Sequence[int | str], lasts: Sequence[int | str]
+) -> list[list[int]]:
+    """``[[derive_seed(*prefix, m, x) for x in lasts] for m in middles]``, each part
+    encoded once: e.g. every dupe pass of every document of a bucket.
+
+    Example: ``derive_seed_grid((12345,), ["doc-0"], [0]) == [[17840439719599173864]]``.
+
+    Raises:
+        TypeError: a part is not an ``int`` or ``str``.
+    """
+    head = hashlib.sha256(_ENCODING_VERSION)
+    for part in prefix:
+        head.update(_encode_part(part))
+    encoded_lasts = [_encode_part(x) for x in lasts]
+    grid = []
+    for middle in middles:
+        mid = head.copy()
+        mid.update(_encode_part(middle))
+        row = []
+        for encoded in encoded_lasts:
+            digest = mid.copy()
+            digest.update(encoded)
+            row.append(int.from_bytes(digest.digest()[:8], "big"))
+        grid.append(row)
+    return grid
+
+
 def python_rng(*parts: int | str) -> random.Random:
     """Returns a ``random.Random`` seeded with ``derive_seed(*parts)``.
 

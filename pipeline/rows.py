@@ -23,29 +23,44 @@ def _offsets(lengths: np.ndarray) -> np.ndarray:
     return out
 
 
+def ragged_index(offsets: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(index into the flat values, new offsets) that reorder the rows of a ragged array.
+
+    Example: offsets ``[0, 2, 5]``, order ``[1, 0]`` -> (``[2, 3, 4, 0, 1]``, ``[0, 3, 5]``).
+    The index is int32 when the values allow (half the memory traffic of int64).
+    """
+    lengths = np.diff(offsets)[order]
+    new_offsets = _offsets(lengths)
+    dtype = np.int32 if max(int(offsets[-1]), int(new_offsets[-1])) < 2**31 else np.int64
+    # For each output value, its index in the flat values: row start + position in the row.
+    shift = (offsets[:-1][order] - new_offsets[:-1]).astype(dtype)
+    index = np.repeat(shift, lengths)
+    index += np.arange(new_offsets[-1], dtype=dtype)
+    return index, new_offsets
+
+
 def take_ragged(flat: np.ndarray, offsets: np.ndarray, order: np.ndarray):
     """Reorder the rows of a ragged array.
 
     Example: flat ``[1, 2, 3, 4, 5]``, offsets ``[0, 2, 5]``, order ``[1, 0]`` ->
     (``[3, 4, 5, 1, 2]``, ``[0, 3, 5]``).
     """
-    lengths = np.diff(offsets)[order]
-    new_offsets = _offsets(lengths)
-    # For each output value, its index in ``flat``: row start + position in the row.
-    index = np.repeat(offsets[:-1][order] - new_offsets[:-1], lengths) + np.arange(new_offsets[-1])
+    index, new_offsets = ragged_index(offsets, order)
     return flat[index], new_offsets
 
 
 @dataclass
 class RowBlock:
     """R rows. ``keys`` uint64 [R] order rows within a shard; ragged columns are flat
-    with int64 offsets [R + 1]: ``input_ids``/``segment_ids`` share ``row_offsets``,
-    ``masked_lm_positions``/``masked_lm_ids`` share ``mlm_offsets``. Ids and positions
-    use narrow integer types (uint16 where they fit): blocks cross the shuffle."""
+    with int64 offsets [R + 1]: ``input_ids`` uses ``row_offsets``,
+    ``masked_lm_positions``/``masked_lm_ids`` share ``mlm_offsets``. Segment ids are
+    not stored: ``b_starts`` [R] holds each row's position of B's first token (the
+    segment ids are 0 before it, 1 from it on). Ids and positions use narrow integer
+    types (uint16 where they fit): blocks cross the shuffle."""
 
     keys: np.ndarray
     input_ids: np.ndarray
-    segment_ids: np.ndarray
+    b_starts: np.ndarray
     row_offsets: np.ndarray
     masked_lm_positions: np.ndarray
     masked_lm_ids: np.ndarray
@@ -59,6 +74,8 @@ class RowBlock:
     def concat(cls, blocks: Sequence[RowBlock]) -> RowBlock:
         """One block holding the rows of all ``blocks``, in order."""
         blocks = [b for b in blocks if len(b)] or [cls.empty()]
+        if len(blocks) == 1:
+            return blocks[0]
 
         def offsets(name: str) -> np.ndarray:
             parts, base = [np.zeros(1, dtype=np.int64)], 0
@@ -67,7 +84,7 @@ class RowBlock:
                 base += int(getattr(b, name)[-1])
             return np.concatenate(parts)
 
-        flat = ("keys", "input_ids", "segment_ids", "masked_lm_positions", "masked_lm_ids",
+        flat = ("keys", "input_ids", "b_starts", "masked_lm_positions", "masked_lm_ids",
                 "next_sentence_label")  # fmt: skip
         values = {name: np.concatenate([getattr(b, name) for b in blocks]) for name in flat}
         return cls(row_offsets=offsets("row_offsets"), mlm_offsets=offsets("mlm_offsets"), **values)
@@ -77,7 +94,7 @@ class RowBlock:
         zero = np.zeros(1, dtype=np.int64)
         return cls(
             keys=np.zeros(0, np.uint64), input_ids=np.zeros(0, np.int32),
-            segment_ids=np.zeros(0, np.int8), row_offsets=zero,
+            b_starts=np.zeros(0, np.uint16), row_offsets=zero,
             masked_lm_positions=np.zeros(0, np.int32), masked_lm_ids=np.zeros(0, np.int32),
             mlm_offsets=zero, next_sentence_label=np.zeros(0, np.uint8),
         )  # fmt: skip
@@ -89,18 +106,28 @@ class RowBlock:
 
     def take(self, order: np.ndarray) -> RowBlock:
         """The rows at indices ``order`` (int [K]), in that order."""
-        input_ids, row_offsets = take_ragged(self.input_ids, self.row_offsets, order)
-        segment_ids, _ = take_ragged(self.segment_ids, self.row_offsets, order)
-        positions, mlm_offsets = take_ragged(self.masked_lm_positions, self.mlm_offsets, order)
-        ids, _ = take_ragged(self.masked_lm_ids, self.mlm_offsets, order)
-        return RowBlock(self.keys[order], input_ids, segment_ids, row_offsets, positions, ids,
+        tokens, row_offsets = ragged_index(self.row_offsets, order)
+        masks, mlm_offsets = ragged_index(self.mlm_offsets, order)
+        return RowBlock(self.keys[order], self.input_ids[tokens], self.b_starts[order],
+                        row_offsets, self.masked_lm_positions[masks], self.masked_lm_ids[masks],
                         mlm_offsets, self.next_sentence_label[order])  # fmt: skip
 
+    def segment_ids(self) -> np.ndarray:
+        """int8, flat like ``input_ids``: 0 through the first ``[SEP]``, 1 after it.
+
+        Example: row offsets ``[0, 5, 9]``, b_starts ``[3, 2]`` -> ``[0 0 0 1 1 0 0 1 1]``.
+        """
+        # +1 where B starts, -1 where the next row starts; the running sum is the id.
+        steps = np.zeros(len(self.input_ids) + 1, dtype=np.int8)
+        steps[self.row_offsets[:-1] + self.b_starts] = 1
+        steps[self.row_offsets[1:]] -= 1
+        return np.cumsum(steps[:-1], dtype=np.int8)
+
     def columns(self) -> dict[str, Ragged | np.ndarray]:
-        """The mapping :func:`pipeline.format.encode_shard` takes (no copies)."""
+        """The mapping :func:`pipeline.format.encode_shard` takes."""
         return {
             "input_ids": Ragged(self.input_ids, self.row_offsets),
-            "segment_ids": Ragged(self.segment_ids, self.row_offsets),
+            "segment_ids": Ragged(self.segment_ids(), self.row_offsets),
             "masked_lm_positions": Ragged(self.masked_lm_positions, self.mlm_offsets),
             "masked_lm_ids": Ragged(self.masked_lm_ids, self.mlm_offsets),
             "next_sentence_label": self.next_sentence_label,

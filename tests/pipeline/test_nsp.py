@@ -8,9 +8,12 @@ import numpy as np
 import pytest
 
 from pipeline.nsp import (
+    BucketLayout,
     NspConfig,
     SpecialIds,
+    assemble_rows,
     create_instances_from_document,
+    plan_document,
     truncation_cuts,
 )
 
@@ -228,37 +231,56 @@ def test_not_random_next_takes_b_from_the_same_document_in_order():
     assert seen[True] > 0 and seen[False] > 0
 
 
+def _bucket_rows(documents, config, rng, passes=1):
+    """All rows of a bucket the pipeline's way: one layout, plans, one assembly."""
+    segments = [s for d in documents for s in d]
+    layout = BucketLayout([len(s) for s in segments], [len(d) for d in documents])
+    plans = []
+    for _dupe in range(passes):
+        for index in range(len(documents)):
+            plan_document(layout, index, config, rng, plans)
+    tokens = np.concatenate([np.asarray(s, dtype=np.int32) for s in segments])
+    input_ids, segment_ids, offsets = assemble_rows(tokens, np.array(plans), SPECIAL_IDS)
+    return np.array(plans), input_ids, segment_ids, offsets
+
+
+def test_bucket_assembly_equals_per_document_instances():
+    documents = make_corpus(7) + make_corpus(8) + make_corpus(9)
+    config = NspConfig(max_seq_length=32, short_seq_prob=0.2)
+    plans, input_ids, segment_ids, offsets = _bucket_rows(documents, config, random.Random(3), 2)
+    rng = random.Random(3)
+    expected = [
+        instance
+        for _dupe in range(2)
+        for index in range(len(documents))
+        for instance in create_instances_from_document(documents, index, config, rng, SPECIAL_IDS)
+    ]
+    assert len(expected) == len(plans) == len(offsets) - 1
+    for r, instance in enumerate(expected):
+        row = slice(offsets[r], offsets[r + 1])
+        assert input_ids[row].tolist() == instance.input_ids.tolist()
+        assert segment_ids[row].tolist() == instance.segment_ids.tolist()
+        assert bool(plans[r, 4]) == instance.is_random_next
+
+
 def test_statistics_on_a_larger_corpus():
     gen = random.Random(5)
     documents = [
         [[1000] * gen.randint(5, 45) for _ in range(gen.randint(2, 40))] for _ in range(400)
     ]
     config = NspConfig(max_seq_length=128, short_seq_prob=0.1)
-    rng = random.Random(123)
-    random_next, rows, short_rows = 0, 0, 0
-    for _dupe in range(3):
-        for index in range(len(documents)):
-            for instance in create_instances_from_document(
-                documents, index, config, rng, SPECIAL_IDS
-            ):
-                rows += 1
-                random_next += instance.is_random_next
-                short_rows += len(instance.input_ids) < 64
-    share = random_next / rows
+    plans, _, _, offsets = _bucket_rows(documents, config, random.Random(123), passes=3)
+    lengths = np.diff(offsets)
+    share = plans[:, 4].mean()
+    short_share = (lengths < 64).mean()
     # 50% coin flips plus the one-segment chunks that are always random.
     assert 0.52 < share < 0.60, share
-    assert short_rows / rows >= 0.08, short_rows / rows
+    assert short_share >= 0.08, short_share
+    assert lengths.max() <= 128 and lengths.min() >= 5
     # Without short targets far fewer rows are that short.
-    rng = random.Random(123)
     long_config = NspConfig(max_seq_length=128, short_seq_prob=0.0)
-    no_short_rows, all_rows = 0, 0
-    for index in range(len(documents)):
-        for instance in create_instances_from_document(
-            documents, index, long_config, rng, SPECIAL_IDS
-        ):
-            all_rows += 1
-            no_short_rows += len(instance.input_ids) < 64
-    assert no_short_rows / all_rows < short_rows / rows - 0.04
+    _, _, _, long_offsets = _bucket_rows(documents, long_config, random.Random(123))
+    assert (np.diff(long_offsets) < 64).mean() < short_share - 0.04
 
 
 @pytest.mark.parametrize(

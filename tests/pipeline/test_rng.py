@@ -109,3 +109,11 @@ def test_derive_seeds_equals_derive_seed():
     parts = [0, 1, "x", 2**70]
     assert derive_seeds((3, "nsp", "d"), parts) == [derive_seed(3, "nsp", "d", p) for p in parts]
     assert derive_seeds(("shard_key", 3, "d"), [1]) == [shard_key_base(3, "d", 1)]
+
+
+def test_derive_seed_grid_equals_derive_seed():
+    from pipeline.rng import derive_seed_grid
+
+    assert derive_seed_grid((12345,), ["doc-0"], [0]) == [[KNOWN_SEED]]
+    grid = derive_seed_grid((3, "nsp"), ["a", "b", 7], [0, 1, "x"])
+    assert grid == [[derive_seed(3, "nsp", m, x) for x in [0, 1, "x"]] for m in ["a", "b", 7]]

@@ -19,7 +19,7 @@ def block(keys, lengths, start=0):
     return RowBlock(
         keys=np.asarray(keys, dtype=np.uint64),
         input_ids=np.concatenate(ids),
-        segment_ids=np.concatenate([(np.arange(n) >= n // 2).astype(np.int8) for n in lengths]),
+        b_starts=np.array([n // 2 for n in lengths], dtype=np.uint16),
         row_offsets=np.concatenate([[0], np.cumsum(lengths)]),
         masked_lm_positions=np.concatenate(positions),
         masked_lm_ids=np.concatenate([i[p] for i, p in zip(ids, positions, strict=True)]),
@@ -41,10 +41,21 @@ def test_concat_then_sort_keeps_rows_whole():
     assert row("input_ids", merged.row_offsets, 0) == list(range(10, 17))
     assert row("input_ids", merged.row_offsets, 1) == list(range(100, 106))
     assert row("masked_lm_ids", merged.mlm_offsets, 2) == [1, 3]
-    assert row("segment_ids", merged.row_offsets, 0) == [0, 0, 0, 1, 1, 1, 1]
+    segment_ids = merged.segment_ids()
+    assert (
+        segment_ids[: merged.row_offsets[2]].tolist() == [0, 0, 0, 1, 1, 1, 1] + [0] * 3 + [1] * 3
+    )
     assert merged.next_sentence_label.tolist() == [1, 0, 0]
 
 
 def test_empty_block_has_no_rows():
     empty = RowBlock.concat([])
     assert len(empty) == 0 and empty.row_offsets.tolist() == [0]
+
+
+def test_segment_ids_known_answer():
+    rows = RowBlock.empty()
+    rows.input_ids = np.arange(9)
+    rows.row_offsets = np.array([0, 5, 9])
+    rows.b_starts = np.array([3, 2], dtype=np.uint16)
+    assert rows.segment_ids().tolist() == [0, 0, 0, 1, 1, 0, 0, 1, 1]
