@@ -97,7 +97,9 @@ def test_statistics_match_googles_shape(built):
 
 def test_same_seed_same_bytes_other_seed_differs(corpus, built, tmp_path):
     again = tmp_path / "again"
-    assert main(["build", "--input", corpus, "--output", str(again), *BASE]) == 0
+    # Tokenizer threads change speed only: same shards, same manifest.
+    threads = ["--tokenizer_threads", "1"]
+    assert main(["build", "--input", corpus, "--output", str(again), *BASE, *threads]) == 0
     assert digest(again) == digest(built)
     other = tmp_path / "other"
     seed = ["--random_seed", "8"]
@@ -212,3 +214,15 @@ def test_document_ids_do_not_depend_on_how_paths_are_spelt(corpus, built, tmp_pa
     same, other = digest(built), digest(out)
     assert other.pop("manifest.json") != same.pop("manifest.json")  # params.input differs
     assert other == same
+
+
+def test_tokenizer_threads_resolution():
+    from pipeline.config import resolve_tokenizer_threads
+
+    direct = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
+    assert resolve_tokenizer_threads(3, "DataflowRunner", 1, 8) == 3  # asked for: kept
+    assert resolve_tokenizer_threads(0, None, 1, 8) == 8  # one local worker: every core
+    assert resolve_tokenizer_threads(0, direct, 2, 8) == 4  # cores shared by the workers
+    assert resolve_tokenizer_threads(0, "DirectRunner", 0, 8) == 1  # 0 workers: one per core
+    assert resolve_tokenizer_threads(0, "DirectRunner", 16, 8) == 1
+    assert resolve_tokenizer_threads(0, "DataflowRunner", 1, 8) == 1  # a process per core
