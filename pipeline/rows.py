@@ -12,8 +12,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 
 from .format import Ragged
+
+# Blocks with at least this many bytes of token ids cross Beam steps compressed.
+_COMPRESS_MIN_BYTES = 1 << 16
 
 
 def _offsets(lengths: np.ndarray) -> np.ndarray:
@@ -69,6 +73,26 @@ class RowBlock:
 
     def __len__(self) -> int:
         return len(self.keys)
+
+    def __getstate__(self) -> dict:
+        """Pickled (how Beam moves blocks between steps) with the token ids zstd-compressed:
+        shuffled bytes are what a local runner's data plane is slowest at, and ids
+        compress ~1.6x at several hundred MB/s."""
+        state = dict(self.__dict__)
+        ids = state["input_ids"]
+        if ids.nbytes >= _COMPRESS_MIN_BYTES:
+            packed = pa.compress(ids.tobytes(), codec="zstd", asbytes=True)
+            state["input_ids"] = ("zstd", ids.dtype.str, len(ids), packed)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        ids = state["input_ids"]
+        if isinstance(ids, tuple):
+            _, dtype, count, packed = ids
+            raw = pa.decompress(packed, count * np.dtype(dtype).itemsize, codec="zstd",
+                                asbytes=True)  # fmt: skip
+            state["input_ids"] = np.frombuffer(raw, dtype=dtype, count=count).copy()
+        self.__dict__.update(state)
 
     @classmethod
     def concat(cls, blocks: Sequence[RowBlock]) -> RowBlock:
