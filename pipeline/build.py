@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
+import math
 import os
 import posixpath
 import random
@@ -324,19 +325,37 @@ def id_dtype(vocab_size: int) -> type:
     return np.uint16 if vocab_size <= 2**16 else np.int32
 
 
+def num_buckets(num_docs: int, bucket_size: int) -> int:
+    """How many buckets ``num_docs`` documents make, so that each holds ``bucket_size``.
+
+    Documents land in buckets by a seeded hash, so a bucket's size varies around
+    the mean by about its square root. Aiming the mean six standard deviations
+    above ``bucket_size`` makes a smaller bucket a ~1e-8 event per bucket (the
+    manifest's ``stats.buckets`` records the smallest); one bucket holds all
+    documents when there are too few for two.
+    """
+    margin = 6 * math.isqrt(bucket_size) + 6
+    return max(1, num_docs // (bucket_size + margin))
+
+
 def split_into_buckets(batch: TokenizedBatch, num_docs: int, config: BuildConfig):
     """TokenizedBatch -> (bucket, TokenizedBatch) per bucket its documents fall in.
 
-    ``num_docs // bucket_size`` buckets (at least one); a document's bucket is a
-    seeded hash of its id, so it is the same on every runner.
+    A document's bucket is a seeded hash of its id, so it is the same on every runner.
     """
-    num_buckets = max(1, num_docs // config.bucket_size)
+    count = num_buckets(num_docs, config.bucket_size)
     hashes = derive_seeds((config.random_seed, "bucket"), batch.doc_ids)
-    buckets = np.array(hashes, dtype=np.uint64) % np.uint64(num_buckets)
+    buckets = np.array(hashes, dtype=np.uint64) % np.uint64(count)
     order = np.argsort(buckets, kind="stable")
     present, starts = np.unique(buckets[order], return_index=True)
     for bucket, part in zip(present.tolist(), np.split(order, starts[1:]), strict=True):
         yield bucket, batch.take(part)
+
+
+def bucket_summary(sizes: list[int]) -> dict[str, int]:
+    """Documents per bucket -> the manifest's ``stats.buckets``."""
+    return {"count": len(sizes), "min_documents": min(sizes, default=0),
+            "max_documents": max(sizes, default=0)}  # fmt: skip
 
 
 class MakeInstances(beam.DoFn):
@@ -502,14 +521,16 @@ def vocab_entry(vocab: list[str], config: BuildConfig) -> dict:
 
 
 def write_manifest(shards: list[dict], vocab: list[str], vocab_info: dict, skipped: dict,
-                   documents: int, config: BuildConfig, num_shards: int) -> dict:  # fmt: skip
+                   documents: int, buckets: dict, config: BuildConfig,
+                   num_shards: int) -> dict:  # fmt: skip
     """Write the shards no row landed in (empty, so the set of files is always
     complete), then the manifest, last."""
     written = {s["entry"]["name"] for s in shards}
     for index in range(num_shards):
         if shard_format.shard_name(index, num_shards) not in written:
             shards = [*shards, write_shard(index, RowBlock.empty(), vocab, config, num_shards)]
-    stats = summary_stats(merge_stats(s["stats"] for s in shards), documents)
+    stats = {**summary_stats(merge_stats(s["stats"] for s in shards), documents),
+             "buckets": buckets}  # fmt: skip
     params = {**config.params(), "num_shards": num_shards}
     manifest = shard_format.build_manifest(
         shards=[s["entry"] for s in shards], vocab=vocab_info, params=params, stats=stats,
@@ -591,10 +612,19 @@ def build_graph(p: beam.Pipeline, config: BuildConfig, plan: Plan) -> beam.PColl
         | "DocumentsPerBatch" >> beam.Map(lambda batch: len(batch.doc_ids))
         | "CountDocuments" >> beam.CombineGlobally(sum)
     )
+    buckets = tokenized | "AssignBuckets" >> beam.FlatMap(
+        split_into_buckets, beam.pvalue.AsSingleton(num_docs), config
+    )
+    bucket_sizes = (
+        buckets
+        | "DocumentsPerBucket" >> beam.Map(lambda kv: (kv[0], len(kv[1].doc_ids)))
+        | "SumPerBucket" >> beam.CombinePerKey(sum)
+        | "BucketSizes" >> beam.Values()
+        | "CollectBucketSizes" >> beam.combiners.ToList()
+        | "SummariseBuckets" >> beam.Map(bucket_summary)
+    )
     rows = (
-        tokenized
-        | "AssignBuckets"
-        >> beam.FlatMap(split_into_buckets, beam.pvalue.AsSingleton(num_docs), config)
+        buckets
         | "GroupBuckets" >> beam.GroupByKey()
         | "MakeInstances" >> beam.ParDo(MakeInstances(config, num_shards), vocab=vocab_side)
     )
@@ -618,6 +648,7 @@ def build_graph(p: beam.Pipeline, config: BuildConfig, plan: Plan) -> beam.PColl
             vocab_info=beam.pvalue.AsSingleton(vocab_info),
             skipped=beam.pvalue.AsDict(skipped),
             documents=beam.pvalue.AsSingleton(num_docs),
+            buckets=beam.pvalue.AsSingleton(bucket_sizes),
             config=config,
             num_shards=num_shards,
         )

@@ -8,10 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pipeline import format as shard_format
 from pipeline.__main__ import main
+from pipeline.build import TokenizedBatch
 from pipeline.stats import compute_stats
 from pipeline.vocab import read_vocab
 
@@ -41,7 +43,7 @@ def make_corpus(directory: Path, n_docs=120, n_files=3, seed=0) -> str:
 
 
 BASE = ["--vocab_size", "200", "--dupe_factor", "3", "--max_seq_length", "48",
-        "--max_predictions_per_seq", "8", "--num_shards", "3", "--bucket_size", "40",
+        "--max_predictions_per_seq", "8", "--num_shards", "3", "--bucket_size", "10",
         "--random_seed", "7"]  # fmt: skip
 
 
@@ -226,3 +228,23 @@ def test_tokenizer_threads_resolution():
     assert resolve_tokenizer_threads(0, "DirectRunner", 0, 8) == 1  # 0 workers: one per core
     assert resolve_tokenizer_threads(0, "DirectRunner", 16, 8) == 1
     assert resolve_tokenizer_threads(0, "DataflowRunner", 1, 8) == 1  # a process per core
+
+
+def test_buckets_hold_at_least_bucket_size_documents(built):
+    from pipeline.build import num_buckets, split_into_buckets
+    from pipeline.config import BuildConfig
+
+    assert num_buckets(1191, 1000) == 1  # too few for two: one bucket of all
+    assert num_buckets(10**6, 1000) == 10**6 // 1192
+    config = BuildConfig(input=("x",), output="x", bucket_size=1000)
+    n = 200_000
+    ids = [f"wiki/part-{i % 7}.txt:{i}" for i in range(n)]
+    batch = TokenizedBatch(ids, np.ones(n, np.uint16), np.ones(n, np.int64), np.ones(n, np.int64))
+    sizes = [len(part.doc_ids) for _, part in split_into_buckets(batch, n, config)]
+    assert len(sizes) == num_buckets(n, 1000) and sum(sizes) == n
+    assert min(sizes) >= 1000, min(sizes)
+    # The manifest records the spread (here: 120 documents, bucket size 10).
+    buckets = shard_format.read_manifest(str(built))["stats"]["buckets"]
+    assert buckets == {"count": 3, "min_documents": buckets["min_documents"],
+                       "max_documents": buckets["max_documents"]}  # fmt: skip
+    assert 10 <= buckets["min_documents"] <= buckets["max_documents"]
