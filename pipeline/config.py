@@ -183,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--bucket_size",
         type=int,
         default=d.bucket_size,
-        help="documents per random-next bucket (all of them when fewer)",
+        help="at least this many documents per random-next bucket (all of them when fewer)",
     )
     p.add_argument(
         "--min_frequency",
