@@ -276,10 +276,13 @@ def _check_rows(flat: dict, labels: np.ndarray, vocab_size: int, max_seq_length:
             raise ValueError(f"{name}: row {bad[0]} has a different length than its {other}")
     for name in ("input_ids", "masked_lm_ids"):
         values, name_offsets = flat[name]
-        bad = (values < 0) | (values >= vocab_size)
-        _require_values(~bad, values, name_offsets, name, f"outside [0, {vocab_size=})")
+        if not _within(values, 0, vocab_size - 1):
+            bad = (values < 0) | (values >= vocab_size)
+            _require_values(~bad, values, name_offsets, name, f"outside [0, {vocab_size=})")
     segments, _ = flat["segment_ids"]
-    _require_values((segments == 0) | (segments == 1), segments, offsets, "segment_ids", "not 0/1")
+    if not _within(segments, 0, 1):
+        ok = (segments == 0) | (segments == 1)
+        _require_values(ok, segments, offsets, "segment_ids", "not 0/1")
     positions, position_offsets = flat["masked_lm_positions"]
     row_length = np.repeat(lengths, np.diff(position_offsets))
     inside = (positions >= 0) & (positions < row_length)
@@ -293,6 +296,12 @@ def _check_rows(flat: dict, labels: np.ndarray, vocab_size: int, max_seq_length:
     bad = np.flatnonzero((labels != 0) & (labels != 1))
     if bad.size:
         raise ValueError(f"next_sentence_label: row {bad[0]} has {labels[bad[0]]}, not 0/1")
+
+
+def _within(values: np.ndarray, low: int, high: int) -> bool:
+    """All values in [low, high]: two reductions, no temporary arrays (the fast path;
+    the caller finds the first bad value only when this fails)."""
+    return not values.size or (int(values.min()) >= low and int(values.max()) <= high)
 
 
 def _require(ok: np.ndarray, offsets: np.ndarray, name: str, what: str) -> None:

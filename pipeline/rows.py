@@ -16,6 +16,8 @@ import pyarrow as pa
 
 from .format import Ragged
 
+# Rows per step of take_rows (about 300k values at BERT's lengths).
+_TAKE_ROWS = 4096
 # Blocks with at least this many bytes of token ids cross Beam steps compressed.
 _COMPRESS_MIN_BYTES = 1 << 16
 
@@ -51,6 +53,27 @@ def take_ragged(flat: np.ndarray, offsets: np.ndarray, order: np.ndarray):
     """
     index, new_offsets = ragged_index(offsets, order)
     return flat[index], new_offsets
+
+
+def take_rows(
+    columns: Sequence[np.ndarray], offsets: np.ndarray, order: np.ndarray
+) -> tuple[list[np.ndarray], np.ndarray]:
+    """:func:`take_ragged` for columns that share ``offsets``, a few thousand rows at a
+    time: the gather index stays small enough for the CPU caches instead of being a
+    fresh array as long as the data (8x faster on 50M-value blocks here)."""
+    lengths = np.diff(offsets)[order]
+    new_offsets = _offsets(lengths)
+    outs = [np.empty(int(new_offsets[-1]), dtype=c.dtype) for c in columns]
+    # Value p of output row r comes from offsets[order[r]] + (p - new_offsets[r]).
+    shift = offsets[:-1][order] - new_offsets[:-1]
+    for lo in range(0, len(order), _TAKE_ROWS):
+        hi = min(lo + _TAKE_ROWS, len(order))
+        start, stop = int(new_offsets[lo]), int(new_offsets[hi])
+        index = np.repeat(shift[lo:hi], lengths[lo:hi])
+        index += np.arange(start, stop)
+        for out, column in zip(outs, columns, strict=True):
+            np.take(column, index, out=out[start:stop])
+    return outs, new_offsets
 
 
 @dataclass
@@ -130,10 +153,11 @@ class RowBlock:
 
     def take(self, order: np.ndarray) -> RowBlock:
         """The rows at indices ``order`` (int [K]), in that order."""
-        tokens, row_offsets = ragged_index(self.row_offsets, order)
-        masks, mlm_offsets = ragged_index(self.mlm_offsets, order)
-        return RowBlock(self.keys[order], self.input_ids[tokens], self.b_starts[order],
-                        row_offsets, self.masked_lm_positions[masks], self.masked_lm_ids[masks],
+        (input_ids,), row_offsets = take_rows([self.input_ids], self.row_offsets, order)
+        masks, mlm_offsets = take_rows(
+            [self.masked_lm_positions, self.masked_lm_ids], self.mlm_offsets, order
+        )
+        return RowBlock(self.keys[order], input_ids, self.b_starts[order], row_offsets, *masks,
                         mlm_offsets, self.next_sentence_label[order])  # fmt: skip
 
     def segment_ids(self) -> np.ndarray:
