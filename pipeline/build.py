@@ -8,7 +8,8 @@ Steps (labels as in the Beam graph)::
 
     ListFiles -> ReadDocuments -> [CountWords -> LearnVocab] -> Tokenize
       -> AssignBuckets -> GroupBuckets -> MakeInstances (NSP + masking, rows keyed by shard)
-      -> GroupShards -> WriteShards -> WriteManifest (empty shards, then the manifest, last)
+      -> GroupShards -> WriteShards [-> GroupParts -> JoinParts: shards in key-range parts]
+      -> WriteManifest (empty shards, then the manifest, last)
 
 Randomness is seeded only from (seed, document id, dupe index); documents meet
 the others of their bucket sorted by id, and each shard is sorted by a seeded
@@ -190,6 +191,10 @@ def prepare_output(config: BuildConfig) -> None:
             f"{out} already holds {len(existing)} shard/manifest file(s) from an earlier build; "
             "pass --overwrite to replace them or choose another --output"
         )
+    # Part files of an interrupted build are never output: always removed.
+    stale = FileSystems.match([FileSystems.join(out, ".shard-*.part-*")])[0].metadata_list
+    if stale:
+        FileSystems.delete([m.path for m in stale])
     # The manifest goes first, so an interrupted clean-up never leaves a manifest
     # that lists deleted shards.
     existing.sort(key=lambda p: not p.endswith(shard_format.MANIFEST_NAME))
@@ -401,15 +406,15 @@ class MakeInstances(beam.DoFn):
         keys = keys_from_bases(np.array(bases, dtype=np.uint64), np.array(counts))
         rows = self._masked_block(bucket.ids, np.array(plans, dtype=np.int64), keys)
         self._instances.inc(len(rows))
-        if self._num_shards == 1:
-            yield 0, rows
+        # Rows grouped by where they are written: shard, then key range within it.
+        groups = write_group(rows.keys, self._num_shards)
+        if groups.min() == groups.max():
+            yield int(groups[0]), rows
             return
-        # Rows grouped by shard (the writer sorts each shard by key).
-        shards = rows.keys % np.uint64(self._num_shards)
-        order = np.argsort(shards, kind="stable")
-        present, starts = np.unique(shards[order], return_index=True)
-        for shard, part in zip(present.tolist(), np.split(order, starts[1:]), strict=True):
-            yield shard, rows.take(part)
+        order = np.argsort(groups, kind="stable")
+        present, starts = np.unique(groups[order], return_index=True)
+        for group, part in zip(present.tolist(), np.split(order, starts[1:]), strict=True):
+            yield group, rows.take(part)
 
     def _masked_block(self, tokens: np.ndarray, plans: np.ndarray, keys: np.ndarray) -> RowBlock:
         """Assemble and mask all rows at once; each row's randomness comes from its own key."""
@@ -429,17 +434,85 @@ class MakeInstances(beam.DoFn):
         )
 
 
+# Shards are written in this many parallel pieces in all (each shard in key ranges
+# joined at the end), so a build of fewer shards than workers still writes in parallel.
+PARALLEL_WRITES = 16
+
+
+def parts_per_shard(num_shards: int) -> int:
+    """Key ranges each shard is written in: 1 from ``PARALLEL_WRITES`` shards on."""
+    return max(1, -(-PARALLEL_WRITES // num_shards))
+
+
+def write_group(keys: np.ndarray, num_shards: int) -> np.ndarray:
+    """Rows' write groups, ``shard * parts + part``: the shard is ``key % num_shards``
+    and the part the key's range (the top bits), so parts in order are keys in order."""
+    parts = parts_per_shard(num_shards)
+    shard = keys % np.uint64(num_shards)
+    part = ((keys >> np.uint64(32)) * np.uint64(parts)) >> np.uint64(32)
+    return (shard * np.uint64(parts) + part).astype(np.int64)
+
+
 class WriteShard(beam.DoFn):
-    """(shard, RowBlocks) -> the shard's manifest entry and statistics, after writing it."""
+    """(write group, RowBlocks) -> the shard's manifest entry and statistics after
+    writing it, or (shard, part record) after writing one key range of it."""
+
+    def __init__(self, config: BuildConfig, num_shards: int):
+        self._config = config
+        self._num_shards = num_shards
+        self._parts = parts_per_shard(num_shards)
+
+    def process(self, element, vocab: list[str]) -> Iterator:
+        group, blocks = element
+        block = RowBlock.concat(list(blocks))
+        if self._parts == 1:
+            yield write_shard(group, block, vocab, self._config, self._num_shards)
+            return
+        shard, part = divmod(group, self._parts)
+        block = block.sorted_by_key()
+        schema = shard_format.shard_schema(len(vocab), self._config.max_seq_length)
+        body = shard_format.encode_shard_body(block.columns(), schema)
+        path = part_path(self._config.output, shard, part, self._num_shards)
+        write_atomic(path, body)
+        stats = block_stats(block, vocab.index("[MASK]"), self._config.max_seq_length)
+        yield shard, {"part": part, "path": path, "stats": stats}
+
+
+def part_path(output: str, shard: int, part: int, num_shards: int) -> str:
+    """A shard's part file: hidden, beside the shard, removed once the shard is joined."""
+    return FileSystems.join(
+        output, f".{shard_format.shard_name(shard, num_shards)}.part-{part:03d}"
+    )
+
+
+class JoinParts(beam.DoFn):
+    """(shard, part records) -> the shard's manifest entry and statistics, after
+    joining its parts, in key order, into the shard file and deleting them."""
 
     def __init__(self, config: BuildConfig, num_shards: int):
         self._config = config
         self._num_shards = num_shards
 
     def process(self, element, vocab: list[str]) -> Iterator[dict]:
-        shard, blocks = element
-        yield write_shard(shard, RowBlock.concat(list(blocks)), vocab, self._config,
-                          self._num_shards)  # fmt: skip
+        shard, parts = element
+        parts = sorted(parts, key=lambda p: p["part"])
+        bodies = []
+        for part in parts:
+            with FileSystems.open(
+                part["path"], compression_type=CompressionTypes.UNCOMPRESSED
+            ) as f:
+                bodies.append(f.read())
+        schema = shard_format.shard_schema(len(vocab), self._config.max_seq_length)
+        data = shard_format.join_shard_bodies(bodies, schema)
+        name = shard_format.shard_name(shard, self._num_shards)
+        write_atomic(FileSystems.join(self._config.output, name), data)
+        FileSystems.delete([part["path"] for part in parts])
+        stats = merge_stats(part["stats"] for part in parts)
+        yield {
+            "entry": {"name": name, "rows": stats["rows"], "bytes": len(data),
+                      "sha256": hashlib.sha256(data).hexdigest()},
+            "stats": stats,
+        }  # fmt: skip
 
 
 def write_shard(shard: int, block: RowBlock, vocab: list[str], config: BuildConfig,
@@ -633,6 +706,12 @@ def build_graph(p: beam.Pipeline, config: BuildConfig, plan: Plan) -> beam.PColl
         | "GroupShards" >> beam.GroupByKey()
         | "WriteShards" >> beam.ParDo(WriteShard(config, num_shards), vocab=vocab_side)
     )
+    if parts_per_shard(num_shards) > 1:
+        written = (
+            written
+            | "GroupParts" >> beam.GroupByKey()
+            | "JoinParts" >> beam.ParDo(JoinParts(config, num_shards), vocab=vocab_side)
+        )
     skipped = (
         (read_skips, tokenize_skips)
         | "MergeSkips" >> beam.Flatten()

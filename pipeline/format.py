@@ -189,6 +189,38 @@ def encode_shard(
     return sink.getvalue().to_pybytes()
 
 
+def stream_header(schema: pa.Schema) -> bytes:
+    """The bytes every shard stream of ``schema`` starts with (its schema message)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema, options=_IPC_OPTIONS):
+        pass
+    data = sink.getvalue().to_pybytes()
+    assert data.endswith(_EOS), "pyarrow wrote no end-of-stream marker"
+    return data[: -len(_EOS)]
+
+
+def encode_shard_body(columns: Mapping[str, Sequence], schema: pa.Schema) -> bytes:
+    """The record-batch messages of :func:`encode_shard` for these rows, without the
+    header and end marker: bodies of consecutive row ranges, joined by
+    :func:`join_shard_bodies`, make one valid shard (written in parallel parts).
+
+    Raises:
+        ValueError: as :func:`encode_shard`.
+    """
+    data = encode_shard(columns, schema)
+    header = stream_header(schema)
+    if not data.startswith(header) or not data.endswith(_EOS):
+        raise AssertionError("unexpected Arrow IPC stream layout")
+    return data[len(header) : -len(_EOS)]
+
+
+def join_shard_bodies(bodies: Sequence[bytes], schema: pa.Schema) -> bytes:
+    """One shard stream from the bodies of its parts, in order (none: an empty shard)."""
+    if not any(bodies):
+        return encode_shard({name: [] for name in COLUMNS}, schema)
+    return b"".join([stream_header(schema), *bodies, _EOS])
+
+
 def _num_rows(column) -> int:
     return len(column.offsets) - 1 if isinstance(column, Ragged) else len(column)
 

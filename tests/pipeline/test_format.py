@@ -583,3 +583,25 @@ def test_format_md_shell_check_passes_and_catches_corruption(tmp_path):
         f.write(b"x")
     check = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True)
     assert check.returncode != 0 and "shard-00001-of-00002.arrow: FAILED" in check.stdout
+
+
+def test_shard_bodies_join_into_a_readable_shard():
+    schema = shard_format.shard_schema(100, 16)
+    encode_body, join = shard_format.encode_shard_body, shard_format.join_shard_bodies
+    to_columns = shard_format.rows_to_columns
+    rows = [
+        {"input_ids": [2, 5 + i, 3], "segment_ids": [0, 0, 1], "masked_lm_positions": [1],
+         "masked_lm_ids": [7], "next_sentence_label": i % 2}
+        for i in range(5)
+    ]  # fmt: skip
+    parts = [rows[:2], rows[2:]]
+    data = join([encode_body(to_columns(p), schema) for p in parts], schema)
+    table = pa.ipc.open_stream(data).read_all()
+    assert table.schema.equals(schema, check_metadata=True)
+    assert table.column("input_ids").to_pylist() == [r["input_ids"] for r in rows]
+    assert table.column("next_sentence_label").to_pylist() == [i % 2 for i in range(5)]
+    # One part: the same bytes as writing the shard at once.
+    whole = shard_format.encode_shard(to_columns(rows), schema)
+    assert join([encode_body(to_columns(rows), schema)], schema) == whole
+    empty = pa.ipc.open_stream(join([], schema)).read_all()
+    assert empty.num_rows == 0 and empty.schema.equals(schema, check_metadata=True)
