@@ -20,10 +20,12 @@ from collections.abc import Sequence
 logger = logging.getLogger("pipeline")
 DEFAULT_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
 
-USAGE = """usage: python -m pipeline {build,stats} [options]
+USAGE = """usage: python -m pipeline {build,stats,inspect,validate} [options]
 
-  build   raw text -> vocab -> NSP pairs -> masked Arrow shards (Apache Beam)
-  stats   summary statistics of a shard directory (optionally as PNG plots)
+  build     raw text -> vocab -> NSP pairs -> masked Arrow shards (Apache Beam)
+  stats     summary statistics of a shard directory (optionally as PNG plots)
+  inspect   decode rows back to WordPieces with the masks shown
+  validate  check every shard and row against the manifest; exit 1 naming a bad file
 
 Run `python -m pipeline build --help` for the options of one command."""
 
@@ -128,6 +130,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .stats import main as stats_main
 
         return stats_main(rest)
+    if command in ("inspect", "validate"):
+        from . import inspect_cli
+
+        return (inspect_cli.inspect_main if command == "inspect" else inspect_cli.validate_main)(
+            rest
+        )
     print(f"unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
     return 2
 

@@ -336,6 +336,24 @@ def _within(values: np.ndarray, low: int, high: int) -> bool:
     return not values.size or (int(values.min()) >= low and int(values.max()) <= high)
 
 
+def check_table_rows(table: pa.Table, vocab_size: int, max_seq_length: int) -> dict:
+    """The row checks :func:`encode_shard` makes before writing, on a shard read back.
+
+    Returns:
+        ``{list column: (values int64, offsets int64)}``, the columns as checked.
+
+    Raises:
+        ValueError: the first bad value, naming the column and row.
+    """
+    flat = {}
+    for name in LIST_COLUMNS:
+        offsets, values = _list_to_numpy(table.column(name).combine_chunks())
+        flat[name] = (values, offsets.astype(np.int64))
+    labels = table.column("next_sentence_label").to_numpy().astype(np.int64)
+    _check_rows(flat, labels, vocab_size, max_seq_length)
+    return flat
+
+
 def _require(ok: np.ndarray, offsets: np.ndarray, name: str, what: str) -> None:
     bad = np.flatnonzero(~ok)
     if bad.size:
@@ -407,7 +425,8 @@ def _resolve(path_or_uri: str | os.PathLike) -> tuple[pafs.FileSystem | None, st
     return None, text
 
 
-def _join(directory: str | os.PathLike, name: str) -> str:
+def join_path(directory: str | os.PathLike, name: str) -> str:
+    """``directory/name`` for a local directory or a URI."""
     text = os.fspath(directory)
     return f"{text.rstrip('/')}/{name}" if "://" in text else os.path.join(text, name)
 
@@ -537,7 +556,7 @@ def verify_directory(directory: str | os.PathLike) -> dict:
     manifest = read_manifest(directory)
     expected = shard_schema(manifest["schema"]["vocab_size"], manifest["schema"]["max_seq_length"])
     for entry in manifest["shards"]:
-        path = _join(directory, entry["name"])
+        path = join_path(directory, entry["name"])
         if not verify_shard(path, entry).schema.equals(expected, check_metadata=True):
             raise ShardFormatError(f"{path} has another schema than {MANIFEST_NAME} describes")
     vocab = manifest["vocab"]
@@ -545,9 +564,9 @@ def verify_directory(directory: str | os.PathLike) -> dict:
         (vocab["file"], vocab["sha256"]),
         (vocab.get("tokenizer_file"), vocab.get("tokenizer_sha256")),
     ):
-        if name is not None and sha256_file(_join(directory, name)) != digest:
+        if name is not None and sha256_file(join_path(directory, name)) != digest:
             raise ShardFormatError(
-                f"{_join(directory, name)} has another sha256 than {MANIFEST_NAME} says"
+                f"{join_path(directory, name)} has another sha256 than {MANIFEST_NAME} says"
             )
     return manifest
 
@@ -644,9 +663,9 @@ def read_manifest(directory: str | os.PathLike) -> dict:
             format_version, or a missing, mistyped or inconsistent key.
         OSError: the file exists but cannot be read.
     """
-    path = _join(directory, MANIFEST_NAME)
+    path = join_path(directory, MANIFEST_NAME)
     try:
-        manifest = json.loads(_read_bytes(path))
+        manifest = json.loads(read_bytes(path))
     except FileNotFoundError as err:
         raise ShardFormatError(
             f"{path} not found: it is written last, so the run did not finish"
@@ -666,7 +685,8 @@ def read_manifest(directory: str | os.PathLike) -> dict:
     return manifest
 
 
-def _read_bytes(path_or_uri: str | os.PathLike) -> bytes:
+def read_bytes(path_or_uri: str | os.PathLike) -> bytes:
+    """The bytes of a local file or a URI (gs://, s3://, ...)."""
     filesystem, path = _resolve(path_or_uri)
     if filesystem is None:
         with open(path, "rb") as f:

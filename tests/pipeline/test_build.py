@@ -248,3 +248,47 @@ def test_buckets_hold_at_least_bucket_size_documents(built):
     assert buckets == {"count": 3, "min_documents": buckets["min_documents"],
                        "max_documents": buckets["max_documents"]}  # fmt: skip
     assert 10 <= buckets["min_documents"] <= buckets["max_documents"]
+
+
+def test_validate_and_inspect_commands(built, tmp_path, capsys):
+    import shutil
+
+    import pyarrow as pa
+
+    assert main(["validate", str(built)]) == 0
+    assert "rows checked" in capsys.readouterr().out
+    assert main(["inspect", str(built), "-n", "2"]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert len(shown) == 4 and shown[0].startswith("--- shard-00000-of-00003.arrow row 0:")
+    assert shown[1].startswith("[CLS] ") and shown[1].endswith(" [SEP]") and ">" in shown[1]
+
+    # A shard whose bytes match its manifest entry but whose rows are wrong: a masked
+    # position past the end of its row. Only the row checks can catch it.
+    bad = tmp_path / "bad"
+    shutil.copytree(built, bad)
+    name = "shard-00001-of-00003.arrow"
+    table = pa.ipc.open_stream((bad / name).read_bytes()).read_all()
+    positions = table.column("masked_lm_positions").combine_chunks()
+    values = positions.values.to_numpy().copy()
+    values[0] = 200  # every row is shorter than 48 tokens
+    broken = pa.ListArray.from_arrays(
+        positions.offsets, pa.array(values, positions.type.value_type)
+    )
+    table = table.set_column(2, table.schema.field(2), broken)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    data = sink.getvalue().to_pybytes()
+    (bad / name).write_bytes(data)
+    manifest = json.loads((bad / "manifest.json").read_text())
+    entry = next(e for e in manifest["shards"] if e["name"] == name)
+    entry["bytes"], entry["sha256"] = len(data), hashlib.sha256(data).hexdigest()
+    (bad / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["validate", str(bad)]) == 1
+    error = capsys.readouterr().err
+    assert name in error and "masked_lm_positions" in error and "row 0" in error
+
+    # A truncated shard fails on its size, named.
+    (bad / name).write_bytes(data[:-100])
+    assert main(["validate", str(bad)]) == 1
+    assert name in capsys.readouterr().err

@@ -1,0 +1,141 @@
+"""``python -m pipeline validate DIR`` and ``python -m pipeline inspect DIR -n 5``.
+
+``validate`` checks a build the way a trainer relies on it: the manifest, every
+shard's size, sha256, schema and row count, then every row's content (ids in
+the vocab, rows ``[CLS] ... [SEP]`` of at most ``max_seq_length``, segment ids 0
+then 1, masked positions inside the row and increasing, at most
+``max_predictions_per_seq`` of them, labels 0/1). It exits 1 naming the first
+bad file and what is wrong, 0 when all is well.
+
+``inspect`` decodes rows back to WordPieces with the masks shown: a masked
+position reads ``[input>target]``, e.g. ``[[MASK]>river]`` (replaced by
+``[MASK]``), ``[lake>river]`` (a random id) or ``[river>river]`` (kept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+import numpy as np
+
+from . import format as shard_format
+
+
+def check_rows(table, manifest: dict, where: str) -> None:
+    """Content checks of one shard's rows against the manifest.
+
+    Raises:
+        ShardFormatError: the first bad row, named with ``where``.
+    """
+    vocab_size = manifest["schema"]["vocab_size"]
+    max_seq = manifest["schema"]["max_seq_length"]
+    try:
+        flat = shard_format.check_table_rows(table, vocab_size, max_seq)
+    except ValueError as err:
+        raise shard_format.ShardFormatError(f"{where}: {err}") from None
+    ids, offsets = flat["input_ids"]
+    if table.num_rows:
+        special = manifest["vocab"]["special_ids"]
+        _first_bad(ids[offsets[:-1]] != special["cls"], where, "does not start with [CLS]")
+        _first_bad(ids[offsets[1:] - 1] != special["sep"], where, "does not end with [SEP]")
+        segments, _ = flat["segment_ids"]
+        # Segment ids never step down within a row: 0 ... 0 1 ... 1.
+        step_down = np.flatnonzero(np.diff(segments.astype(np.int8)) < 0) + 1
+        inside = ~np.isin(step_down, offsets)
+        if inside.any():
+            row = int(np.searchsorted(offsets, step_down[inside][0], side="right")) - 1
+            raise shard_format.ShardFormatError(f"{where}: row {row} has segment ids 1 then 0")
+    limit = manifest["params"].get("max_predictions_per_seq")
+    if limit is not None:
+        counts = np.diff(flat["masked_lm_positions"][1])
+        _first_bad(counts > limit, where, f"has more than {limit} masked positions")
+
+
+def _first_bad(bad: np.ndarray, where: str, what: str) -> None:
+    rows = np.flatnonzero(bad)
+    if rows.size:
+        raise shard_format.ShardFormatError(f"{where}: row {int(rows[0])} {what}")
+
+
+def validate(directory: str) -> dict:
+    """Verify ``directory`` (files and rows); returns the manifest.
+
+    Raises:
+        ShardFormatError: names the bad file and the problem.
+        OSError: a file cannot be read.
+    """
+    manifest = shard_format.verify_directory(directory)
+    for entry in manifest["shards"]:
+        path = shard_format.join_path(directory, entry["name"])
+        check_rows(shard_format.open_shard(path), manifest, path)
+    return manifest
+
+
+def decode_row(row: dict, vocab: list[str]) -> str:
+    """One row as text: WordPieces joined, masks as ``[input>target]``, A | B."""
+    ids = row["input_ids"].tolist()
+    targets = dict(zip(row["masked_lm_positions"].tolist(), row["masked_lm_ids"].tolist(),
+                       strict=True))  # fmt: skip
+    words = []
+    for position, token in enumerate(ids):
+        text = vocab[token]
+        if position in targets:
+            text = f"[{text}>{vocab[targets[position]]}]"
+        elif text.startswith("##") and words and not words[-1].endswith("]"):
+            words[-1] += text[2:]
+            continue
+        words.append(text)
+    return " ".join(words)
+
+
+def inspect(directory: str, num_rows: int, shard: int) -> list[str]:
+    """The first ``num_rows`` rows of shard ``shard`` decoded, with a header line each."""
+    manifest = shard_format.read_manifest(directory)
+    shards = manifest["shards"]
+    if not 0 <= shard < len(shards):
+        raise ValueError(f"--shard {shard}: {directory} has shards 0..{len(shards) - 1}")
+    vocab_path = shard_format.join_path(directory, manifest["vocab"]["file"])
+    vocab = shard_format.read_bytes(vocab_path).decode("utf-8").splitlines()
+    table = shard_format.open_shard(shard_format.join_path(directory, shards[shard]["name"]))
+    lines = []
+    for index in range(min(num_rows, table.num_rows)):
+        row = shard_format.row_to_numpy(table, index)
+        random_next = "B is random" if row["next_sentence_label"] else "B follows A"
+        lines.append(f"--- {shards[shard]['name']} row {index}: {len(row['input_ids'])} "
+                     f"tokens, {len(row['masked_lm_ids'])} masked, {random_next}")  # fmt: skip
+        lines.append(decode_row(row, vocab))
+    return lines
+
+
+def validate_main(argv: Sequence[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m pipeline validate", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("directory", help="a build's output directory (local or a URI)")
+    args = p.parse_args(argv)
+    try:
+        manifest = validate(args.directory)
+    except (shard_format.ShardFormatError, OSError) as err:
+        print(f"INVALID: {err}", file=sys.stderr)
+        return 1
+    print(f"OK: {len(manifest['shards'])} shard(s), {manifest['num_rows']} rows checked "
+          f"in {os.fspath(args.directory)}")  # fmt: skip
+    return 0
+
+
+def inspect_main(argv: Sequence[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m pipeline inspect", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("directory", help="a build's output directory (local or a URI)")
+    p.add_argument("-n", "--num_rows", type=int, default=5, help="rows to show (default: 5)")
+    p.add_argument("--shard", type=int, default=0, help="shard index (default: 0)")
+    args = p.parse_args(argv)
+    try:
+        lines = inspect(args.directory, args.num_rows, args.shard)
+    except (shard_format.ShardFormatError, OSError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print("\n".join(lines))
+    return 0
