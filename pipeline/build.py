@@ -106,17 +106,43 @@ class Skipped(NamedTuple):
     reason: str
 
 
+class Noted(NamedTuple):
+    """Input kept but worth knowing about, summed per kind into the manifest's
+    ``stats.input`` (e.g. ``one_sentence_documents``, ``unk_tokens``)."""
+
+    kind: str
+    count: int
+
+
+# A sentence (txt: a line) this long is kept, and counted as ``long_sentences``.
+LONG_SENTENCE_CHARS = 1_000_000
+
+
 def split_skips(pcoll: beam.PCollection, label: str):
-    """(records and Skipped) -> (records, reasons).
+    """(records, Skipped and Noted) -> (records, ((group, kind), count) pairs).
 
     Two filters rather than a multi-output ParDo: Beam's DaskRunner mishandles
     tagged outputs, and this costs one cheap pass.
     """
-    kept = pcoll | f"{label}Kept" >> beam.Filter(lambda x: not isinstance(x, Skipped))
-    reasons = pcoll | f"{label}Skips" >> beam.FlatMap(
-        lambda x: [x.reason] if isinstance(x, Skipped) else []
-    )
-    return kept, reasons
+    kept = pcoll | f"{label}Kept" >> beam.Filter(lambda x: not isinstance(x, (Skipped, Noted)))
+    counts = pcoll | f"{label}Counts" >> beam.FlatMap(_count_pair)
+    return kept, counts
+
+
+def _count_pair(x) -> list:
+    if isinstance(x, Skipped):
+        return [(("skipped", x.reason), 1)]
+    if isinstance(x, Noted):
+        return [(("input", x.kind), x.count)]
+    return []
+
+
+def noted(kind: str, count: int) -> list[Noted]:
+    """``[Noted(kind, count)]`` when ``count`` is positive (also counted as a Beam metric)."""
+    if count <= 0:
+        return []
+    Metrics.counter(NAMESPACE, kind).inc(count)
+    return [Noted(kind, count)]
 
 
 # ----------------------------------------------------------------------------- files
@@ -217,10 +243,11 @@ class ReadDocuments(beam.DoFn):
         self._config = config
         self._root = root
         self._docs = Metrics.counter(NAMESPACE, "documents_read")
+        self._skips = Metrics.counter(NAMESPACE, "records_skipped")
 
     def process(self, path: str) -> Iterator:
         relative = path[len(self._root) :].lstrip("/") if self._root else path
-        ordinal = 0
+        ordinal = with_nul = long = 0
         batch = DocumentBatch([], [])
         with FileSystems.open(path) as f:
             items = read_documents(
@@ -229,8 +256,12 @@ class ReadDocuments(beam.DoFn):
             )  # fmt: skip
             for sentences, reason in items:
                 if reason is not None:
+                    self._skips.inc()
                     yield Skipped(reason)
                     continue
+                for sentence in sentences:
+                    with_nul += "\x00" in sentence
+                    long += len(sentence) >= LONG_SENTENCE_CHARS
                 batch.doc_ids.append(f"{relative}:{ordinal}")
                 batch.documents.append(sentences)
                 ordinal += 1
@@ -241,6 +272,11 @@ class ReadDocuments(beam.DoFn):
         if batch.doc_ids:
             self._docs.inc(len(batch.doc_ids))
             yield batch
+        if not ordinal:
+            self._skips.inc()
+            yield Skipped("file_without_documents")
+        yield from noted("sentences_with_nul", with_nul)  # NUL is dropped by normalisation
+        yield from noted("long_sentences", long)
 
 
 class CountWords(beam.CombineFn):
@@ -303,6 +339,7 @@ class Tokenize(beam.DoFn):
     def process(self, batch: DocumentBatch, vocab: list[str]) -> Iterator:
         if self._tokenizer is None:
             self._tokenizer = build_tokenizer(vocab, self._lower)
+            self._unk_id = vocab.index("[UNK]")
         sentences = [s for doc in batch.documents for s in doc]
         encoded = [
             e.ids for e in self._tokenizer.encode_batch_fast(sentences, add_special_tokens=False)
@@ -323,6 +360,10 @@ class Tokenize(beam.DoFn):
         self._tokens.inc(len(flat))
         doc_ids = [d for d, n in zip(batch.doc_ids, counts.tolist(), strict=True) if n]
         yield TokenizedBatch(doc_ids, flat, lengths[kept], counts[counts > 0])
+        # One-sentence documents only ever make random-next rows (Google's rule).
+        yield from noted("one_sentence_documents", int((counts == 1).sum()))
+        # Words longer than 100 characters, and characters not in the vocab, become [UNK].
+        yield from noted("unk_tokens", int((flat == self._unk_id).sum()))
 
 
 def id_dtype(vocab_size: int) -> type:
@@ -593,7 +634,7 @@ def vocab_entry(vocab: list[str], config: BuildConfig) -> dict:
     }
 
 
-def write_manifest(shards: list[dict], vocab: list[str], vocab_info: dict, skipped: dict,
+def write_manifest(shards: list[dict], vocab: list[str], vocab_info: dict, counts: dict,
                    documents: int, buckets: dict, config: BuildConfig,
                    num_shards: int) -> dict:  # fmt: skip
     """Write the shards no row landed in (empty, so the set of files is always
@@ -602,8 +643,10 @@ def write_manifest(shards: list[dict], vocab: list[str], vocab_info: dict, skipp
     for index in range(num_shards):
         if shard_format.shard_name(index, num_shards) not in written:
             shards = [*shards, write_shard(index, RowBlock.empty(), vocab, config, num_shards)]
+    skipped = {kind: n for (group, kind), n in counts.items() if group == "skipped"}
+    noticed = {kind: n for (group, kind), n in counts.items() if group == "input"}
     stats = {**summary_stats(merge_stats(s["stats"] for s in shards), documents),
-             "buckets": buckets}  # fmt: skip
+             "buckets": buckets, "input": dict(sorted(noticed.items()))}  # fmt: skip
     params = {**config.params(), "num_shards": num_shards}
     manifest = shard_format.build_manifest(
         shards=[s["entry"] for s in shards], vocab=vocab_info, params=params, stats=stats,
@@ -656,7 +699,7 @@ def make_plan(config: BuildConfig) -> Plan:
 def build_graph(p: beam.Pipeline, config: BuildConfig, plan: Plan) -> beam.PCollection:
     """Add the whole job to ``p``; returns the PCollection holding the manifest."""
     num_shards, root = plan.num_shards, plan.root
-    documents, read_skips = split_skips(
+    documents, read_counts = split_skips(
         p
         | "ListFiles" >> beam.Create(plan.files)
         | "SpreadFiles" >> beam.Reshuffle()
@@ -674,7 +717,7 @@ def build_graph(p: beam.Pipeline, config: BuildConfig, plan: Plan) -> beam.PColl
     vocab_side = beam.pvalue.AsSingleton(vocab)
     vocab_info = vocab | "WriteVocab" >> beam.Map(vocab_entry, config)
 
-    tokenized, tokenize_skips = split_skips(
+    tokenized, tokenize_counts = split_skips(
         documents
         | "Tokenize"
         >> beam.ParDo(Tokenize(config.do_lower_case, config.tokenizer_threads), vocab=vocab_side),
@@ -712,10 +755,10 @@ def build_graph(p: beam.Pipeline, config: BuildConfig, plan: Plan) -> beam.PColl
             | "GroupParts" >> beam.GroupByKey()
             | "JoinParts" >> beam.ParDo(JoinParts(config, num_shards), vocab=vocab_side)
         )
-    skipped = (
-        (read_skips, tokenize_skips)
-        | "MergeSkips" >> beam.Flatten()
-        | "CountSkips" >> beam.combiners.Count.PerElement()
+    counts = (
+        (read_counts, tokenize_counts)
+        | "MergeCounts" >> beam.Flatten()
+        | "SumCounts" >> beam.CombinePerKey(sum)
     )
     return (
         written
@@ -725,7 +768,7 @@ def build_graph(p: beam.Pipeline, config: BuildConfig, plan: Plan) -> beam.PColl
             write_manifest,
             vocab=vocab_side,
             vocab_info=beam.pvalue.AsSingleton(vocab_info),
-            skipped=beam.pvalue.AsDict(skipped),
+            counts=beam.pvalue.AsDict(counts),
             documents=beam.pvalue.AsSingleton(num_docs),
             buckets=beam.pvalue.AsSingleton(bucket_sizes),
             config=config,

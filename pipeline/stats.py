@@ -61,13 +61,17 @@ def compute_stats(directory: str) -> dict:
         totals["kept"] += int((shown == original).sum())
         totals["random_next"] += int(pc.sum(table["next_sentence_label"]).as_py() or 0)
     rows, masked = max(totals["rows"], 1), max(totals["masked"], 1)
+    max_predictions = manifest["params"].get("max_predictions_per_seq", max_len)
     return {
         "rows": totals["rows"],
         "tokens": totals["tokens"],
+        "real_tokens": totals["tokens"] - 3 * totals["rows"],  # [CLS] and two [SEP] left out
         "mean_length": round(totals["tokens"] / rows, 3),
+        "length_percentiles": histogram_percentiles(lengths_hist, (5, 25, 50, 75, 95, 99)),
         "short_row_share": round(1 - totals["full_rows"] / rows, 4),
         "masks_per_row": round(totals["masked"] / rows, 3),
         "masks_per_full_row": round(totals["full_row_masks"] / max(totals["full_rows"], 1), 3),
+        "rows_at_max_predictions_share": round(int(masks_hist[max_predictions:].sum()) / rows, 4),
         "masked_share_of_real_tokens": round(
             totals["masked"] / max(totals["tokens"] - 3 * rows, 1), 4
         ),
@@ -78,6 +82,18 @@ def compute_stats(directory: str) -> dict:
         "length_histogram": lengths_hist.tolist(),
         "masks_histogram": masks_hist.tolist(),
         "skipped": manifest["skipped"],
+    }
+
+
+def histogram_percentiles(histogram: np.ndarray, percents: Sequence[int]) -> dict[str, int]:
+    """Percentiles of the values a histogram counts (value = bin index), e.g.
+    ``[0, 2, 1, 1]`` (values 1, 1, 2, 3) -> ``{"p50": 1, "p75": 2}`` for (50, 75)."""
+    cumulative = np.cumsum(histogram)
+    if not len(cumulative) or cumulative[-1] == 0:
+        return {f"p{p}": 0 for p in percents}
+    return {
+        f"p{p}": int(np.searchsorted(cumulative, p / 100 * cumulative[-1], side="left"))
+        for p in percents
     }
 
 

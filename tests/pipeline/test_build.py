@@ -92,6 +92,10 @@ def test_statistics_match_googles_shape(built):
     assert stats["rows"] == manifest["num_rows"] == manifest["stats"]["rows"]
     assert 0.45 < stats["random_next_share"] < 0.7
     assert stats["masks_per_full_row"] == 7  # round(48 * 0.15) = 7 <= cap 8
+    assert stats["rows_at_max_predictions_share"] == 0.0  # 7 < cap 8 on every row
+    assert stats["real_tokens"] == stats["tokens"] - 3 * stats["rows"]
+    percentiles = list(stats["length_percentiles"].values())
+    assert percentiles == sorted(percentiles) and percentiles[0] >= 5 and percentiles[-1] <= 48
     assert 0.7 < stats["mask_token_share"] < 0.9
     assert stats["short_row_share"] > 0.1
     assert manifest["stats"]["documents"] == 120
@@ -292,3 +296,35 @@ def test_validate_and_inspect_commands(built, tmp_path, capsys):
     (bad / name).write_bytes(data[:-100])
     assert main(["validate", str(bad)]) == 1
     assert name in capsys.readouterr().err
+
+
+def test_bad_txt_input_is_counted_and_the_job_completes(tmp_path, capsys):
+    corpus = tmp_path / "bad"
+    make_corpus(corpus, n_docs=30, n_files=1)
+    (corpus / "empty.txt").write_bytes(b"")
+    (corpus / "blank.txt").write_text("   \n\t\n\n  \n", encoding="utf-8")
+    long_line = " ".join(["river"] * 200_000)  # 1.2 MB on one line
+    (corpus / "odd.txt").write_bytes(
+        b"Good line one.\nBad \xff\xfe bytes here.\nA NUL \x00 inside.\n\n"
+        b"One sentence document.\n\n"
+        + ("x" * 10_000).encode()
+        + b" is a long word.\nMixed \xe6\x9d\xb1\xe4\xba\xac "
+        b"\xd0\x9c\xd0\xbe\xd1\x81\xd0\xba\xd0\xb2\xd0\xb0 caf\xc3\xa9 \xf0\x9f\x98\x80.\n\n"
+        + long_line.encode()
+        + b"\nAnd a second sentence.\n"
+    )
+    out = tmp_path / "out"
+    args = ["--vocab_size", "300", "--dupe_factor", "2", "--max_seq_length", "48",
+            "--num_shards", "2", "--bucket_size", "5"]  # fmt: skip
+    assert main(["build", "--input", str(corpus / "*.txt"), "--output", str(out), *args]) == 0
+    manifest = shard_format.read_manifest(str(out))
+    assert manifest["skipped"] == {"file_without_documents": 2, "invalid_utf8_line": 1}
+    noticed = manifest["stats"]["input"]
+    assert noticed["sentences_with_nul"] == 1 and noticed["long_sentences"] == 1
+    assert noticed["one_sentence_documents"] >= 1 and noticed["unk_tokens"] >= 1
+    assert manifest["stats"]["documents"] == 34  # 30 generated + 4 in odd.txt
+    # Complete, verified shards; no part file or temporary file left behind.
+    assert main(["validate", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
+    assert all((out / e["name"]).stat().st_size > 0 for e in manifest["shards"])
+    capsys.readouterr()
