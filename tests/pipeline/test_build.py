@@ -13,7 +13,7 @@ import pytest
 
 from pipeline import format as shard_format
 from pipeline.__main__ import main
-from pipeline.build import TokenizedBatch
+from pipeline.documents import TokenizedBatch
 from pipeline.stats import compute_stats
 from pipeline.vocab import read_vocab
 
@@ -235,8 +235,8 @@ def test_tokenizer_threads_resolution():
 
 
 def test_buckets_hold_at_least_bucket_size_documents(built):
-    from pipeline.build import num_buckets, split_into_buckets
     from pipeline.config import BuildConfig
+    from pipeline.instances import num_buckets, split_into_buckets
 
     assert num_buckets(1191, 1000) == 1  # too few for two: one bucket of all
     assert num_buckets(10**6, 1000) == 10**6 // 1192

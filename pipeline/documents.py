@@ -1,0 +1,258 @@
+"""Beam steps that read and tokenize: files -> DocumentBatches -> TokenizedBatches.
+
+Documents travel in batches (one element per up to 512 documents of a file), so
+Beam's per-element cost is paid per batch. Dropped records travel as ``Skipped``
+and notable kept input as ``Noted``; :func:`split_skips` separates them for the
+manifest's ``skipped`` and ``stats.input``. Part of ``python -m pipeline build``
+(see ``pipeline/build.py``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from typing import NamedTuple
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+
+from .config import BuildConfig
+from .rows import take_ragged
+from .sources import read_documents
+from .text import basic_tokenize
+from .vocab import build_tokenizer, learn_wordpiece_vocab
+
+logger = logging.getLogger(__name__)
+NAMESPACE = "bert_pipeline"
+
+
+class DocumentBatch(NamedTuple):
+    """Documents of one input file, read together (elements carry many documents:
+    Beam's per-element cost is paid per batch, not per document)."""
+
+    doc_ids: list[str]  # "<path relative to the inputs' common directory>:<ordinal>"
+    documents: list[list[str]]  # each a non-empty list of sentences
+
+
+class TokenizedBatch(NamedTuple):
+    """Documents' WordPiece ids in three flat arrays (a handful of arrays pickle
+    far faster than one per sentence)."""
+
+    doc_ids: list[str]
+    ids: np.ndarray  # [N] uint16 (int32 for vocabs over 65,536), all sentences concatenated
+    lengths: np.ndarray  # int64 [S], each sentence's length (all > 0)
+    counts: np.ndarray  # int64 [D], each document's number of sentences (all > 0)
+
+    def take(self, docs: np.ndarray) -> TokenizedBatch:
+        """The documents at indices ``docs``, in that order."""
+        seg_offsets = _offsets(self.counts)
+        token_offsets = _offsets(self.lengths)
+        segments, _ = take_ragged(np.arange(len(self.lengths)), seg_offsets, docs)
+        ids, _ = take_ragged(self.ids, token_offsets, segments)
+        return TokenizedBatch(
+            [self.doc_ids[i] for i in docs.tolist()], ids, self.lengths[segments],
+            self.counts[docs],
+        )  # fmt: skip
+
+    @staticmethod
+    def concat(batches: list[TokenizedBatch]) -> TokenizedBatch:
+        return TokenizedBatch(
+            [doc_id for b in batches for doc_id in b.doc_ids],
+            np.concatenate([b.ids for b in batches]),
+            np.concatenate([b.lengths for b in batches]),
+            np.concatenate([b.counts for b in batches]),
+        )
+
+
+def _offsets(lengths: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=out[1:])
+    return out
+
+
+class Skipped(NamedTuple):
+    """A dropped record, counted under its reason in the manifest's ``skipped``."""
+
+    reason: str
+
+
+class Noted(NamedTuple):
+    """Input kept but worth knowing about, summed per kind into the manifest's
+    ``stats.input`` (e.g. ``one_sentence_documents``, ``unk_tokens``)."""
+
+    kind: str
+    count: int
+
+
+# A sentence (txt: a line) this long is kept, and counted as ``long_sentences``.
+LONG_SENTENCE_CHARS = 1_000_000
+
+
+def split_skips(pcoll: beam.PCollection, label: str):
+    """(records, Skipped and Noted) -> (records, ((group, kind), count) pairs).
+
+    Two filters rather than a multi-output ParDo: Beam's DaskRunner mishandles
+    tagged outputs, and this costs one cheap pass.
+    """
+    kept = pcoll | f"{label}Kept" >> beam.Filter(lambda x: not isinstance(x, (Skipped, Noted)))
+    counts = pcoll | f"{label}Counts" >> beam.FlatMap(_count_pair)
+    return kept, counts
+
+
+def _count_pair(x) -> list:
+    if isinstance(x, Skipped):
+        return [(("skipped", x.reason), 1)]
+    if isinstance(x, Noted):
+        return [(("input", x.kind), x.count)]
+    return []
+
+
+def noted(kind: str, count: int) -> list[Noted]:
+    """``[Noted(kind, count)]`` when ``count`` is positive (also counted as a Beam metric)."""
+    if count <= 0:
+        return []
+    Metrics.counter(NAMESPACE, kind).inc(count)
+    return [Noted(kind, count)]
+
+
+class ReadDocuments(beam.DoFn):
+    """path -> DocumentBatches of up to ``BATCH_DOCUMENTS`` documents, and a
+    Skipped per dropped record."""
+
+    BATCH_DOCUMENTS = 512
+
+    def __init__(self, config: BuildConfig, root: str):
+        self._config = config
+        self._root = root
+        self._docs = Metrics.counter(NAMESPACE, "documents_read")
+        self._skips = Metrics.counter(NAMESPACE, "records_skipped")
+
+    def process(self, path: str) -> Iterator:
+        relative = path[len(self._root) :].lstrip("/") if self._root else path
+        ordinal = with_nul = long = 0
+        batch = DocumentBatch([], [])
+        with FileSystems.open(path) as f:
+            items = read_documents(
+                f, input_format=self._config.input_format,
+                text_field=self._config.text_field, path=path,
+            )  # fmt: skip
+            for sentences, reason in items:
+                if reason is not None:
+                    self._skips.inc()
+                    yield Skipped(reason)
+                    continue
+                for sentence in sentences:
+                    with_nul += "\x00" in sentence
+                    long += len(sentence) >= LONG_SENTENCE_CHARS
+                batch.doc_ids.append(f"{relative}:{ordinal}")
+                batch.documents.append(sentences)
+                ordinal += 1
+                if len(batch.doc_ids) == self.BATCH_DOCUMENTS:
+                    self._docs.inc(len(batch.doc_ids))
+                    yield batch
+                    batch = DocumentBatch([], [])
+        if batch.doc_ids:
+            self._docs.inc(len(batch.doc_ids))
+            yield batch
+        if not ordinal:
+            self._skips.inc()
+            yield Skipped("file_without_documents")
+        yield from noted("sentences_with_nul", with_nul)  # NUL is dropped by normalisation
+        yield from noted("long_sentences", long)
+
+
+class CountWords(beam.CombineFn):
+    """DocumentBatches -> Counter of BERT basic-tokenized words (memory: distinct words)."""
+
+    def __init__(self, do_lower_case: bool):
+        self._lower = do_lower_case
+
+    def create_accumulator(self) -> Counter:
+        return Counter()
+
+    def add_input(self, counts: Counter, batch: DocumentBatch) -> Counter:
+        for sentences in batch.documents:
+            for sentence in sentences:
+                counts.update(basic_tokenize(sentence, self._lower))
+        return counts
+
+    def merge_accumulators(self, accumulators: Iterable[Counter]) -> Counter:
+        it = iter(accumulators)
+        total = next(it)
+        for counts in it:
+            total.update(counts)
+        return total
+
+    def extract_output(self, counts: Counter) -> dict[str, int]:
+        return dict(counts)
+
+
+def learn_vocab(word_counts: dict[str, int], config: BuildConfig) -> list[str]:
+    if not word_counts:
+        raise ValueError(f"no words in --input {list(config.input)}: cannot learn a vocab")
+    logger.info("learning a %d-token vocab from %d distinct words", config.vocab_size,
+                len(word_counts))  # fmt: skip
+    return learn_wordpiece_vocab(word_counts, config.vocab_size, min_frequency=config.min_frequency)
+
+
+class Tokenize(beam.DoFn):
+    """DocumentBatch -> TokenizedBatch with the ``tokenizers`` library.
+
+    The tokenizer is built once per worker; one ``encode_batch_fast`` call (no
+    offsets) per batch. Sentences that tokenize to nothing are dropped without
+    ending the document (Google's rule); documents left empty become ``Skipped``.
+    """
+
+    def __init__(self, do_lower_case: bool, threads: int = 0):
+        self._lower = do_lower_case
+        self._threads = threads
+        self._tokenizer = None
+        self._tokens = Metrics.counter(NAMESPACE, "wordpiece_tokens")
+
+    def setup(self) -> None:
+        # The tokenizers library reads TOKENIZERS_PARALLELISM on every call and
+        # RAYON_NUM_THREADS when its thread pool starts (this worker's first batch).
+        if self._threads == 1:
+            os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        elif self._threads > 1:
+            os.environ["TOKENIZERS_PARALLELISM"] = "true"
+            os.environ["RAYON_NUM_THREADS"] = str(self._threads)
+
+    def process(self, batch: DocumentBatch, vocab: list[str]) -> Iterator:
+        if self._tokenizer is None:
+            self._tokenizer = build_tokenizer(vocab, self._lower)
+            self._unk_id = vocab.index("[UNK]")
+        sentences = [s for doc in batch.documents for s in doc]
+        encoded = [
+            e.ids for e in self._tokenizer.encode_batch_fast(sentences, add_special_tokens=False)
+        ]
+        lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+        # Each document's number of non-empty sentences.
+        per_doc = np.fromiter(map(len, batch.documents), dtype=np.int64,
+                              count=len(batch.documents))  # fmt: skip
+        owner = np.repeat(np.arange(len(per_doc)), per_doc)
+        kept = lengths > 0
+        counts = np.bincount(owner[kept], minlength=len(per_doc))
+        for _ in range(int((counts == 0).sum())):
+            yield Skipped("empty_after_tokenization")
+        if not kept.any():
+            return
+        flat = np.fromiter(itertools.chain.from_iterable(encoded), dtype=id_dtype(len(vocab)),
+                           count=int(lengths.sum()))  # fmt: skip
+        self._tokens.inc(len(flat))
+        doc_ids = [d for d, n in zip(batch.doc_ids, counts.tolist(), strict=True) if n]
+        yield TokenizedBatch(doc_ids, flat, lengths[kept], counts[counts > 0])
+        # One-sentence documents only ever make random-next rows (Google's rule).
+        yield from noted("one_sentence_documents", int((counts == 1).sum()))
+        # Words longer than 100 characters, and characters not in the vocab, become [UNK].
+        yield from noted("unk_tokens", int((flat == self._unk_id).sum()))
+
+
+def id_dtype(vocab_size: int) -> type:
+    """The narrowest dtype for token ids: rows cross the shuffle in it (half of int32's bytes)."""
+    return np.uint16 if vocab_size <= 2**16 else np.int32

@@ -1,0 +1,129 @@
+"""Beam steps that group documents into buckets and make masked NSP rows from them.
+
+A document's bucket is a seeded hash of its id; each bucket's documents are
+planned with Google's NSP algorithm (``pipeline/nsp.py``), gathered and masked
+in a few vectorised calls, and sent on grouped by where they will be written.
+Part of ``python -m pipeline build`` (see ``pipeline/build.py``).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterator
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.metrics import Metrics
+
+from .config import BuildConfig
+from .documents import NAMESPACE, TokenizedBatch
+from .masking import MaskingConfig, MaskingVocab, mask_flat
+from .nsp import BucketLayout, NspConfig, SpecialIds, assemble_rows, plan_document
+from .rng import derive_seed_grid, derive_seeds, keys_from_bases
+from .rows import RowBlock
+from .writing import write_group
+
+
+def num_buckets(num_docs: int, bucket_size: int) -> int:
+    """How many buckets ``num_docs`` documents make, so that each holds ``bucket_size``.
+
+    Documents land in buckets by a seeded hash, so a bucket's size varies around
+    the mean by about its square root. Aiming the mean six standard deviations
+    above ``bucket_size`` makes a smaller bucket a ~1e-8 event per bucket (the
+    manifest's ``stats.buckets`` records the smallest); one bucket holds all
+    documents when there are too few for two.
+    """
+    margin = 6 * math.isqrt(bucket_size) + 6
+    return max(1, num_docs // (bucket_size + margin))
+
+
+def split_into_buckets(batch: TokenizedBatch, num_docs: int, config: BuildConfig):
+    """TokenizedBatch -> (bucket, TokenizedBatch) per bucket its documents fall in.
+
+    A document's bucket is a seeded hash of its id, so it is the same on every runner.
+    """
+    count = num_buckets(num_docs, config.bucket_size)
+    hashes = derive_seeds((config.random_seed, "bucket"), batch.doc_ids)
+    buckets = np.array(hashes, dtype=np.uint64) % np.uint64(count)
+    order = np.argsort(buckets, kind="stable")
+    present, starts = np.unique(buckets[order], return_index=True)
+    for bucket, part in zip(present.tolist(), np.split(order, starts[1:]), strict=True):
+        yield bucket, batch.take(part)
+
+
+def bucket_summary(sizes: list[int]) -> dict[str, int]:
+    """Documents per bucket -> the manifest's ``stats.buckets``."""
+    return {"count": len(sizes), "min_documents": min(sizes, default=0),
+            "max_documents": max(sizes, default=0)}  # fmt: skip
+
+
+class MakeInstances(beam.DoFn):
+    """(bucket, TokenizedBatches) -> (shard, RowBlock): Google's NSP pairs, then static masks.
+
+    Documents meet the others of their bucket in id order. Each document's NSP
+    rng is seeded from (seed, doc id, dupe pass); each row gets a 64-bit key from
+    (seed, doc id, dupe pass, index) that places it in a shard and seeds its
+    masks. Instances are planned on segment lengths, then the whole bucket is
+    assembled and masked in a few vectorised calls.
+    """
+
+    def __init__(self, config: BuildConfig, num_shards: int):
+        self._config = config
+        self._num_shards = num_shards
+        self._nsp = NspConfig(config.max_seq_length, config.short_seq_prob)
+        self._masking = MaskingConfig(
+            config.masked_lm_prob, config.max_predictions_per_seq, config.do_whole_word_mask
+        )
+        self._vocab = None
+        self._instances = Metrics.counter(NAMESPACE, "instances")
+
+    def process(self, element, vocab: list[str]) -> Iterator[tuple[int, RowBlock]]:
+        _, batches = element
+        if self._vocab is None:
+            self._vocab = MaskingVocab.from_tokens(vocab)
+            self._special = SpecialIds(self._vocab.cls_id, self._vocab.sep_id)
+        bucket = TokenizedBatch.concat(list(batches))
+        order = sorted(range(len(bucket.doc_ids)), key=bucket.doc_ids.__getitem__)
+        bucket = bucket.take(np.array(order, dtype=np.int64))
+        layout = BucketLayout(bucket.lengths, bucket.counts)
+        seed, passes = self._config.random_seed, range(self._config.dupe_factor)
+        # Grid row i, column d == derive_seed(*prefix, doc_ids[i], d).
+        nsp_seeds = derive_seed_grid((seed, "nsp"), bucket.doc_ids, passes)
+        key_bases = derive_seed_grid(("shard_key", seed), bucket.doc_ids, passes)
+        plans: list[tuple[int, int, int, int, int]] = []
+        counts = []
+        for index, seeds in enumerate(nsp_seeds):
+            for nsp_seed in seeds:
+                rng = random.Random(nsp_seed)
+                counts.append(plan_document(layout, index, self._nsp, rng, plans))
+        bases = [base for row in key_bases for base in row]  # == shard_key_base(seed, id, d)
+        keys = keys_from_bases(np.array(bases, dtype=np.uint64), np.array(counts))
+        rows = self._masked_block(bucket.ids, np.array(plans, dtype=np.int64), keys)
+        self._instances.inc(len(rows))
+        # Rows grouped by where they are written: shard, then key range within it.
+        groups = write_group(rows.keys, self._num_shards)
+        if groups.min() == groups.max():
+            yield int(groups[0]), rows
+            return
+        order = np.argsort(groups, kind="stable")
+        present, starts = np.unique(groups[order], return_index=True)
+        for group, part in zip(present.tolist(), np.split(order, starts[1:]), strict=True):
+            yield group, rows.take(part)
+
+    def _masked_block(self, tokens: np.ndarray, plans: np.ndarray, keys: np.ndarray) -> RowBlock:
+        """Assemble and mask all rows at once; each row's randomness comes from its own key."""
+        flat, _, offsets = assemble_rows(tokens, plans, self._special)
+        masked, selected = mask_flat(flat, offsets, keys, self._masking, self._vocab)
+        masked = masked.astype(flat.dtype)
+        row_of = np.searchsorted(offsets, selected, side="right") - 1
+        return RowBlock(
+            keys=keys,
+            input_ids=masked,
+            b_starts=(plans[:, 1] - plans[:, 0] + 2).astype(np.uint16),  # [CLS] A [SEP]
+            row_offsets=offsets,
+            masked_lm_positions=(selected - offsets[row_of]).astype(np.uint16),
+            masked_lm_ids=flat[selected],
+            mlm_offsets=np.searchsorted(selected, offsets).astype(np.int64),
+            next_sentence_label=plans[:, 4].astype(np.uint8),
+        )

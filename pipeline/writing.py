@@ -1,0 +1,162 @@
+"""Beam steps that write shards: sorted by key, atomically, in parallel parts.
+
+Rows reach the writers grouped by ``shard * parts + part``. With at least
+``PARALLEL_WRITES`` shards each shard is one group; with fewer, each shard is
+written in key ranges by parallel workers and joined (:class:`JoinParts`), so a
+small build does not write on one worker. Part of ``python -m pipeline build``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+import uuid
+from collections.abc import Iterable, Iterator
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+from . import format as shard_format
+from .config import BuildConfig
+from .rows import RowBlock
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Write through Beam's FileSystems under a temporary name, then rename."""
+    directory, name = posixpath.split(path)
+    tmp = FileSystems.join(directory, f".{name}.{uuid.uuid4().hex}.tmp")
+    try:
+        with FileSystems.create(tmp, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            f.write(data)
+        FileSystems.rename([tmp], [path])
+    except BaseException:
+        if FileSystems.exists(tmp):
+            FileSystems.delete([tmp])
+        raise
+
+
+# Shards are written in this many parallel pieces in all (each shard in key ranges
+# joined at the end), so a build of fewer shards than workers still writes in parallel.
+PARALLEL_WRITES = 16
+
+
+def parts_per_shard(num_shards: int) -> int:
+    """Key ranges each shard is written in: 1 from ``PARALLEL_WRITES`` shards on."""
+    return max(1, -(-PARALLEL_WRITES // num_shards))
+
+
+def write_group(keys: np.ndarray, num_shards: int) -> np.ndarray:
+    """Rows' write groups, ``shard * parts + part``: the shard is ``key % num_shards``
+    and the part the key's range (the top bits), so parts in order are keys in order."""
+    parts = parts_per_shard(num_shards)
+    shard = keys % np.uint64(num_shards)
+    part = ((keys >> np.uint64(32)) * np.uint64(parts)) >> np.uint64(32)
+    return (shard * np.uint64(parts) + part).astype(np.int64)
+
+
+class WriteShard(beam.DoFn):
+    """(write group, RowBlocks) -> the shard's manifest entry and statistics after
+    writing it, or (shard, part record) after writing one key range of it."""
+
+    def __init__(self, config: BuildConfig, num_shards: int):
+        self._config = config
+        self._num_shards = num_shards
+        self._parts = parts_per_shard(num_shards)
+
+    def process(self, element, vocab: list[str]) -> Iterator:
+        group, blocks = element
+        block = RowBlock.concat(list(blocks))
+        if self._parts == 1:
+            yield write_shard(group, block, vocab, self._config, self._num_shards)
+            return
+        shard, part = divmod(group, self._parts)
+        block = block.sorted_by_key()
+        schema = shard_format.shard_schema(len(vocab), self._config.max_seq_length)
+        body = shard_format.encode_shard_body(block.columns(), schema)
+        path = part_path(self._config.output, shard, part, self._num_shards)
+        write_atomic(path, body)
+        stats = block_stats(block, vocab.index("[MASK]"), self._config.max_seq_length)
+        yield shard, {"part": part, "path": path, "stats": stats}
+
+
+def part_path(output: str, shard: int, part: int, num_shards: int) -> str:
+    """A shard's part file: hidden, beside the shard, removed once the shard is joined."""
+    return FileSystems.join(
+        output, f".{shard_format.shard_name(shard, num_shards)}.part-{part:03d}"
+    )
+
+
+class JoinParts(beam.DoFn):
+    """(shard, part records) -> the shard's manifest entry and statistics, after
+    joining its parts, in key order, into the shard file and deleting them."""
+
+    def __init__(self, config: BuildConfig, num_shards: int):
+        self._config = config
+        self._num_shards = num_shards
+
+    def process(self, element, vocab: list[str]) -> Iterator[dict]:
+        shard, parts = element
+        parts = sorted(parts, key=lambda p: p["part"])
+        bodies = []
+        for part in parts:
+            with FileSystems.open(
+                part["path"], compression_type=CompressionTypes.UNCOMPRESSED
+            ) as f:
+                bodies.append(f.read())
+        schema = shard_format.shard_schema(len(vocab), self._config.max_seq_length)
+        data = shard_format.join_shard_bodies(bodies, schema)
+        name = shard_format.shard_name(shard, self._num_shards)
+        write_atomic(FileSystems.join(self._config.output, name), data)
+        FileSystems.delete([part["path"] for part in parts])
+        stats = merge_stats(part["stats"] for part in parts)
+        yield {
+            "entry": {"name": name, "rows": stats["rows"], "bytes": len(data),
+                      "sha256": hashlib.sha256(data).hexdigest()},
+            "stats": stats,
+        }  # fmt: skip
+
+
+def write_shard(shard: int, block: RowBlock, vocab: list[str], config: BuildConfig,
+                num_shards: int) -> dict:  # fmt: skip
+    """Sort the rows by key, write the shard atomically, return its entry and statistics."""
+    block = block.sorted_by_key()
+    schema = shard_format.shard_schema(len(vocab), config.max_seq_length)
+    data = shard_format.encode_shard(block.columns(), schema)
+    name = shard_format.shard_name(shard, num_shards)
+    write_atomic(FileSystems.join(config.output, name), data)
+    return {
+        "entry": {"name": name, "rows": len(block), "bytes": len(data),
+                  "sha256": hashlib.sha256(data).hexdigest()},
+        "stats": block_stats(block, vocab.index("[MASK]"), config.max_seq_length),
+    }  # fmt: skip
+
+
+def block_stats(block: RowBlock, mask_id: int, max_seq_length: int) -> dict[str, int | list[int]]:
+    """Integer sums (so merging shards is exact and order-free) for the manifest."""
+    lengths = np.diff(block.row_offsets)
+    at_positions = block.row_offsets[:-1].repeat(np.diff(block.mlm_offsets))
+    values = block.input_ids[at_positions + block.masked_lm_positions]
+    return {
+        "rows": len(block),
+        "tokens": int(lengths.sum()),
+        "full_length_rows": int((lengths == max_seq_length).sum()),
+        "random_next": int(block.next_sentence_label.sum()),
+        "masked": len(block.masked_lm_ids),
+        "masked_as_mask": int((values == mask_id).sum()),
+        "masked_kept": int((values == block.masked_lm_ids).sum()),
+        "length_histogram": np.bincount(lengths, minlength=max_seq_length + 1).tolist(),
+    }
+
+
+def merge_stats(parts: Iterable[dict]) -> dict:
+    total: dict = {}
+    for part in parts:
+        for key, value in part.items():
+            if isinstance(value, list):
+                old = total.get(key, [0] * len(value))
+                total[key] = [a + b for a, b in zip(old, value, strict=True)]
+            else:
+                total[key] = total.get(key, 0) + value
+    return total
