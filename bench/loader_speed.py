@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from pipeline import encode as shard_encode
 from pipeline import format as shard_format
 from trainer.data import DynamicMasker, PretrainingStream, StreamSpec, make_loader
 from trainer.shards import ShardSet
@@ -62,9 +63,9 @@ def write_synthetic(directory: Path, rows: int, shards: int, seq: int, max_pred:
     schema = shard_format.shard_schema(VOCAB, seq)
     entries = []
     for index in range(shards):
-        data = shard_format.encode_shard(synthetic_rows(rows // shards, seq, max_pred, gen), schema)
+        data = shard_encode.encode_shard(synthetic_rows(rows // shards, seq, max_pred, gen), schema)
         name = shard_format.shard_name(index, shards)
-        shard_format.atomic_write_bytes(directory / name, data)
+        shard_encode.atomic_write_bytes(directory / name, data)
         entries.append({"name": name, "rows": rows // shards, "bytes": len(data),
                         "sha256": __import__("hashlib").sha256(data).hexdigest()})  # fmt: skip
     (directory / "vocab.txt").write_text("".join(f"t{i}\n" for i in range(VOCAB)))
@@ -72,11 +73,11 @@ def write_synthetic(directory: Path, rows: int, shards: int, seq: int, max_pred:
              "size": VOCAB, "do_lower_case": True, "special_ids": SPECIAL}  # fmt: skip
     params = {"max_seq_length": seq, "max_predictions_per_seq": max_pred, "masked_lm_prob": 0.15,
               "random_seed": 0, "do_whole_word_mask": False}  # fmt: skip
-    manifest = shard_format.build_manifest(
+    manifest = shard_encode.build_manifest(
         shards=entries, vocab=vocab, params=params, stats={}, skipped={}
     )
-    shard_format.atomic_write_bytes(
-        directory / shard_format.MANIFEST_NAME, shard_format.encode_manifest(manifest)
+    shard_encode.atomic_write_bytes(
+        directory / shard_format.MANIFEST_NAME, shard_encode.encode_manifest(manifest)
     )
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from .format import Ragged
+from .encode import Ragged
 
 # Rows per step of take_rows (about 300k values at BERT's lengths).
 _TAKE_ROWS = 4096

@@ -51,7 +51,7 @@ from collections.abc import Mapping, Sequence
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-from .format import atomic_write_bytes
+from .encode import atomic_write_bytes
 
 __all__ = [
     "MAX_INPUT_CHARS_PER_WORD",

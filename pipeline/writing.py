@@ -18,6 +18,7 @@ import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from . import encode as shard_encode
 from . import format as shard_format
 from .config import BuildConfig
 from .rows import RowBlock
@@ -74,7 +75,7 @@ class WriteShard(beam.DoFn):
         shard, part = divmod(group, self._parts)
         block = block.sorted_by_key()
         schema = shard_format.shard_schema(len(vocab), self._config.max_seq_length)
-        body = shard_format.encode_shard_body(block.columns(), schema)
+        body = shard_encode.encode_shard_body(block.columns(), schema)
         path = part_path(self._config.output, shard, part, self._num_shards)
         write_atomic(path, body)
         stats = block_stats(block, vocab.index("[MASK]"), self._config.max_seq_length)
@@ -106,7 +107,7 @@ class JoinParts(beam.DoFn):
             ) as f:
                 bodies.append(f.read())
         schema = shard_format.shard_schema(len(vocab), self._config.max_seq_length)
-        data = shard_format.join_shard_bodies(bodies, schema)
+        data = shard_encode.join_shard_bodies(bodies, schema)
         name = shard_format.shard_name(shard, self._num_shards)
         write_atomic(FileSystems.join(self._config.output, name), data)
         FileSystems.delete([part["path"] for part in parts])
@@ -123,7 +124,7 @@ def write_shard(shard: int, block: RowBlock, vocab: list[str], config: BuildConf
     """Sort the rows by key, write the shard atomically, return its entry and statistics."""
     block = block.sorted_by_key()
     schema = shard_format.shard_schema(len(vocab), config.max_seq_length)
-    data = shard_format.encode_shard(block.columns(), schema)
+    data = shard_encode.encode_shard(block.columns(), schema)
     name = shard_format.shard_name(shard, num_shards)
     write_atomic(FileSystems.join(config.output, name), data)
     return {

@@ -1,0 +1,383 @@
+"""Writing shards and manifests in the format ``pipeline/format.py`` reads.
+
+``encode_shard`` turns rows into the bytes of one shard (checking every value
+first), ``encode_shard_body``/``join_shard_bodies`` do the same in parts that
+are written in parallel and joined, ``build_manifest``/``encode_manifest`` make
+``manifest.json``. The pipeline's writers use these; tests and benchmarks use
+them to make shards of their own. The contract is ``pipeline/FORMAT.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import metadata
+
+import numpy as np
+import pyarrow as pa
+
+from .format import (
+    _EOS,
+    _IPC_OPTIONS,
+    _MAX_LIST_VALUES,
+    _SHARD_SPEC,
+    _VOCAB_OPTIONAL,
+    _VOCAB_SPEC,
+    COLUMNS,
+    DEFAULT_BATCH_SIZE,
+    FORMAT_VERSION,
+    LIST_COLUMNS,
+    _check_int,
+    _check_manifest,
+    _list_to_numpy,
+    _reject_unknown,
+    schema_params,
+    shard_schema,
+)
+
+
+def encode_shard(
+    columns: Mapping[str, Sequence], schema: pa.Schema, *, batch_size: int = DEFAULT_BATCH_SIZE
+) -> bytes:
+    """Serialise rows to Arrow IPC stream bytes; the same rows give byte-identical bytes.
+
+    Byte-identical for a given pyarrow version: the IPC format is stable, but the writer is
+    pyarrow's, so runners that must agree byte for byte should pin the same pyarrow.
+
+    Args:
+        columns: one entry per name in COLUMNS. The four list columns are sequences with one
+            1-D integer array (any int dtype, e.g. np.int32, or a list of ints) per row, or a
+            ``Ragged`` (flat values + offsets);
+            ``next_sentence_label`` is a sequence of bools/ints, one per row. Row i of the shard
+            is element i of each column.
+        schema: from shard_schema(); its metadata gives vocab_size and max_seq_length.
+        batch_size: rows per record batch (the last one may be shorter).
+
+    Raises:
+        ValueError: a missing/unknown column, rows of different counts or lengths, a value out
+            of range (ids >= vocab_size, segment ids or labels not 0/1, positions >= the row's
+            length or not strictly increasing, rows empty or longer than max_seq_length), or
+            more than 2**31 - 1 values in one list column. Messages name the column and row.
+    """
+    vocab_size, max_seq_length = schema_params(schema)
+    _check_int("batch_size", batch_size, 1, None)
+    if set(columns) != set(COLUMNS):
+        raise ValueError(f"columns must be exactly {list(COLUMNS)}, got {sorted(columns)}")
+    counts = {name: _num_rows(columns[name]) for name in COLUMNS}
+    if len(set(counts.values())) != 1:
+        raise ValueError(f"all columns must have the same number of rows, got {counts}")
+    flat = {name: _flatten(name, columns[name]) for name in LIST_COLUMNS}
+    labels = _as_int64(columns["next_sentence_label"], "next_sentence_label", "iub")
+    if labels.ndim != 1:
+        raise ValueError("next_sentence_label must be a 1-D sequence with one value per row")
+    _check_rows(flat, labels, vocab_size, max_seq_length)
+    arrays = [_list_array(*flat[name], schema.field(name).type) for name in LIST_COLUMNS]
+    arrays.append(_from_numpy(labels.astype(np.uint8), pa.uint8()))
+    rows = pa.RecordBatch.from_arrays(arrays, schema=schema)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema, options=_IPC_OPTIONS) as writer:
+        # max(n, 1): an empty shard still gets one empty batch, so every table has a chunk
+        # (datasets 5.x, for one, fails to cast a table with zero chunks).
+        for start in range(0, max(rows.num_rows, 1), batch_size):
+            writer.write_batch(rows.slice(start, batch_size))
+    return sink.getvalue().to_pybytes()
+
+
+def stream_header(schema: pa.Schema) -> bytes:
+    """The bytes every shard stream of ``schema`` starts with (its schema message)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema, options=_IPC_OPTIONS):
+        pass
+    data = sink.getvalue().to_pybytes()
+    assert data.endswith(_EOS), "pyarrow wrote no end-of-stream marker"
+    return data[: -len(_EOS)]
+
+
+def encode_shard_body(columns: Mapping[str, Sequence], schema: pa.Schema) -> bytes:
+    """The record-batch messages of :func:`encode_shard` for these rows, without the
+    header and end marker: bodies of consecutive row ranges, joined by
+    :func:`join_shard_bodies`, make one valid shard (written in parallel parts).
+
+    Raises:
+        ValueError: as :func:`encode_shard`.
+    """
+    data = encode_shard(columns, schema)
+    header = stream_header(schema)
+    if not data.startswith(header) or not data.endswith(_EOS):
+        raise AssertionError("unexpected Arrow IPC stream layout")
+    return data[len(header) : -len(_EOS)]
+
+
+def join_shard_bodies(bodies: Sequence[bytes], schema: pa.Schema) -> bytes:
+    """One shard stream from the bodies of its parts, in order (none: an empty shard)."""
+    if not any(bodies):
+        return encode_shard({name: [] for name in COLUMNS}, schema)
+    return b"".join([stream_header(schema), *bodies, _EOS])
+
+
+def _num_rows(column) -> int:
+    return len(column.offsets) - 1 if isinstance(column, Ragged) else len(column)
+
+
+def rows_to_columns(rows: Sequence[Mapping]) -> dict[str, list]:
+    """Transpose row dicts into the column mapping encode_shard takes.
+
+    ``[{"input_ids": a0, ...}, {"input_ids": a1, ...}] -> {"input_ids": [a0, a1], ...}``
+
+    Raises:
+        ValueError: a row lacks one of COLUMNS (extra keys are ignored).
+    """
+    for i, row in enumerate(rows):
+        missing = [name for name in COLUMNS if name not in row]
+        if missing:
+            raise ValueError(f"row {i} lacks column(s) {missing}")
+    return {name: [row[name] for row in rows] for name in COLUMNS}
+
+
+def _as_int64(values, name: str, kinds: str) -> np.ndarray:
+    array = np.asarray(values)
+    if array.size and array.dtype.kind not in kinds:
+        raise ValueError(f"{name} must hold integers, got dtype {array.dtype}")
+    return array.astype(np.int64)
+
+
+@dataclass(frozen=True)
+class Ragged:
+    """A list column given flat: row ``i`` is ``values[offsets[i]:offsets[i + 1]]``.
+
+    ``values`` is a 1-D integer array, ``offsets`` int [rows + 1] starting at 0.
+    Writers that already hold their rows flat pass this instead of one array per row.
+    """
+
+    values: np.ndarray
+    offsets: np.ndarray
+
+
+def _flatten(name: str, rows: Sequence | Ragged) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row arrays (or a Ragged) -> (values (total,), offsets int64 (rows + 1,)).
+
+    Values are int64, except that a Ragged's values keep their integer dtype."""
+    if isinstance(rows, Ragged):
+        values, offsets = np.asarray(rows.values), np.asarray(rows.offsets, dtype=np.int64)
+        if values.ndim != 1 or (values.size and values.dtype.kind not in "iu"):
+            raise ValueError(f"{name}: values must be a 1-D integer array")
+        if (
+            offsets.ndim != 1
+            or offsets[0] != 0
+            or offsets[-1] != len(values)
+            or (np.diff(offsets) < 0).any()
+        ):
+            raise ValueError(f"{name}: offsets must rise from 0 to len(values)")
+        if offsets[-1] > _MAX_LIST_VALUES:
+            raise ValueError(f"{name} holds {offsets[-1]} values, more than 2**31 - 1")
+        if values.dtype == np.uint64:
+            return values.astype(np.int64), offsets  # huge values turn negative: still caught
+        return values, offsets  # checked and cast in their own dtype: no int64 copy
+    arrays = [np.asarray(row) for row in rows]
+    for i, array in enumerate(arrays):
+        if array.ndim != 1:
+            raise ValueError(f"{name}: row {i} must be 1-D, got shape {array.shape}")
+        if array.size and array.dtype.kind not in "iu":
+            raise ValueError(f"{name}: row {i} must hold integers, got dtype {array.dtype}")
+    offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
+    np.cumsum([array.size for array in arrays], out=offsets[1:])
+    if offsets[-1] > _MAX_LIST_VALUES:
+        raise ValueError(
+            f"{name} holds {offsets[-1]} values, but a shard holds at most 2**31 - 1 per "
+            "column because Arrow list offsets are int32 — write more, smaller shards"
+        )
+    if not arrays:
+        return np.zeros(0, dtype=np.int64), offsets
+    return np.concatenate(arrays, dtype=np.int64, casting="unsafe"), offsets
+
+
+def _check_rows(flat: dict, labels: np.ndarray, vocab_size: int, max_seq_length: int) -> None:
+    offsets = flat["input_ids"][1]
+    lengths = np.diff(offsets)
+    _require(lengths >= 1, offsets, "input_ids", "is empty")
+    _require(lengths <= max_seq_length, offsets, "input_ids", f"is longer than {max_seq_length=}")
+    for name, other in (("segment_ids", "input_ids"), ("masked_lm_ids", "masked_lm_positions")):
+        bad = np.flatnonzero(np.diff(flat[name][1]) != np.diff(flat[other][1]))
+        if bad.size:
+            raise ValueError(f"{name}: row {bad[0]} has a different length than its {other}")
+    for name in ("input_ids", "masked_lm_ids"):
+        values, name_offsets = flat[name]
+        if not _within(values, 0, vocab_size - 1):
+            bad = (values < 0) | (values >= vocab_size)
+            _require_values(~bad, values, name_offsets, name, f"outside [0, {vocab_size=})")
+    segments, _ = flat["segment_ids"]
+    if not _within(segments, 0, 1):
+        ok = (segments == 0) | (segments == 1)
+        _require_values(ok, segments, offsets, "segment_ids", "not 0/1")
+    positions, position_offsets = flat["masked_lm_positions"]
+    row_length = np.repeat(lengths, np.diff(position_offsets))
+    inside = (positions >= 0) & (positions < row_length)
+    _require_values(inside, positions, position_offsets, "masked_lm_positions", "outside the row")
+    increasing = np.ones(positions.size, dtype=bool)
+    increasing[1:] = positions[1:] > positions[:-1]
+    increasing[position_offsets[:-1][np.diff(position_offsets) > 0]] = True  # row starts
+    _require_values(
+        increasing, positions, position_offsets, "masked_lm_positions", "not increasing"
+    )
+    bad = np.flatnonzero((labels != 0) & (labels != 1))
+    if bad.size:
+        raise ValueError(f"next_sentence_label: row {bad[0]} has {labels[bad[0]]}, not 0/1")
+
+
+def _within(values: np.ndarray, low: int, high: int) -> bool:
+    """All values in [low, high]: two reductions, no temporary arrays (the fast path;
+    the caller finds the first bad value only when this fails)."""
+    return not values.size or (int(values.min()) >= low and int(values.max()) <= high)
+
+
+def check_table_rows(table: pa.Table, vocab_size: int, max_seq_length: int) -> dict:
+    """The row checks :func:`encode_shard` makes before writing, on a shard read back.
+
+    Returns:
+        ``{list column: (values int64, offsets int64)}``, the columns as checked.
+
+    Raises:
+        ValueError: the first bad value, naming the column and row.
+    """
+    flat = {}
+    for name in LIST_COLUMNS:
+        offsets, values = _list_to_numpy(table.column(name).combine_chunks())
+        flat[name] = (values, offsets.astype(np.int64))
+    labels = table.column("next_sentence_label").to_numpy().astype(np.int64)
+    _check_rows(flat, labels, vocab_size, max_seq_length)
+    return flat
+
+
+def _require(ok: np.ndarray, offsets: np.ndarray, name: str, what: str) -> None:
+    bad = np.flatnonzero(~ok)
+    if bad.size:
+        raise ValueError(
+            f"{name}: row {bad[0]} {what} (length {offsets[bad[0] + 1] - offsets[bad[0]]})"
+        )
+
+
+def _require_values(ok: np.ndarray, values: np.ndarray, offsets: np.ndarray, name: str, what: str):
+    bad = np.flatnonzero(~ok)
+    if bad.size:
+        row = int(np.searchsorted(offsets, bad[0], side="right")) - 1
+        raise ValueError(f"{name}: row {row} has value {values[bad[0]]} {what}")
+
+
+def _list_array(values: np.ndarray, offsets: np.ndarray, list_type: pa.DataType) -> pa.Array:
+    target = np.dtype(str(list_type.value_type))
+    narrow = _from_numpy(values.astype(target, copy=False), list_type.value_type)
+    return pa.ListArray.from_arrays(
+        _from_numpy(offsets.astype(np.int32), pa.int32()), narrow, type=list_type
+    )
+
+
+def _from_numpy(array: np.ndarray, arrow_type: pa.DataType) -> pa.Array:
+    """Zero-copy 1-D numpy -> Arrow, without pa.array(), which imports pandas (0.3 s) if present."""
+    array = np.ascontiguousarray(array)
+    return pa.Array.from_buffers(arrow_type, len(array), [None, pa.py_buffer(array)])
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to the local ``path`` so readers see the old file or the whole new one.
+
+    Writes a temp file in the same directory, fsyncs it, renames it over ``path`` (atomic on
+    POSIX) and fsyncs the directory. On failure the temp file is removed and ``path`` untouched.
+
+    Raises:
+        OSError: from the file system.
+    """
+    path = os.fspath(path)
+    directory = os.path.dirname(path) or "."
+    temp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # mode honours the umask
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        if os.path.exists(temp):
+            os.remove(temp)
+        raise
+    if hasattr(os, "O_DIRECTORY"):  # make the rename itself durable
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def created_by() -> str:
+    """``"bert-pipeline 0.1.0"`` from package metadata, or ``"bert-pipeline"`` if not installed."""
+    try:
+        return f"bert-pipeline {metadata.version('bert-pipeline')}"
+    except metadata.PackageNotFoundError:
+        return "bert-pipeline"
+
+
+def build_manifest(
+    *, shards: Sequence[Mapping], vocab: Mapping, params: Mapping, stats: Mapping, skipped: Mapping
+) -> dict:
+    """Assemble and validate a run's manifest. It holds no timestamps, hosts or output paths,
+    so the same input and seed give byte-identical manifests on any runner.
+
+    Args:
+        shards: one {name, rows, bytes, sha256} per shard, all of shard-*-of-N, in any order.
+        vocab: {file, sha256, size, do_lower_case, special_ids: {pad, unk, cls, sep, mask}},
+            optionally tokenizer_file and tokenizer_sha256.
+        params: every pipeline parameter and the seed; must include max_seq_length.
+        stats: summary statistics (JSON values; numpy scalars are converted).
+        skipped: {reason: count} of dropped records.
+
+    Raises:
+        ValueError: a missing, unknown or mistyped key, or an incomplete set of shards.
+    """
+    _reject_unknown(vocab, {*_VOCAB_SPEC, *_VOCAB_OPTIONAL}, "vocab")
+    for i, entry in enumerate(shards):
+        _reject_unknown(entry, _SHARD_SPEC, f"shards[{i}]")
+    if "max_seq_length" not in params or "size" not in vocab:
+        raise ValueError("params.max_seq_length and vocab.size are required: they fix the schema")
+    schema = shard_schema(int(vocab["size"]), int(params["max_seq_length"]))
+    draft = {
+        "format_version": FORMAT_VERSION,
+        "created_by": created_by(),
+        "schema": {
+            "vocab_size": vocab["size"],
+            "max_seq_length": params["max_seq_length"],
+            "columns": {field.name: str(field.type) for field in schema},
+        },
+        "num_rows": sum(int(entry.get("rows", 0)) for entry in shards),
+        "shards": sorted(
+            (dict(entry) for entry in shards), key=lambda entry: str(entry.get("name"))
+        ),
+        "vocab": dict(vocab),
+        "params": dict(params),
+        "stats": dict(stats),
+        "skipped": dict(skipped),
+    }
+    manifest = json.loads(encode_manifest(draft))  # plain JSON types from here on
+    _check_manifest(manifest, "build_manifest")
+    return manifest
+
+
+def encode_manifest(manifest: Mapping) -> bytes:
+    """Deterministic UTF-8 JSON: sorted keys, indent 2, trailing newline; numpy scalars allowed.
+
+    Raises:
+        TypeError: a value JSON cannot hold.
+        ValueError: NaN or infinity.
+    """
+    text = json.dumps(
+        manifest, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False, default=_to_json
+    )
+    return (text + "\n").encode("utf-8")
+
+
+def _to_json(value):
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"manifest values must be JSON types, got {type(value).__name__} {value!r}")
