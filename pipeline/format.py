@@ -3,7 +3,8 @@
 An output directory holds ``shard-NNNNN-of-MMMMM.arrow`` files (Arrow IPC *stream* format,
 uncompressed, unpadded rows), ``vocab.txt``, ``tokenizer.json`` and ``manifest.json``, which is
 written last. ``pipeline/FORMAT.md`` documents all of it for readers without this module; this
-module is the executable version and depends only on pyarrow, numpy and the standard library.
+module is the executable reader (``pipeline/encode.py`` the writer) and depends only on pyarrow,
+numpy and the standard library.
 
 Version 1 (``FORMAT_VERSION``). Columns, with X = uint16 if vocab_size <= 65536 else uint32 and
 Y = uint8 if max_seq_length <= 256 else uint16:
