@@ -14,7 +14,6 @@ from tokenizers import BertWordPieceTokenizer
 from pipeline.text import basic_tokenize
 from pipeline.vocab import (
     SPECIAL_TOKENS,
-    _merge_word,
     build_tokenizer,
     learn_wordpiece_vocab,
     read_vocab,
@@ -22,6 +21,7 @@ from pipeline.vocab import (
     special_ids,
     write_vocab,
 )
+from pipeline.wordpiece import _merge_word
 
 TINY = {"low": 5, "lower": 2, "newest": 6, "widest": 3}
 TINY_ALPHABET = ["d", "e", "i", "l", "n", "o", "r", "s", "t", "w"]
