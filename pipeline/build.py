@@ -232,8 +232,7 @@ def build_graph(p: beam.Pipeline, config: BuildConfig, plan: Plan) -> beam.PColl
     num_shards, root = plan.num_shards, plan.root
     documents, read_counts = split_skips(
         p
-        | "ListFiles" >> beam.Create(plan.files)
-        | "SpreadFiles" >> beam.Reshuffle()
+        | "ListFiles" >> beam.Create(plan.files)  # reshuffled by Create: files spread to workers
         | "ReadDocuments" >> beam.ParDo(ReadDocuments(config, root)),
         "Read",
     )
