@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 
@@ -115,7 +115,15 @@ def join_shard_bodies(bodies: Sequence[bytes], schema: pa.Schema) -> bytes:
     """One shard stream from the bodies of its parts, in order (none: an empty shard)."""
     if not any(bodies):
         return encode_shard({name: [] for name in COLUMNS}, schema)
-    return b"".join([stream_header(schema), *bodies, _EOS])
+    return b"".join(shard_chunks(bodies, schema))
+
+
+def shard_chunks(bodies: Iterable[bytes], schema: pa.Schema) -> Iterator[bytes]:
+    """:func:`join_shard_bodies` as a stream of chunks (header, bodies, end marker), so a
+    large shard is joined without holding it whole; give at least one non-empty body."""
+    yield stream_header(schema)
+    yield from bodies
+    yield _EOS
 
 
 def _num_rows(column) -> int:

@@ -24,18 +24,24 @@ from .config import BuildConfig
 from .rows import RowBlock
 
 
-def write_atomic(path: str, data: bytes) -> None:
-    """Write through Beam's FileSystems under a temporary name, then rename."""
+def write_atomic(path: str, data: bytes | Iterable[bytes]) -> tuple[int, str]:
+    """Write ``data`` (bytes, or chunks of them) through Beam's FileSystems under a
+    temporary name, then rename; returns the file's size and sha256 (hex)."""
     directory, name = posixpath.split(path)
     tmp = FileSystems.join(directory, f".{name}.{uuid.uuid4().hex}.tmp")
+    size, digest = 0, hashlib.sha256()
     try:
         with FileSystems.create(tmp, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            f.write(data)
+            for chunk in [data] if isinstance(data, bytes) else data:
+                f.write(chunk)
+                digest.update(chunk)
+                size += len(chunk)
         FileSystems.rename([tmp], [path])
     except BaseException:
         if FileSystems.exists(tmp):
             FileSystems.delete([tmp])
         raise
+    return size, digest.hexdigest()
 
 
 # Shards are written in this many parallel pieces in all (each shard in key ranges
@@ -100,23 +106,20 @@ class JoinParts(beam.DoFn):
     def process(self, element, vocab: list[str]) -> Iterator[dict]:
         shard, parts = element
         parts = sorted(parts, key=lambda p: p["part"])
-        bodies = []
-        for part in parts:
-            with FileSystems.open(
-                part["path"], compression_type=CompressionTypes.UNCOMPRESSED
-            ) as f:
-                bodies.append(f.read())
         schema = shard_format.shard_schema(len(vocab), self._config.max_seq_length)
-        data = shard_encode.join_shard_bodies(bodies, schema)
         name = shard_format.shard_name(shard, self._num_shards)
-        write_atomic(FileSystems.join(self._config.output, name), data)
+        # One part in memory at a time: header, the parts' bodies in key order, end marker.
+        chunks = shard_encode.shard_chunks(map(_read, (p["path"] for p in parts)), schema)
+        size, sha256 = write_atomic(FileSystems.join(self._config.output, name), chunks)
         FileSystems.delete([part["path"] for part in parts])
         stats = merge_stats(part["stats"] for part in parts)
-        yield {
-            "entry": {"name": name, "rows": stats["rows"], "bytes": len(data),
-                      "sha256": hashlib.sha256(data).hexdigest()},
-            "stats": stats,
-        }  # fmt: skip
+        yield {"entry": {"name": name, "rows": stats["rows"], "bytes": size, "sha256": sha256},
+               "stats": stats}  # fmt: skip
+
+
+def _read(path: str) -> bytes:
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        return f.read()
 
 
 def write_shard(shard: int, block: RowBlock, vocab: list[str], config: BuildConfig,
@@ -126,10 +129,9 @@ def write_shard(shard: int, block: RowBlock, vocab: list[str], config: BuildConf
     schema = shard_format.shard_schema(len(vocab), config.max_seq_length)
     data = shard_encode.encode_shard(block.columns(), schema)
     name = shard_format.shard_name(shard, num_shards)
-    write_atomic(FileSystems.join(config.output, name), data)
+    size, sha256 = write_atomic(FileSystems.join(config.output, name), data)
     return {
-        "entry": {"name": name, "rows": len(block), "bytes": len(data),
-                  "sha256": hashlib.sha256(data).hexdigest()},
+        "entry": {"name": name, "rows": len(block), "bytes": size, "sha256": sha256},
         "stats": block_stats(block, vocab.index("[MASK]"), config.max_seq_length),
     }  # fmt: skip
 
