@@ -59,7 +59,8 @@ def bucket_summary(sizes: list[int]) -> dict[str, int]:
 
 
 class MakeInstances(beam.DoFn):
-    """(bucket, TokenizedBatches) -> (shard, RowBlock): Google's NSP pairs, then static masks.
+    """(bucket, TokenizedBatches) -> (write group, RowBlock bytes): Google's NSP pairs,
+    then static masks.
 
     Documents meet the others of their bucket in id order. Each document's NSP
     rng is seeded from (seed, doc id, dupe pass); each row gets a 64-bit key from
@@ -103,13 +104,14 @@ class MakeInstances(beam.DoFn):
         self._instances.inc(len(rows))
         # Rows grouped by where they are written: shard, then key range within it.
         groups = write_group(rows.keys, self._num_shards)
+        # Sent as bytes: the runner then groups opaque bytes instead of unpickling blocks.
         if groups.min() == groups.max():
-            yield int(groups[0]), rows
+            yield int(groups[0]), rows.to_bytes()
             return
         order = np.argsort(groups, kind="stable")
         present, starts = np.unique(groups[order], return_index=True)
         for group, part in zip(present.tolist(), np.split(order, starts[1:]), strict=True):
-            yield group, rows.take(part)
+            yield group, rows.take(part).to_bytes()
 
     def _masked_block(self, tokens: np.ndarray, plans: np.ndarray, keys: np.ndarray) -> RowBlock:
         """Assemble and mask all rows at once; each row's randomness comes from its own key."""

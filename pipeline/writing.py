@@ -64,7 +64,7 @@ def write_group(keys: np.ndarray, num_shards: int) -> np.ndarray:
 
 
 class WriteShard(beam.DoFn):
-    """(write group, RowBlocks) -> the shard's manifest entry and statistics after
+    """(write group, RowBlock bytes) -> the shard's manifest entry and statistics after
     writing it, or (shard, part record) after writing one key range of it."""
 
     def __init__(self, config: BuildConfig, num_shards: int):
@@ -74,7 +74,7 @@ class WriteShard(beam.DoFn):
 
     def process(self, element, vocab: list[str]) -> Iterator:
         group, blocks = element
-        block = RowBlock.concat(list(blocks))
+        block = RowBlock.concat([RowBlock.from_bytes(b) for b in blocks])
         if self._parts == 1:
             yield write_shard(group, block, vocab, self._config, self._num_shards)
             return

@@ -59,3 +59,19 @@ def test_segment_ids_known_answer():
     rows.row_offsets = np.array([0, 5, 9])
     rows.b_starts = np.array([3, 2], dtype=np.uint16)
     assert rows.segment_ids().tolist() == [0, 0, 0, 1, 1, 0, 0, 1, 1]
+
+
+def test_pickle_round_trip_is_exact_and_compact():
+    import pickle
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(5, 129, 20_000)
+    big = block(rng.integers(0, 2**63, 20_000), lengths.tolist())
+    big.input_ids = (big.input_ids % 30_000).astype(np.uint16)  # as the pipeline ships them
+    for original in (big, block([3, 1], [5, 7]), RowBlock.empty()):
+        copy = pickle.loads(pickle.dumps(original))
+        for name, array in vars(original).items():
+            assert getattr(copy, name).dtype == array.dtype, name
+            assert np.array_equal(getattr(copy, name), array), name
+    raw = sum(array.nbytes for array in vars(big).values())
+    assert len(pickle.dumps(big)) < 0.8 * raw  # compressed ids, uint16 lengths for offsets
