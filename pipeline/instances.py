@@ -30,9 +30,9 @@ def num_buckets(num_docs: int, bucket_size: int) -> int:
 
     Documents land in buckets by a seeded hash, so a bucket's size varies around
     the mean by about its square root. Aiming the mean six standard deviations
-    above ``bucket_size`` makes a smaller bucket a ~1e-8 event per bucket (the
-    manifest's ``stats.buckets`` records the smallest); one bucket holds all
-    documents when there are too few for two.
+    above ``bucket_size`` makes a smaller bucket a ~1e-8 event per bucket at the
+    default 1,000 (the manifest's ``stats.buckets`` records the smallest); one
+    bucket holds all documents when there are too few for two.
     """
     margin = 6 * math.isqrt(bucket_size) + 6
     return max(1, num_docs // (bucket_size + margin))
