@@ -118,10 +118,7 @@ def prepare_output(config: BuildConfig) -> None:
             f"{out} already holds {len(existing)} shard/manifest file(s) from an earlier build; "
             "pass --overwrite to replace them or choose another --output"
         )
-    # Part files of an interrupted build are never output: always removed.
-    stale = FileSystems.match([FileSystems.join(out, ".shard-*.part-*")])[0].metadata_list
-    if stale:
-        FileSystems.delete([m.path for m in stale])
+    remove_part_files(out)  # an interrupted build's parts are never output
     # The manifest goes first, so an interrupted clean-up never leaves a manifest
     # that lists deleted shards.
     existing.sort(key=lambda p: not p.endswith(shard_format.MANIFEST_NAME))
@@ -165,11 +162,20 @@ def vocab_entry(vocab: list[str], config: BuildConfig) -> dict:
     }
 
 
+def remove_part_files(output: str) -> None:
+    """Delete the hidden part files of shards written in parts (``writing.part_path``)."""
+    parts = FileSystems.match([FileSystems.join(output, ".shard-*.part-*")])[0].metadata_list
+    if parts:
+        FileSystems.delete([m.path for m in parts])
+
+
 def write_manifest(shards: list[dict], vocab: list[str], vocab_info: dict, counts: dict,
                    documents: int, buckets: dict, config: BuildConfig,
                    num_shards: int) -> dict:  # fmt: skip
     """Write the shards no row landed in (empty, so the set of files is always
-    complete), then the manifest, last."""
+    complete), remove the part files (only now: a retried join still finds its
+    parts), then write the manifest, last."""
+    remove_part_files(config.output)
     written = {s["entry"]["name"] for s in shards}
     for index in range(num_shards):
         if shard_format.shard_name(index, num_shards) not in written:

@@ -89,7 +89,7 @@ class WriteShard(beam.DoFn):
 
 
 def part_path(output: str, shard: int, part: int, num_shards: int) -> str:
-    """A shard's part file: hidden, beside the shard, removed once the shard is joined."""
+    """A shard's part file: hidden, beside the shard, removed by the manifest step."""
     return FileSystems.join(
         output, f".{shard_format.shard_name(shard, num_shards)}.part-{part:03d}"
     )
@@ -97,7 +97,8 @@ def part_path(output: str, shard: int, part: int, num_shards: int) -> str:
 
 class JoinParts(beam.DoFn):
     """(shard, part records) -> the shard's manifest entry and statistics, after
-    joining its parts, in key order, into the shard file and deleting them."""
+    joining its parts, in key order, into the shard file. The parts stay until the
+    manifest step removes them, so a retried join finds them again."""
 
     def __init__(self, config: BuildConfig, num_shards: int):
         self._config = config
@@ -111,7 +112,6 @@ class JoinParts(beam.DoFn):
         # One part in memory at a time: header, the parts' bodies in key order, end marker.
         chunks = shard_encode.shard_chunks(map(_read, (p["path"] for p in parts)), schema)
         size, sha256 = write_atomic(FileSystems.join(self._config.output, name), chunks)
-        FileSystems.delete([part["path"] for part in parts])
         stats = merge_stats(part["stats"] for part in parts)
         yield {"entry": {"name": name, "rows": stats["rows"], "bytes": size, "sha256": sha256},
                "stats": stats}  # fmt: skip
