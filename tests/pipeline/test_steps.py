@@ -1,0 +1,153 @@
+"""The pipeline's Beam steps: DoFns called as plain functions, transforms on a TestPipeline."""
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
+from apache_beam.testing.util import assert_that, equal_to
+
+from pipeline import encode as shard_encode
+from pipeline import format as shard_format
+from pipeline.config import BuildConfig
+from pipeline.documents import (
+    CountWords,
+    DocumentBatch,
+    Noted,
+    ReadDocuments,
+    Skipped,
+    Tokenize,
+    TokenizedBatch,
+    split_skips,
+)
+from pipeline.instances import MakeInstances, split_into_buckets
+from pipeline.rows import RowBlock
+from pipeline.vocab import SPECIAL_TOKENS
+from pipeline.writing import JoinParts, WriteShard, parts_per_shard
+
+# The FnApiRunner directly: Beam's DirectRunner would first try to download Prism.
+RUNNER = ["--runner=apache_beam.runners.portability.fn_api_runner.FnApiRunner"]
+WORDS = ["the", "river", "runs", "north", "city", "old", "a", "b", ".", "##s"]
+VOCAB = [*SPECIAL_TOKENS, *WORDS]
+CLS, SEP, MASK = VOCAB.index("[CLS]"), VOCAB.index("[SEP]"), VOCAB.index("[MASK]")
+
+
+def beam_pipeline() -> BeamTestPipeline:
+    return BeamTestPipeline(options=PipelineOptions(RUNNER))
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    (tmp_path / "a.txt").write_bytes(
+        b"The river runs.\nThe city.\n\nOld north.\n\n\xff bad line\nA b.\n"
+    )
+    (tmp_path / "empty.txt").write_bytes(b"\n\n")
+    return tmp_path
+
+
+def config(tmp_path, **overrides):
+    values = dict(input=(str(tmp_path / "*.txt"),), output=str(tmp_path / "out"),
+                  max_seq_length=16, dupe_factor=2, bucket_size=1)  # fmt: skip
+    return BuildConfig(**{**values, **overrides})
+
+
+def test_read_documents_as_a_plain_function(corpus):
+    read = ReadDocuments(config(corpus), root=str(corpus))
+    items = list(read.process(str(corpus / "a.txt")))
+    batches = [x for x in items if isinstance(x, DocumentBatch)]
+    assert [Skipped("invalid_utf8_line")] == [x for x in items if isinstance(x, Skipped)]
+    assert batches == [
+        DocumentBatch(
+            ["a.txt:0", "a.txt:1", "a.txt:2"],
+            [["The river runs.", "The city."], ["Old north."], ["A b."]],
+        )
+    ]
+    assert list(read.process(str(corpus / "empty.txt"))) == [Skipped("file_without_documents")]
+
+
+def test_tokenize_as_a_plain_function():
+    tokenize = Tokenize(do_lower_case=True, threads=1)
+    tokenize.setup()
+    batch = DocumentBatch(["d:0", "d:1", "d:2"], [["The river.", "\x00"], ["\u200b"], ["old city"]])
+    items = list(tokenize.process(batch, VOCAB))
+    (tokenized,) = [x for x in items if isinstance(x, TokenizedBatch)]
+    assert tokenized.doc_ids == ["d:0", "d:2"]  # d:1 tokenizes to nothing
+    assert tokenized.counts.tolist() == [1, 1]  # the NUL-only sentence is dropped
+    ids = [VOCAB.index(w) for w in ("the", "river", ".", "old", "city")]
+    assert tokenized.ids.tolist() == ids and tokenized.lengths.tolist() == [3, 2]
+    assert Skipped("empty_after_tokenization") in items
+    assert Noted("one_sentence_documents", 2) in items
+
+
+def tokenized_bucket(n_docs=12, seed=0):
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(1, 5, n_docs)
+    lengths = rng.integers(1, 9, int(counts.sum()))
+    ids = rng.integers(len(SPECIAL_TOKENS), len(VOCAB), int(lengths.sum())).astype(np.uint16)
+    return TokenizedBatch([f"f.txt:{i}" for i in range(n_docs)], ids, lengths, counts)
+
+
+def test_make_instances_rows_are_framed_and_masked(tmp_path):
+    cfg = config(tmp_path, max_predictions_per_seq=3)
+    make = MakeInstances(cfg, num_shards=2)
+    batch = tokenized_bucket()
+    halves = [batch.take(np.arange(0, 6)), batch.take(np.arange(6, 12))]
+    out = list(make.process((0, halves[::-1]), VOCAB))  # batch order must not matter
+    assert out == list(make.process((0, halves), VOCAB))
+    rows = RowBlock.concat([RowBlock.from_bytes(data) for _, data in out])
+    assert len(rows) >= 12 * 2  # every document makes a row in each of the two passes
+    starts, ends = rows.row_offsets[:-1], rows.row_offsets[1:]
+    assert (rows.input_ids[starts] == CLS).all() and (rows.input_ids[ends - 1] == SEP).all()
+    assert (np.diff(rows.row_offsets) <= 16).all()
+    assert (np.diff(rows.mlm_offsets) >= 1).all() and (np.diff(rows.mlm_offsets) <= 3).all()
+    groups = {group for group, _ in out}
+    assert groups <= set(range(2 * parts_per_shard(2)))
+
+
+def test_steps_on_a_test_pipeline(corpus):
+    cfg = config(corpus)
+    with beam_pipeline() as p:
+        files = p | beam.Create([str(corpus / "a.txt"), str(corpus / "empty.txt")])
+        documents, counts = split_skips(files | beam.ParDo(ReadDocuments(cfg, str(corpus))), "R")
+        doc_ids = documents | beam.FlatMap(lambda batch: batch.doc_ids)
+        assert_that(doc_ids, equal_to(["a.txt:0", "a.txt:1", "a.txt:2"]), label="ids")
+        assert_that(
+            counts,
+            equal_to([(("skipped", "invalid_utf8_line"), 1),
+                      (("skipped", "file_without_documents"), 1)]),
+            label="counts",
+        )  # fmt: skip
+        words = documents | beam.CombineGlobally(CountWords(do_lower_case=True))
+        expected = {"the": 2, "river": 1, "runs": 1, ".": 4, "city": 1, "old": 1, "north": 1,
+                    "a": 1, "b": 1}  # fmt: skip
+        assert_that(words, equal_to([expected]), label="words")
+
+
+def test_buckets_and_writers_on_a_test_pipeline(tmp_path):
+    cfg = config(tmp_path, bucket_size=3)
+    (tmp_path / "out").mkdir()
+    num_shards = 2  # fewer than 16: each shard is written in parts, then joined
+    batch = tokenized_bucket(n_docs=30)
+    with beam_pipeline() as p:
+        buckets = p | beam.Create([batch]) | beam.FlatMap(split_into_buckets, 30, cfg)
+        sizes = buckets | beam.Map(lambda kv: len(kv[1].doc_ids)) | beam.CombineGlobally(sum)
+        assert_that(sizes, equal_to([30]), label="all documents bucketed")
+        entries = (
+            buckets
+            | "GroupBuckets" >> beam.GroupByKey()
+            | beam.ParDo(MakeInstances(cfg, num_shards), vocab=VOCAB)
+            | "GroupShards" >> beam.GroupByKey()
+            | beam.ParDo(WriteShard(cfg, num_shards), vocab=VOCAB)
+            | "GroupParts" >> beam.GroupByKey()
+            | beam.ParDo(JoinParts(cfg, num_shards), vocab=VOCAB)
+            | beam.Map(lambda written: written["entry"]["name"])
+        )
+        assert_that(entries, equal_to([shard_format.shard_name(i, num_shards) for i in range(2)]))
+    total = 0
+    for i in range(num_shards):
+        table = shard_format.open_shard(str(tmp_path / "out" / shard_format.shard_name(i, 2)))
+        shard_encode.check_table_rows(table, len(VOCAB), 16)
+        total += table.num_rows
+        assert table.num_rows > 0 and isinstance(table, pa.Table)
+    assert total >= 30 * 2
