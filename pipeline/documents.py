@@ -232,12 +232,11 @@ class Tokenize(beam.DoFn):
             e.ids for e in self._tokenizer.encode_batch_fast(sentences, add_special_tokens=False)
         ]
         lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
-        # Each document's number of non-empty sentences.
         per_doc = np.fromiter(map(len, batch.documents), dtype=np.int64,
                               count=len(batch.documents))  # fmt: skip
-        owner = np.repeat(np.arange(len(per_doc)), per_doc)
+        owner = np.repeat(np.arange(len(per_doc)), per_doc)  # each sentence's document
         kept = lengths > 0
-        counts = np.bincount(owner[kept], minlength=len(per_doc))
+        counts = np.bincount(owner[kept], minlength=len(per_doc))  # non-empty sentences per doc
         for _ in range(int((counts == 0).sum())):
             yield Skipped("empty_after_tokenization")
         if not kept.any():
