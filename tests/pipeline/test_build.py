@@ -328,3 +328,24 @@ def test_bad_txt_input_is_counted_and_the_job_completes(tmp_path, capsys):
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
     assert all((out / e["name"]).stat().st_size > 0 for e in manifest["shards"])
     capsys.readouterr()
+
+
+def test_shards_written_in_parts_hold_the_rows_of_a_whole_write(
+    corpus, built, tmp_path, monkeypatch
+):
+    import pyarrow as pa
+
+    import pipeline.writing
+
+    # 3 shards are written in parts by default (fewer than PARALLEL_WRITES); with
+    # PARALLEL_WRITES = 1 each shard is one write. Same rows, same order.
+    assert pipeline.writing.parts_per_shard(3) > 1
+    monkeypatch.setattr(pipeline.writing, "PARALLEL_WRITES", 1)
+    whole = tmp_path / "whole"
+    assert main(["build", "--input", corpus, "--output", str(whole), *BASE]) == 0
+    for i in range(3):
+        name = shard_format.shard_name(i, 3)
+        parts = pa.ipc.open_stream((built / name).read_bytes()).read_all()
+        single = pa.ipc.open_stream((whole / name).read_bytes()).read_all()
+        assert parts.num_rows == single.num_rows > 0
+        assert parts.combine_chunks().equals(single.combine_chunks())
