@@ -22,7 +22,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from .config import BuildConfig
-from .rows import take_ragged
+from .rows import offsets_of, take_ragged
 from .sources import read_documents
 from .text import basic_tokenize
 from .vocab import build_tokenizer, learn_wordpiece_vocab
@@ -50,8 +50,8 @@ class TokenizedBatch(NamedTuple):
 
     def take(self, docs: np.ndarray) -> TokenizedBatch:
         """The documents at indices ``docs``, in that order."""
-        seg_offsets = _offsets(self.counts)
-        token_offsets = _offsets(self.lengths)
+        seg_offsets = offsets_of(self.counts)
+        token_offsets = offsets_of(self.lengths)
         segments, _ = take_ragged(np.arange(len(self.lengths)), seg_offsets, docs)
         ids, _ = take_ragged(self.ids, token_offsets, segments)
         return TokenizedBatch(
@@ -67,12 +67,6 @@ class TokenizedBatch(NamedTuple):
             np.concatenate([b.lengths for b in batches]),
             np.concatenate([b.counts for b in batches]),
         )
-
-
-def _offsets(lengths: np.ndarray) -> np.ndarray:
-    out = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=out[1:])
-    return out
 
 
 class Skipped(NamedTuple):

@@ -175,7 +175,7 @@ def plan_document(
     """
     starts, doc_starts = layout.seg_starts, layout.doc_starts
     first, stop = doc_starts[document_index], doc_starts[document_index + 1]
-    num_documents = len(doc_starts) - 1
+    num_documents = layout.num_documents
     # randint(a, b) is a + _randbelow(b - a + 1) in CPython; calling it directly
     # skips two Python frames per draw and consumes the generator identically.
     randbelow, uniform = rng._randbelow, rng.random
