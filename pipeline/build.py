@@ -22,7 +22,6 @@ live in ``documents.py`` (read, count words, tokenize), ``instances.py``
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Iterable
 from typing import NamedTuple
@@ -53,6 +52,7 @@ from .writing import (
     WriteShard,
     merge_stats,
     parts_per_shard,
+    remove_part_files,
     write_atomic,
     write_shard,
 )
@@ -148,25 +148,22 @@ def vocab_entry(vocab: list[str], config: BuildConfig) -> dict:
     """Write vocab.txt and tokenizer.json; return the manifest's ``vocab`` entry."""
     vocab_bytes = vocab_text(vocab).encode("utf-8")
     tokenizer_bytes = build_tokenizer(vocab, config.do_lower_case).to_str().encode("utf-8")
-    write_atomic(FileSystems.join(config.output, shard_format.VOCAB_NAME), vocab_bytes)
-    write_atomic(FileSystems.join(config.output, shard_format.TOKENIZER_NAME), tokenizer_bytes)
+    _, vocab_sha256 = write_atomic(
+        FileSystems.join(config.output, shard_format.VOCAB_NAME), vocab_bytes
+    )
+    _, tokenizer_sha256 = write_atomic(
+        FileSystems.join(config.output, shard_format.TOKENIZER_NAME), tokenizer_bytes
+    )
     ids = special_ids(vocab)
     return {
         "file": shard_format.VOCAB_NAME,
-        "sha256": hashlib.sha256(vocab_bytes).hexdigest(),
+        "sha256": vocab_sha256,
         "size": len(vocab),
         "do_lower_case": config.do_lower_case,
         "special_ids": {name.removesuffix("_id"): i for name, i in ids.items()},
         "tokenizer_file": shard_format.TOKENIZER_NAME,
-        "tokenizer_sha256": hashlib.sha256(tokenizer_bytes).hexdigest(),
+        "tokenizer_sha256": tokenizer_sha256,
     }
-
-
-def remove_part_files(output: str) -> None:
-    """Delete the hidden part files of shards written in parts (``writing.part_path``)."""
-    parts = FileSystems.match([FileSystems.join(output, ".shard-*.part-*")])[0].metadata_list
-    if parts:
-        FileSystems.delete([m.path for m in parts])
 
 
 def write_manifest(shards: list[dict], vocab: list[str], vocab_info: dict, counts: dict,

@@ -79,7 +79,7 @@ class MakeInstances(beam.DoFn):
         self._vocab = None
         self._instances = Metrics.counter(NAMESPACE, "instances")
 
-    def process(self, element, vocab: list[str]) -> Iterator[tuple[int, RowBlock]]:
+    def process(self, element, vocab: list[str]) -> Iterator[tuple[int, bytes]]:
         _, batches = element
         if self._vocab is None:
             self._vocab = MaskingVocab.from_tokens(vocab)

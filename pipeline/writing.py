@@ -79,12 +79,8 @@ class WriteShard(beam.DoFn):
             yield write_shard(group, block, vocab, self._config, self._num_shards)
             return
         shard, part = divmod(group, self._parts)
-        block = block.sorted_by_key()
-        schema = shard_format.shard_schema(len(vocab), self._config.max_seq_length)
-        body = shard_encode.encode_shard_body(block.columns(), schema)
         path = part_path(self._config.output, shard, part, self._num_shards)
-        write_atomic(path, body)
-        stats = block_stats(block, vocab.index("[MASK]"), self._config.max_seq_length)
+        _, _, stats = write_sorted(path, block, vocab, self._config, whole=False)
         yield shard, {"part": part, "path": path, "stats": stats}
 
 
@@ -93,6 +89,13 @@ def part_path(output: str, shard: int, part: int, num_shards: int) -> str:
     return FileSystems.join(
         output, f".{shard_format.shard_name(shard, num_shards)}.part-{part:03d}"
     )
+
+
+def remove_part_files(output: str) -> None:
+    """Delete every part file (:func:`part_path`) in ``output``."""
+    parts = FileSystems.match([FileSystems.join(output, ".shard-*.part-*")])[0].metadata_list
+    if parts:
+        FileSystems.delete([m.path for m in parts])
 
 
 class JoinParts(beam.DoFn):
@@ -125,15 +128,22 @@ def _read(path: str) -> bytes:
 def write_shard(shard: int, block: RowBlock, vocab: list[str], config: BuildConfig,
                 num_shards: int) -> dict:  # fmt: skip
     """Sort the rows by key, write the shard atomically, return its entry and statistics."""
+    name = shard_format.shard_name(shard, num_shards)
+    path = FileSystems.join(config.output, name)
+    size, sha256, stats = write_sorted(path, block, vocab, config, whole=True)
+    return {"entry": {"name": name, "rows": len(block), "bytes": size, "sha256": sha256},
+            "stats": stats}  # fmt: skip
+
+
+def write_sorted(path: str, block: RowBlock, vocab: list[str], config: BuildConfig, *,
+                 whole: bool) -> tuple[int, str, dict]:  # fmt: skip
+    """Sort the rows by key and write them atomically: a whole shard, or (``whole``
+    False) the body of one part. Returns size, sha256 and the rows' statistics."""
     block = block.sorted_by_key()
     schema = shard_format.shard_schema(len(vocab), config.max_seq_length)
-    data = shard_encode.encode_shard(block.columns(), schema)
-    name = shard_format.shard_name(shard, num_shards)
-    size, sha256 = write_atomic(FileSystems.join(config.output, name), data)
-    return {
-        "entry": {"name": name, "rows": len(block), "bytes": size, "sha256": sha256},
-        "stats": block_stats(block, vocab.index("[MASK]"), config.max_seq_length),
-    }  # fmt: skip
+    encode = shard_encode.encode_shard if whole else shard_encode.encode_shard_body
+    size, sha256 = write_atomic(path, encode(block.columns(), schema))
+    return size, sha256, block_stats(block, vocab.index("[MASK]"), config.max_seq_length)
 
 
 def block_stats(block: RowBlock, mask_id: int, max_seq_length: int) -> dict[str, int | list[int]]:
