@@ -11,6 +11,7 @@ With ``--plot`` it writes ``lengths.png`` and ``masking.png`` into DIR (or
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import logging
 import os
@@ -20,6 +21,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from . import format as shard_format
+from .encode import atomic_write_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -97,11 +99,11 @@ def histogram_percentiles(histogram: np.ndarray, percents: Sequence[int]) -> dic
     }
 
 
-def _save(fig, path: str) -> None:
-    """Save a figure under a temporary name, then rename it into place."""
-    tmp = f"{path}.tmp.png"
-    fig.savefig(tmp, dpi=100)
-    os.replace(tmp, path)
+def save_png(fig, path: str | os.PathLike) -> None:
+    """Render a figure to PNG and write it atomically (``encode.atomic_write_bytes``)."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    atomic_write_bytes(path, buffer.getvalue())
 
 
 def plot(stats: dict, out_dir: str) -> list[str]:
@@ -120,7 +122,7 @@ def plot(stats: dict, out_dir: str) -> list[str]:
     ax.set_title(f"Row lengths: {stats['rows']} rows, {100 * stats['short_row_share']:.1f}% short")
     paths.append(os.path.join(out_dir, "lengths.png"))
     fig.tight_layout()
-    _save(fig, paths[-1])
+    save_png(fig, paths[-1])
     plt.close(fig)
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
@@ -139,7 +141,7 @@ def plot(stats: dict, out_dir: str) -> list[str]:
     right.set_title(f"Predictions; random-next {100 * stats['random_next_share']:.1f}%")
     paths.append(os.path.join(out_dir, "masking.png"))
     fig.tight_layout()
-    _save(fig, paths[-1])
+    save_png(fig, paths[-1])
     plt.close(fig)
     return paths
 

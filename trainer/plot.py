@@ -67,6 +67,8 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from pipeline.stats import save_png
+
     run_dir = Path(run_dir)
     train, evaluation = read_metrics(run_dir / "metrics.jsonl")
     if not train:
@@ -88,10 +90,8 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
         ax.legend()
         fig.tight_layout()
         path = out / name
-        tmp = path.with_suffix(".tmp.png")
-        fig.savefig(tmp, dpi=100)
+        save_png(fig, path)
         plt.close(fig)
-        tmp.replace(path)
         paths.append(path)
     return paths
 
