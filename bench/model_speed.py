@@ -1,17 +1,23 @@
-"""Training-step speed of our BERT against transformers' BertForPreTraining (sdpa).
+"""Training-step speed of our BERT (unpadded and padded) against transformers' BertForPreTraining.
 
 One step = forward, backward and an AdamW step, same config, weights, batch and
-threads. The two models alternate (A B A B ...) after 3 warm-ups each, and the
-median of ``--steps`` steps is reported, so machine noise hits both alike::
+threads. Three models alternate (ours unpadded, ours padded, transformers with sdpa)
+after 3 warm-ups each, and the median of ``--steps`` steps is reported, so machine
+noise hits all alike::
 
     python bench/model_speed.py                      # small (batch 32) and base (batch 8), CPU fp32
-    python bench/model_speed.py --preset base --steps 20
+    python bench/model_speed.py --preset small --lengths docstrings
+    python bench/model_speed.py --preset small --seq 512 --batch 8 --lengths google
+    python bench/model_speed.py --lengths runs/quickstart/shards   # a shard directory's lengths
     python bench/model_speed.py --device cuda --dtype bf16 --preset base large --seq 128 512
 
-Batches look like the pipeline's: 90% of rows full length, 10% a random shorter
-length, 15% of tokens masked up to 20 (or 80 at seq 512) per row. Peak memory is
-CUDA's max allocated on GPU; on CPU it is the peak resident size of a separate
-process that runs the same steps for one model alone.
+Row lengths (``--lengths``): ``google`` is Google-like data, 90% of rows full length and
+10% a random shorter length; ``docstrings`` is the length distribution of the main job's
+shards (scripts/quickstart.sh: mean 73 of 128, 79% of rows shorter than 128; the
+quantiles below were read off them); a shard directory gives its own rows' lengths. 15%
+of tokens are masked, up to 20 (or 80 at seq 512) per row. Tokens/s count real tokens.
+Peak memory is CUDA's max allocated on GPU; on CPU it is the peak resident size of a
+separate process that runs the same steps for one model alone.
 """
 
 from __future__ import annotations
@@ -30,11 +36,52 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from model import BertConfig, BertForPreTraining, num_parameters
 
 BATCH = {"tiny": 64, "mini": 64, "small": 32, "medium": 16, "base": 8, "large": 4}
+KINDS = ("ours", "padded", "hf")  # ours = unpadded encoder (the default)
+# Row lengths of the main job's shards at max_seq_length 128, at quantiles 0, 5, ..., 100%.
+DOCSTRING_QUANTILES = (
+    8, 23, 28, 32, 36, 40, 44, 48, 53, 58, 64, 70, 78, 86, 98, 112, 128, 128, 128, 128, 128,
+)  # fmt: skip
 
 
-def make_batch(cfg: BertConfig, batch: int, seq: int, device: str, seed: int = 0) -> dict:
-    """A padded batch: positions/ids (B, P) for us, dense labels (B, T) for transformers."""
+def row_lengths(spec: str, batch: int, seq: int, g: torch.Generator) -> list[int]:
+    """``batch`` real lengths <= ``seq`` drawn as ``--lengths`` says (see the module docstring).
+
+    Raises:
+        ValueError: ``spec`` is neither a known name nor a shard directory.
+    """
+    if spec == "google":
+        full = torch.rand(batch, generator=g) < 0.9
+        short = torch.randint(8, seq, (batch,), generator=g)
+        return [seq if f else int(n) for f, n in zip(full, short, strict=True)]
+    if spec == "docstrings":
+        q = torch.tensor(DOCSTRING_QUANTILES, dtype=torch.float64) * seq / 128
+        u = torch.rand(batch, generator=g, dtype=torch.float64) * (len(q) - 1)
+        lo = u.floor().long()
+        hi = (lo + 1).clamp(max=len(q) - 1)
+        x = q[lo] + (q[hi] - q[lo]) * (u - lo)
+        return [max(3, min(seq, round(float(v)))) for v in x]
+    if not Path(spec).is_dir():
+        raise ValueError(f"--lengths must be google, docstrings or a shard directory, got {spec!r}")
+    from pipeline.format import join_path, open_shard, read_manifest
+
+    manifest = read_manifest(spec)
+    table = open_shard(join_path(spec, manifest["shards"][0]["file"]))
+    offsets = table.column("input_ids").combine_chunks().offsets.to_numpy()
+    lengths = torch.from_numpy(offsets[1:] - offsets[:-1])
+    pick = torch.randint(0, len(lengths), (batch,), generator=g)
+    return [max(3, min(seq, int(lengths[i]))) for i in pick]
+
+
+def make_batch(
+    cfg: BertConfig, batch: int, seq: int, device: str, lengths: str = "google", seed: int = 0
+) -> dict:
+    """A padded batch: positions/ids (B, P) for us, dense labels (B, T) for transformers.
+
+    Padded to the longest row, as the trainer's collate does.
+    """
     g = torch.Generator().manual_seed(seed)
+    real = row_lengths(lengths, batch, seq, g)
+    seq = max(real)
     max_pred = 20 if seq <= 128 else 80
     input_ids = torch.zeros(batch, seq, dtype=torch.long)
     attention_mask = torch.zeros(batch, seq, dtype=torch.long)
@@ -42,12 +89,7 @@ def make_batch(cfg: BertConfig, batch: int, seq: int, device: str, seed: int = 0
     positions = torch.zeros(batch, max_pred, dtype=torch.long)
     ids = torch.zeros(batch, max_pred, dtype=torch.long)
     labels = torch.full((batch, seq), -100, dtype=torch.long)
-    for r in range(batch):
-        n = (
-            seq
-            if torch.rand(1, generator=g).item() < 0.9
-            else int(torch.randint(8, seq, (1,), generator=g))
-        )
+    for r, n in enumerate(real):
         input_ids[r, :n] = torch.randint(5, cfg.vocab_size, (n,), generator=g)
         attention_mask[r, :n] = 1
         segment_ids[r, n // 2 : n] = 1
@@ -72,8 +114,8 @@ def make_batch(cfg: BertConfig, batch: int, seq: int, device: str, seed: int = 0
 def build(kind: str, cfg: BertConfig, device: str, dtype: torch.dtype):
     """Both models from the same seed; the reference gets our weights."""
     torch.manual_seed(0)
-    ours = BertForPreTraining(cfg)
-    if kind == "ours":
+    ours = BertForPreTraining(cfg, unpad=kind == "ours")
+    if kind in ("ours", "padded"):
         model = ours
     else:
         import transformers
@@ -91,7 +133,7 @@ def build(kind: str, cfg: BertConfig, device: str, dtype: torch.dtype):
 
 def step_fn(kind: str, model, opt, b: dict):
     def step() -> None:
-        if kind == "ours":
+        if kind != "hf":
             loss = model(
                 b["input_ids"],
                 b["segment_ids"],
@@ -143,6 +185,8 @@ def peak_rss_subprocess(args, preset: str, seq: int, kind: str) -> float:
         args.dtype,
         "--batch",
         str(args.batch or BATCH[preset]),
+        "--lengths",
+        args.lengths,
     ]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])["peak_mib"]
@@ -152,7 +196,8 @@ def run_memory_probe(args) -> None:
     cfg = BertConfig.preset(args.preset[0])
     dtype = getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[args.dtype])
     model, opt = build(args.memory_of, cfg, "cpu", dtype)
-    step = step_fn(args.memory_of, model, opt, make_batch(cfg, args.batch, args.seq[0], "cpu"))
+    b = make_batch(cfg, args.batch, args.seq[0], "cpu", args.lengths)
+    step = step_fn(args.memory_of, model, opt, b)
     for _ in range(2):
         step()
     # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent across exec.
@@ -168,9 +213,9 @@ def bench(args, preset: str, seq: int) -> dict:
     cfg = BertConfig.preset(preset)
     dtype = getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[args.dtype])
     batch = args.batch or BATCH[preset]
-    b = make_batch(cfg, batch, seq, args.device)
+    b = make_batch(cfg, batch, seq, args.device, args.lengths)
     tokens = int(b["attention_mask"].sum())
-    kinds = ["ours", "hf"]
+    kinds = list(KINDS)
     steps, times = {}, {k: [] for k in kinds}
     for k in kinds:
         model, opt = build(k, cfg, args.device, dtype)
@@ -194,14 +239,18 @@ def bench(args, preset: str, seq: int) -> dict:
         "seq": seq,
         "batch": batch,
         "dtype": args.dtype,
+        "lengths": args.lengths,
+        "mean_length": round(tokens / batch, 1),
         "device": args.device,
         "params": n_params,
     }
     for k in kinds:
         row[f"{k}_tokens_per_s"] = round(tokens / med[k], 1)
         row[f"{k}_step_s"] = round(med[k], 4)
-    row["ratio"] = round(med["hf"] / med["ours"], 3)
-    flops = flops_per_step(cfg, batch, seq, n_params)
+    row["ratio"] = round(med["hf"] / med["ours"], 3)  # unpadded over transformers
+    row["padded_ratio"] = round(med["hf"] / med["padded"], 3)
+    row["unpad_gain"] = round(med["padded"] / med["ours"], 3)
+    flops = flops_per_step(cfg, batch, int(b["attention_mask"].shape[1]), n_params)
     if args.peak_tflops:
         for k in kinds:
             row[f"{k}_mfu"] = round(flops / med[k] / (args.peak_tflops * 1e12), 4)
@@ -228,6 +277,11 @@ def main(argv=None) -> int:
         "--batch", type=int, default=0, help="batch size (default: small 32, base 8, large 4, ...)"
     )
     p.add_argument("--steps", type=int, default=10, help="timed steps per model (default: 10)")
+    p.add_argument(
+        "--lengths",
+        default="google",
+        help="row lengths: google, docstrings or a shard directory (default: google)",
+    )
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     p.add_argument(
@@ -237,7 +291,7 @@ def main(argv=None) -> int:
         help="peak TFLOP/s of the device for MFU (default: 989 for cuda bf16 = H100/H200 dense)",
     )
     p.add_argument("--no-memory", action="store_true", help="skip the CPU peak-memory subprocesses")
-    p.add_argument("--memory-of", choices=["ours", "hf"], help=argparse.SUPPRESS)
+    p.add_argument("--memory-of", choices=KINDS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.memory_of:
         run_memory_probe(args)
@@ -249,9 +303,17 @@ def main(argv=None) -> int:
         for seq in args.seq:
             row = bench(args, preset, seq)
             print(json.dumps(row), flush=True)
+            memory = (
+                ", peak RSS MiB " + "/".join(f"{row[f'{k}_peak_rss_mib']:.0f}" for k in KINDS)
+                if f"{KINDS[0]}_peak_rss_mib" in row
+                else ""
+            )
             print(
-                f"{preset} seq {seq} batch {row['batch']}: ours {row['ours_tokens_per_s']:.0f} tok/s, "
-                f"transformers {row['hf_tokens_per_s']:.0f} tok/s, ratio {row['ratio']:.2f}x",
+                f"{preset} seq {seq} batch {row['batch']} ({args.lengths}, mean {row['mean_length']}"
+                f"): real tok/s unpadded {row['ours_tokens_per_s']:.0f}, padded "
+                f"{row['padded_tokens_per_s']:.0f}, transformers {row['hf_tokens_per_s']:.0f}; "
+                f"vs transformers {row['ratio']:.2f}x (padded {row['padded_ratio']:.2f}x), "
+                f"unpadding {row['unpad_gain']:.2f}x{memory}",
                 flush=True,
             )
     return 0

@@ -6,8 +6,11 @@ tanh pooler over ``[CLS]``, MLM transform + decoder tied to the word embeddings.
 Module and parameter names are Hugging Face's, so the state dicts map one to one.
 
 Differences that do not change the numbers:
-- attention is ``torch.nn.functional.scaled_dot_product_attention`` (FlashAttention
-  on GPU) with an additive key-padding mask;
+- the encoder runs unpadded (model/unpad.py): the batch's real tokens are packed
+  into one (N, H) tensor for embeddings, every Linear, GELU and LayerNorm, and
+  attention runs within each row (FlashAttention's variable-length kernel on GPU);
+  ``unpad=False`` (constructor) or ``set_unpadded(False)`` keeps the padded path,
+  attention through ``scaled_dot_product_attention`` with an additive key-padding mask;
 - the MLM head runs only at the masked positions: hidden states are gathered
   before the vocab projection, so most positions are never projected.
 
@@ -27,6 +30,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .config import BertConfig
+from .unpad import Packing, attention_path, packed_attention
 
 IGNORE_INDEX = -100
 
@@ -68,10 +72,16 @@ class BertEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, input_ids: torch.Tensor, segment_ids: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, segment_ids: torch.Tensor, packing: Packing | None = None
+    ) -> torch.Tensor:
+        """(B, T) ids -> (B, T, H); with ``packing``, the real tokens only -> (N, H)."""
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        if packing is not None:
+            positions = packing.index % packing.width  # (N,) original positions
+            input_ids, segment_ids = packing.pack(input_ids), packing.pack(segment_ids)
         x = self.word_embeddings(input_ids) + self.token_type_embeddings(segment_ids)
-        x = x + self.position_embeddings(positions)  # broadcast over the batch
+        x = x + self.position_embeddings(positions)  # broadcast over the batch when padded
         return self.dropout(self.LayerNorm(x))
 
 
@@ -84,19 +94,26 @@ class BertSelfAttention(nn.Module):
         self.key = nn.Linear(config.hidden_size, config.hidden_size)
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout_p = config.attention_probs_dropout_prob
+        self.attention_path = "auto"  # packed input only: see model/unpad.py
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        b, t, h = x.shape
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | Packing) -> torch.Tensor:
+        """(B, T, H) with an additive (B, 1, 1, T) mask, or packed (N, H) with its Packing."""
         # One (H -> 3H) matmul instead of three: the parameters stay separate (and
         # named as in the reference); only this step's weights are concatenated.
         weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])
         bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])
-        qkv = F.linear(x, weight, bias).view(b, t, 3, self.num_heads, self.head_dim)
+        qkv = F.linear(x, weight, bias)
+        dropout_p = self.dropout_p if self.training else 0.0
+        if isinstance(mask, Packing):
+            path = attention_path(qkv, dropout_p, self.attention_path)
+            return packed_attention(qkv, mask, self.num_heads, dropout_p, path)
+        b, t, h = x.shape
+        qkv = qkv.view(b, t, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, A, T, D)
         y = F.scaled_dot_product_attention(
             q, k, v,
             attn_mask=mask,  # (B, 1, 1, T) additive
-            dropout_p=self.dropout_p if self.training else 0.0,
+            dropout_p=dropout_p,
         )  # fmt: skip
         return y.transpose(1, 2).reshape(b, t, h)
 
@@ -120,7 +137,7 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config)
         self.output = BertSelfOutput(config, config.hidden_size)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | Packing) -> torch.Tensor:
         return self.output(self.self(x, mask), x)
 
 
@@ -141,7 +158,7 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertSelfOutput(config, config.intermediate_size)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | Packing) -> torch.Tensor:
         x = self.attention(x, mask)
         return self.output(self.intermediate(x), x)
 
@@ -152,7 +169,7 @@ class BertEncoder(nn.Module):
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
         self.gradient_checkpointing = False
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | Packing) -> torch.Tensor:
         for layer in self.layer:
             if self.gradient_checkpointing and self.training:
                 x = checkpoint(layer, x, mask, use_reentrant=False)
@@ -175,11 +192,14 @@ class BertModel(nn.Module):
 
     ``add_pooling_layer=False`` leaves the pooler out (no ``bert.pooler.*`` weights),
     as transformers' token-classification and question-answering models do.
+    ``unpad`` runs the encoder on the real tokens only (model/unpad.py; the same numbers,
+    less work); False keeps the padded reference path.
     """
 
-    def __init__(self, config: BertConfig, *, add_pooling_layer: bool = True):
+    def __init__(self, config: BertConfig, *, add_pooling_layer: bool = True, unpad: bool = True):
         super().__init__()
         self.config = config
+        self.unpad = unpad
         self.embeddings = BertEmbeddings(config)
         self.encoder = BertEncoder(config)
         self.pooler = BertPooler(config) if add_pooling_layer else None
@@ -187,14 +207,42 @@ class BertModel(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, segment_ids: torch.Tensor, attention_mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Returns (sequence_output (B, T, H), pooled_output (B, H) or None without a pooler)."""
+        """Returns (sequence_output (B, T, H), pooled_output (B, H) or None without a pooler).
+
+        Unpadded, sequence_output is 0 at padding positions (padded, it holds values
+        that no real token depends on).
+        """
+        hidden, packing = self.encode(input_ids, segment_ids, attention_mask)
+        pooled = self.pool(hidden, packing)
+        return (packing.unpack(hidden) if packing is not None else hidden), pooled
+
+    def encode(
+        self, input_ids: torch.Tensor, segment_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, Packing | None]:
+        """Hidden states: packed (N, H) with their Packing, or (B, T, H) and None.
+
+        The padded path runs when ``unpad`` is off, when nothing is padding (packing
+        would only copy), and when a row has no real token at all.
+        """
+        if self.unpad:
+            packing = Packing.from_mask(attention_mask)
+            if not packing.is_dense and packing.min_seqlen > 0:
+                x = self.embeddings(input_ids, segment_ids, packing)
+                return self.encoder(x, packing), packing
         x = self.embeddings(input_ids, segment_ids)
         # Additive key-padding mask (B, 1, 1, T): 0 where attended, the dtype's
         # minimum where padding, as the reference does (a fully padded row stays finite).
         keep = attention_mask[:, None, None, :].to(x.dtype)
         mask = (1.0 - keep) * torch.finfo(x.dtype).min
-        x = self.encoder(x, mask)
-        return x, (self.pooler(x) if self.pooler is not None else None)
+        return self.encoder(x, mask), None
+
+    def pool(self, hidden: torch.Tensor, packing: Packing | None) -> torch.Tensor | None:
+        """The pooler over each row's [CLS] (its first real token when packed)."""
+        if self.pooler is None:
+            return None
+        if packing is None:
+            return self.pooler(hidden)
+        return torch.tanh(self.pooler.dense(hidden[packing.cu_seqlens[:-1].long()]))
 
 
 class BertPredictionHeadTransform(nn.Module):
@@ -239,10 +287,10 @@ class BertForPreTraining(nn.Module):
         out.loss.backward()
     """
 
-    def __init__(self, config: BertConfig):
+    def __init__(self, config: BertConfig, *, unpad: bool = True):
         super().__init__()
         self.config = config
-        self.bert = BertModel(config)
+        self.bert = BertModel(config, unpad=unpad)
         self.cls = BertPreTrainingHeads(config, self.bert.embeddings.word_embeddings)
         self.apply(self._init_weights)
 
@@ -265,6 +313,10 @@ class BertForPreTraining(nn.Module):
     def set_gradient_checkpointing(self, enabled: bool = True) -> None:
         """Recompute each layer's activations in backward (less memory, ~30% more time)."""
         self.bert.encoder.gradient_checkpointing = enabled
+
+    def set_unpadded(self, enabled: bool = True, *, attention_path: str = "auto") -> None:
+        """Run the encoder on real tokens only (default) or padded (see model/unpad.py)."""
+        set_unpadded(self.bert, enabled, attention_path=attention_path)
 
     def forward(
         self,
@@ -297,16 +349,21 @@ class BertForPreTraining(nn.Module):
                 raise ValueError("pass either labels or masked_lm_positions/masked_lm_ids")
             _check_same_shape("labels", labels, input_ids)
             masked_lm_positions, masked_lm_ids = dense_labels_to_positions(labels)
-        sequence_output, pooled_output = self.bert(input_ids, segment_ids, attention_mask)
+        hidden, packing = self.bert.encode(input_ids, segment_ids, attention_mask)
+        pooled_output = self.bert.pool(hidden, packing)
         nsp_logits = self.cls.seq_relationship(pooled_output)
+        sequence_output = packing.unpack(hidden) if packing is not None else hidden
 
         mlm_logits = mlm_loss = nsp_loss = loss = None
         if masked_lm_positions is not None:
             self._validate_positions(
                 masked_lm_positions, masked_lm_ids, input_ids.shape[1], self.config.vocab_size
             )
-            index = masked_lm_positions.long()[..., None].expand(-1, -1, sequence_output.shape[-1])
-            gathered = sequence_output.gather(1, index)  # (B, P, H)
+            if packing is not None:  # straight from the packed rows
+                gathered = hidden[packing.rows_of(masked_lm_positions)]  # (B, P, H)
+            else:
+                index = masked_lm_positions.long()[..., None].expand(-1, -1, hidden.shape[-1])
+                gathered = hidden.gather(1, index)  # (B, P, H)
             mlm_logits = self.cls.predictions(gathered)  # (B, P, V)
             if masked_lm_ids is not None:
                 targets = masked_lm_ids.long().masked_fill(masked_lm_positions == 0, IGNORE_INDEX)
@@ -340,6 +397,21 @@ class BertForPreTraining(nn.Module):
         if ids is not None:
             _check_same_shape("masked_lm_ids", ids, positions)
             _check_range("masked_lm_ids", ids.masked_fill(ids == IGNORE_INDEX, 0), vocab_size)
+
+
+def set_unpadded(bert: BertModel, enabled: bool, *, attention_path: str = "auto") -> None:
+    """Switch ``bert`` between the unpadded and the padded encoder; pick the attention path.
+
+    Raises:
+        ValueError: an unknown attention path.
+    """
+    from .unpad import PATHS
+
+    if attention_path not in PATHS:
+        raise ValueError(f"attention_path must be one of {PATHS}, got {attention_path!r}")
+    bert.unpad = enabled
+    for layer in bert.encoder.layer:
+        layer.attention.self.attention_path = attention_path
 
 
 def init_weights(module: nn.Module, std: float) -> None:

@@ -64,6 +64,9 @@ class OnnxExportable(nn.Module):
 
     def __init__(self, model: nn.Module):
         super().__init__()
+        # The traced graph is the padded encoder: packing takes data-dependent shapes
+        # (nonzero, per-row lengths) that a dynamic-axes ONNX graph cannot keep fast.
+        (model.bert if hasattr(model, "bert") else model).unpad = False
         self.model = model
         self.output_names = output_names(model)
 

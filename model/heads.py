@@ -132,13 +132,17 @@ class _BertWithHead(nn.Module):
 
     architecture: ClassVar[str]
     add_pooling_layer: ClassVar[bool] = False
+    # Run the encoder on real tokens only (model/unpad.py); see BertForQuestionAnswering.
+    unpad: ClassVar[bool] = True
 
     def __init__(self, config: HeadConfig):
         super().__init__()
         if config.architecture != self.architecture:
             raise ValueError(f"{type(self).__name__} needs a {self.architecture} HeadConfig")
         self.config = config
-        self.bert = BertModel(config.bert, add_pooling_layer=self.add_pooling_layer)
+        self.bert = BertModel(
+            config.bert, add_pooling_layer=self.add_pooling_layer, unpad=self.unpad
+        )
         self._build_head(config)
         self.apply(lambda m: init_weights(m, config.bert.initializer_range))
 
@@ -218,6 +222,11 @@ class BertForQuestionAnswering(_BertWithHead):
     """every position -> ``qa_outputs`` (H -> 2): start and end logits; no dropout, no pooler."""
 
     architecture = "BertForQuestionAnswering"
+    # The reference's span loss is a softmax over all T positions, padding included, so
+    # its value depends on the padded encoder's outputs at padding positions: this head
+    # keeps the padded path to stay numerically the reference (``self.bert.unpad = True``
+    # trades that for speed; padding logits are then the bias alone).
+    unpad = False
 
     def _build_head(self, config: HeadConfig) -> None:
         self.qa_outputs = nn.Linear(config.bert.hidden_size, config.num_labels)

@@ -1,0 +1,190 @@
+"""The unpadded encoder (model/unpad.py) against the padded one: same outputs, same gradients."""
+
+import copy
+
+import pytest
+import torch
+
+from model import (
+    BertConfig,
+    BertForPreTraining,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    HeadConfig,
+)
+from model.unpad import Packing, attention_path
+
+CFG = BertConfig(
+    vocab_size=99,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=37,
+    max_position_embeddings=128,
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+)
+
+
+def varied_batch(lengths, width, seed=0, predictions=5, left_padded=False):
+    """Rows of the given real lengths, both segments, masked positions inside each row."""
+    g = torch.Generator().manual_seed(seed)
+    b = len(lengths)
+    input_ids = torch.randint(5, CFG.vocab_size, (b, width), generator=g)
+    segment_ids = torch.zeros(b, width, dtype=torch.long)
+    mask = torch.zeros(b, width, dtype=torch.long)
+    positions = torch.zeros(b, predictions, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        start = width - n if left_padded else 0
+        mask[i, start : start + n] = 1
+        segment_ids[i, start + n // 2 : start + n] = 1  # segment B: the second half
+        k = min(predictions, n - 1)
+        if k > 0:
+            chosen = torch.randperm(n - 1, generator=g)[:k] + 1 + start
+            positions[i, :k] = chosen.sort().values
+    input_ids[mask == 0] = 0
+    ids = torch.randint(5, CFG.vocab_size, (b, predictions), generator=g)
+    nsp = torch.randint(0, 2, (b,), generator=g)
+    return input_ids, segment_ids, mask, positions, ids, nsp
+
+
+def pair(cls=BertForPreTraining, **kwargs):
+    torch.manual_seed(0)
+    padded = cls(**kwargs) if kwargs else cls(CFG)
+    unpadded = copy.deepcopy(padded)
+    padded.bert.unpad = False
+    unpadded.bert.unpad = True
+    return padded, unpadded
+
+
+def rel(a, b):
+    a, b = a.detach(), b.detach()
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
+
+
+def assert_grads_close(a, b, tol=1e-4):
+    for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
+        if pb.grad is None:
+            assert pa.grad is None, name
+            continue
+        if name.endswith("attention.self.key.bias"):
+            # Zero in exact arithmetic (softmax ignores a shift shared by a query's
+            # scores): both sides hold rounding noise.
+            assert pa.grad.abs().max() < 1e-9 and pb.grad.abs().max() < 1e-9, name
+            continue
+        assert rel(pa.grad, pb.grad) < tol, name
+
+
+LENGTHS = [128, 3, 1, 64, 127, 2, 90, 17]
+
+
+@pytest.mark.parametrize("path", ["padded", "nested"])
+def test_outputs_and_gradients_match_the_padded_encoder(path):
+    padded, unpadded = pair()
+    unpadded.set_unpadded(True, attention_path=path)
+    ii, ss, am, pos, ids, nsp = varied_batch(LENGTHS, 128)
+    ref = padded(ii, ss, am, pos, ids, nsp)
+    out = unpadded(ii, ss, am, pos, ids, nsp)
+    keep = am.bool()
+    assert rel(out.sequence_output[keep], ref.sequence_output[keep]) < 1e-5
+    assert out.sequence_output[~keep].abs().max() == 0  # padding is not computed
+    for name in ("pooled_output", "nsp_logits", "loss", "mlm_loss", "nsp_loss"):
+        assert rel(getattr(out, name), getattr(ref, name)) < 1e-5, name
+    real = pos != 0
+    assert rel(out.mlm_logits[real], ref.mlm_logits[real]) < 1e-5
+    ref.loss.backward()
+    out.loss.backward()
+    assert_grads_close(unpadded, padded)
+
+
+def test_rows_need_not_be_right_padded():
+    padded, unpadded = pair()
+    batch = varied_batch([5, 30, 12], 32, seed=3, left_padded=True)
+    ref, out = padded(*batch), unpadded(*batch)
+    keep = batch[2].bool()
+    assert rel(out.sequence_output[keep], ref.sequence_output[keep]) < 1e-5
+    # The pooler reads each row's first real token; the padded model reads position 0.
+    first = keep.float().argmax(1)
+    assert first.tolist() == [27, 2, 20]
+    cls_hidden = ref.sequence_output[torch.arange(3), first]
+    assert rel(out.pooled_output, torch.tanh(padded.bert.pooler.dense(cls_hidden))) < 1e-5
+    assert rel(out.mlm_logits[batch[3] != 0], ref.mlm_logits[batch[3] != 0]) < 1e-5
+
+
+def test_dense_batches_and_empty_rows_take_the_padded_path():
+    padded, unpadded = pair()
+    dense = varied_batch([16, 16], 16)
+    hidden, packing = unpadded.bert.encode(*dense[:3])
+    assert packing is None and hidden.shape == (2, 16, CFG.hidden_size)
+    with_empty = varied_batch([16, 0, 5], 16)
+    hidden, packing = unpadded.bert.encode(*with_empty[:3])
+    assert packing is None
+    out, ref = unpadded(*with_empty), padded(*with_empty)
+    assert torch.isfinite(out.loss)
+    assert rel(out.loss, ref.loss) < 1e-5
+    _, packing = unpadded.bert.encode(*varied_batch([16, 3], 16)[:3])
+    assert packing is not None and packing.num_tokens == 19
+
+
+def test_packing_known_answer():
+    p = Packing.from_mask(torch.tensor([[1, 1, 0], [1, 0, 0], [0, 1, 1]]))
+    assert p.index.tolist() == [0, 1, 3, 7, 8]
+    assert p.cu_seqlens.tolist() == [0, 2, 3, 5]
+    assert (p.max_seqlen, p.min_seqlen, p.num_tokens) == (2, 1, 5)
+    assert p.rows_of(torch.tensor([[1, 0], [0, 0], [2, 1]])).tolist() == [[1, 0], [2, 2], [4, 3]]
+    x = torch.arange(5.0)[:, None]
+    assert p.unpack(x)[..., 0].tolist() == [[0, 1, 0], [2, 0, 0], [0, 3, 4]]
+    assert torch.equal(p.pack(p.unpack(x)), x)
+
+
+def test_attention_path_choice():
+    cpu = torch.zeros(2, 3)
+    assert attention_path(cpu, 0.1) == "padded"
+    assert attention_path(cpu, 0.0, "nested") == "nested"
+    with pytest.raises(ValueError, match="varlen"):
+        attention_path(cpu, 0.0, "varlen")
+    with pytest.raises(ValueError, match="attention path"):
+        attention_path(cpu, 0.0, "flash")
+
+
+def test_training_mode_with_dropout_runs_and_learns():
+    cfg = BertConfig.preset("tiny", vocab_size=99, max_position_embeddings=128)
+    torch.manual_seed(0)
+    model = BertForPreTraining(cfg).train()
+    batch = varied_batch(LENGTHS, 128)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses = []
+    for _ in range(5):
+        loss = model(*batch).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    assert losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("cls", [BertForSequenceClassification, BertForTokenClassification])
+def test_heads_match_their_padded_path(cls):
+    padded, unpadded = pair(cls, config=HeadConfig(CFG, cls.architecture, ("a", "b", "c")))
+    ii, ss, am, *_ = varied_batch(LENGTHS, 128)
+    labels = (
+        torch.randint(0, 3, (len(LENGTHS),))
+        if cls is BertForSequenceClassification
+        else torch.randint(0, 3, ii.shape).masked_fill(am == 0, -100)
+    )
+    ref, out = padded(ii, ss, am, labels=labels), unpadded(ii, ss, am, labels=labels)
+    assert rel(out.loss, ref.loss) < 1e-5
+    ref.loss.backward()
+    out.loss.backward()
+    assert_grads_close(unpadded, padded)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the varlen kernel needs CUDA")
+def test_varlen_kernel_matches_padded_in_bf16():
+    padded, unpadded = pair()
+    padded, unpadded = padded.cuda().bfloat16().eval(), unpadded.cuda().bfloat16().eval()
+    batch = [t.cuda() for t in varied_batch(LENGTHS, 128)]
+    hidden, packing = unpadded.bert.encode(*batch[:3])
+    assert packing is not None and attention_path(hidden, 0.0) == "varlen"
+    out, ref = unpadded(*batch), padded(*batch)
+    assert rel(out.loss.float(), ref.loss.float()) < 2e-2  # bf16 rounding
