@@ -2,5 +2,6 @@
 
 Pretraining modules, in the order a run uses them: config (flags), dsconfig (the DeepSpeed JSON),
 distributed (process group, RNG states), prepare (checks, model), shards + order + data
-(the streamed batches), loop (training), metrics, evaluate, checkpoint, export.
+(the streamed batches), loop (training), metrics, evaluate, checkpoint, export (+ hf_tokenizer:
+the shards' tokenizer files in the export); fillmask is a demo on an export.
 """

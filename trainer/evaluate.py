@@ -4,6 +4,12 @@ Every rank reads its slices of the evaluation stream (trainer/data.py, ``finite=
 all ranks run the same number of forward passes (ZeRO-3 gathers weights in each); filler
 rows that complete the last global batch carry no target and count nowhere. Sums are
 all-reduced, so the result is over exactly the rows of the directory.
+
+Each record also carries the trivial baselines of the same held-out rows, so an accuracy is
+never read without its margin: ``mlm_baseline_accuracy`` (always predicting the most
+frequent target token of these rows), ``nsp_baseline_accuracy`` (always predicting their
+majority class) and ``mlm_unigram_loss`` (the entropy, in nats, of their target tokens: the
+MLM loss of a model that ignores the context and knows only token frequencies).
 """
 
 from __future__ import annotations
@@ -39,12 +45,34 @@ def batch_sums(out, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.stack([v.double() for v in values])
 
 
+def baselines(target_counts: torch.Tensor, label_counts: torch.Tensor) -> dict[str, float]:
+    """Trivial baselines from the held-out target histograms.
+
+    Args:
+        target_counts: float64 (V,), how often each token id is an MLM target.
+        label_counts: float64 (2,), rows with next_sentence_label 0 and 1.
+
+    Example: targets {7: 3, 9: 1}, labels (1, 3) -> mlm_baseline_accuracy 0.75,
+    nsp_baseline_accuracy 0.75, mlm_unigram_loss 0.562 (nats).
+    """
+    total = float(target_counts.sum())
+    p = target_counts[target_counts > 0] / max(total, 1.0)
+    return {
+        "mlm_baseline_accuracy": float(target_counts.max()) / total if total else 0.0,
+        "nsp_baseline_accuracy": float(label_counts.max() / max(float(label_counts.sum()), 1.0)),
+        "mlm_unigram_loss": float(-(p * p.log()).sum()) if total else 0.0,
+    }
+
+
 @torch.no_grad()
 def evaluate(engine, loader, device: torch.device) -> dict:
-    """{"mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy", "rows"} over the whole loader."""
+    """Held-out loss, accuracy and baselines (see the module docstring) over the whole loader."""
     was_training = engine.module.training
     engine.eval()
     sums = torch.zeros(len(_KEYS), dtype=torch.float64, device=device)
+    vocab_size = engine.module.config.vocab_size
+    target_counts = torch.zeros(vocab_size, dtype=torch.float64, device=device)
+    label_counts = torch.zeros(2, dtype=torch.float64, device=device)
     try:
         for batch in loader:
             batch.pop("row_ids")
@@ -54,11 +82,17 @@ def evaluate(engine, loader, device: torch.device) -> dict:
                 batch["masked_lm_positions"],
             )  # fmt: skip
             sums += batch_sums(out, batch)
+            targets = batch["masked_lm_ids"][batch["masked_lm_positions"] != 0]
+            target_counts += torch.bincount(targets, minlength=vocab_size).double()
+            labels = batch["next_sentence_label"]
+            label_counts += torch.bincount(labels[labels >= 0], minlength=2).double()
     finally:
         if was_training:
             engine.train()
     c = dict(zip(_KEYS, distributed.all_reduce_sum(sums).tolist(), strict=True))
+    histograms = distributed.all_reduce_sum(torch.cat([target_counts, label_counts])).cpu()
     return {
+        **baselines(histograms[:vocab_size], histograms[vocab_size:]),
         "mlm_loss": c["mlm_loss"] / max(c["mlm_total"], 1.0),
         "mlm_accuracy": c["mlm_correct"] / max(c["mlm_total"], 1.0),
         "nsp_loss": c["nsp_loss"] / max(c["nsp_total"], 1.0),

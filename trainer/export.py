@@ -6,16 +6,24 @@
 ZeRO partitions (stage 1, 2 or 3, any number of ranks) are consolidated into fp32 weights
 with DeepSpeed's ``get_fp32_state_dict_from_zero_checkpoint`` (a stage-0 checkpoint holds
 the full weights already). The result is ``config.json`` + ``model.safetensors`` that
-``transformers.BertForPreTraining.from_pretrained`` loads (model/hf.py). Runs on CPU,
-in one process, no GPU or launcher needed.
+``transformers.BertForPreTraining.from_pretrained`` loads (model/hf.py), plus the tokenizer
+files of the shards the run trained on (trainer/hf_tokenizer.py: vocab.txt, tokenizer.json,
+tokenizer_config.json, special_tokens_map.json), so ``transformers.pipeline("fill-mask",
+model=HF_DIR)`` works as is. The shard directory is the ``data`` of the checkpoint's
+train_config.json, or ``--vocab SHARD_DIR``; when it cannot be read (deleted, moved, a
+relative path from another working directory) the model is exported without the tokenizer
+and a warning says why. Runs on CPU, in one process, no GPU or launcher needed.
 
-Exit codes: 0 written, 2 no checkpoint or a bad one.
+    python -m trainer.export runs/base hf/base --vocab gs://bucket/shards   # tokenizer from there
+
+Exit codes: 0 written, 2 no checkpoint or a bad one, or a --vocab that cannot be used.
 """
 
 from __future__ import annotations
 
 import argparse
 import glob
+import json
 import logging
 import os
 import sys
@@ -27,6 +35,7 @@ import torch
 from model import BertConfig, BertForPreTraining, save_hf
 
 from . import checkpoint
+from .hf_tokenizer import TOKENIZER_FILES, Vocab, read_shard_vocab, save_tokenizer, shard_dir_of
 
 logger = logging.getLogger(__name__)
 
@@ -74,11 +83,89 @@ def load_model(path: str | os.PathLike) -> BertForPreTraining:
     return model
 
 
-def export(path: str | os.PathLike, hf_dir: str | os.PathLike) -> Path:
-    """Consolidate the checkpoint at ``path`` and write a Hugging Face directory; returns it."""
+def training_data(directory: str, tag: str) -> str:
+    """The shard directory checkpoint ``directory/tag`` trained on (its train_config.json).
+
+    Raises:
+        FileNotFoundError: the checkpoint has no train_config.json.
+        ValueError: train_config.json has no "data".
+    """
+    path = Path(directory, tag, "train_config.json")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing, so the training data is unknown")
+    data = json.loads(path.read_text(encoding="utf-8")).get("data")
+    if not isinstance(data, str):
+        raise ValueError(f"{path} has no 'data' entry naming the shard directory")
+    return data
+
+
+def _training_vocab(directory: str, tag: str) -> Vocab:
+    data = training_data(directory, tag)
+    try:
+        return read_shard_vocab(data)
+    except (OSError, ValueError) as err:  # ShardFormatError is a ValueError
+        raise ValueError(f"cannot read the vocab of the training data {data}: {err}") from err
+
+
+def _check_vocab_size(vocab: Vocab, vocab_size: int) -> None:
+    if len(vocab.tokens) != vocab_size:
+        raise ValueError(
+            f"the vocab of {vocab.source} has {len(vocab.tokens)} tokens, "
+            f"the model's vocab_size is {vocab_size}"
+        )
+
+
+def find_vocab(path: str | os.PathLike, vocab_size: int) -> Vocab | None:
+    """The vocab of the shards checkpoint ``path`` trained on, or None with a warning saying why.
+
+    Raises:
+        FileNotFoundError: no checkpoint at ``path``.
+    """
+    directory, tag = checkpoint.resolve(path)
+    try:
+        vocab = _training_vocab(directory, tag)
+        _check_vocab_size(vocab, vocab_size)
+    except (OSError, ValueError) as err:
+        logger.warning(
+            "the export gets no tokenizer files (%s): %s; pass --vocab SHARD_DIR to add them",
+            ", ".join(TOKENIZER_FILES), err,
+        )  # fmt: skip
+        return None
+    return vocab
+
+
+def export(
+    path: str | os.PathLike, hf_dir: str | os.PathLike, *, vocab: str | os.PathLike | None = None
+) -> Path:
+    """Consolidate the checkpoint at ``path`` and write a Hugging Face directory; returns it.
+
+    Args:
+        path: a run's output dir, its checkpoints/ dir or one checkpoint (checkpoint.resolve).
+        hf_dir: the local output directory.
+        vocab: a shard directory (local or URI), or its vocab.txt, whose tokenizer goes into
+            the export. None: the training data of the checkpoint's train_config.json, and if
+            that cannot be read, no tokenizer files (logged as a warning).
+
+    Raises:
+        FileNotFoundError: no checkpoint at ``path``.
+        ValueError: a bad checkpoint; or an explicit ``vocab`` that is not a readable shard
+            vocab (ShardFormatError) or whose size is not the model's vocab_size.
+        OSError: an explicit ``vocab`` cannot be read.
+    """
     model = load_model(path)
+    vocab_size = model.config.vocab_size
+    if vocab is None:
+        found = find_vocab(path, vocab_size)
+    else:
+        found = read_shard_vocab(shard_dir_of(os.fspath(vocab)))
+        _check_vocab_size(found, vocab_size)
     out = save_hf(model, hf_dir)
-    logger.info("exported %s to %s", path, out)
+    if found is not None:
+        save_tokenizer(out, found, model_max_length=model.config.max_position_embeddings)
+    logger.info(
+        "exported %s to %s (%s)", path, out,
+        f"tokenizer of {found.source}" if found else "no tokenizer",
+    )  # fmt: skip
     return out
 
 
@@ -93,11 +180,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "checkpoint", help="a run's output dir, its checkpoints/ dir, or one checkpoint"
     )
-    parser.add_argument("hf_dir", help="output directory (config.json + model.safetensors)")
+    parser.add_argument(
+        "hf_dir", help="output directory (config.json, model.safetensors, tokenizer files)"
+    )
+    parser.add_argument(
+        "--vocab",
+        metavar="PATH",
+        help="shard directory (or its vocab.txt; local or gs://, s3://) whose tokenizer to "
+        "export (default: the training data in the checkpoint's train_config.json)",
+    )
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
-        export(args.checkpoint, args.hf_dir)
-    except (FileNotFoundError, ValueError) as err:
+        export(args.checkpoint, args.hf_dir, vocab=args.vocab)
+    except (OSError, ValueError) as err:
         logger.error("%s", err)
         return 2
     return 0

@@ -1,0 +1,349 @@
+"""Fill-mask demo: a Hugging Face export guesses one masked word in held-out sentences.
+
+    python -m trainer.fillmask runs/base/hf held_out_shards/ -n 5 --seed 0
+    python -m trainer.fillmask runs/base/hf notes.txt        # or text: a .txt file or a dir of them
+
+The export must carry its tokenizer (trainer/export.py writes it). Sentences come from a
+held-out shard directory (local or gs://, s3://): rows are stored already masked
+(pipeline/FORMAT.md), so the original ids are put back from ``masked_lm_ids`` and one segment
+(A or B) is decoded with the shards' vocab.txt. Or from text files, split into sentences by
+the pipeline's splitter. In each sentence one whole word that the export's tokenizer keeps as
+a single token (not a special token, not punctuation) is replaced by ``[MASK]`` and
+``transformers.pipeline("fill-mask", model=EXPORT_DIR)`` predicts it. The true word's rank is
+exact, over the whole vocab, from the model's logits. Rows, segments and words are chosen by
+one ``random.Random(seed)``, so a seed always shows the same examples. Offline, CPU, seconds.
+
+Exit codes: 0 printed, 2 a missing or bad export or source, or no maskable sentence in it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import random
+import sys
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from pipeline import format as shard_format
+from pipeline.text import split_sentences
+
+from .hf_tokenizer import TOKENIZER_CONFIG_NAME, read_shard_vocab
+
+logger = logging.getLogger(__name__)
+
+ROWS_PER_EXAMPLE = 4  # rows sampled per wanted example: some segments have no maskable word
+
+
+# ----------------------------------------------------------------------------- sentences
+
+
+def restore_masked(row: Mapping[str, np.ndarray]) -> np.ndarray:
+    """The row's ``input_ids`` before the pipeline masked them.
+
+    Example: input_ids [2, 4, 9, 3], masked_lm_positions [1], masked_lm_ids [7] -> [2, 7, 9, 3].
+
+    Args:
+        row: a shard row (pipeline.format.iter_rows): int arrays ``input_ids`` (L,),
+            ``masked_lm_positions`` (P,), ``masked_lm_ids`` (P,).
+    """
+    ids = np.array(row["input_ids"], dtype=np.int64)  # a copy: rows may be read-only views
+    ids[np.asarray(row["masked_lm_positions"], dtype=np.int64)] = row["masked_lm_ids"]
+    return ids
+
+
+def decode_wordpiece(tokens: Sequence[str]) -> str:
+    """WordPiece tokens as text: ``["the", "sch", "##ool", "!"] -> "the school !"``."""
+    words: list[str] = []
+    for token in tokens:
+        if token.startswith("##") and words:
+            words[-1] += token[2:]
+        else:
+            words.append(token)
+    return " ".join(words)
+
+
+def row_segments(row: Mapping[str, np.ndarray], vocab: Sequence[str]) -> list[str]:
+    """The row's segments A and B as text (original ids, no [CLS]/[SEP]); empty ones dropped.
+
+    The pipeline truncates long segments at either end, so a segment may start inside a word:
+    such leading ``##`` pieces are dropped. (A word cut at the end cannot be told apart.)
+
+    Args:
+        row: a shard row (see :func:`restore_masked`) with ``segment_ids`` (L,).
+        vocab: the shards' tokens, id = index.
+    """
+    ids = restore_masked(row)
+    segment_ids = np.asarray(row["segment_ids"])
+    texts = []
+    for segment in (0, 1):
+        tokens = [vocab[i] for i in ids[segment_ids == segment].tolist()]
+        tokens = [t for t in tokens if t not in ("[CLS]", "[SEP]", "[PAD]")]
+        while tokens and tokens[0].startswith("##"):
+            tokens.pop(0)
+        if tokens:
+            texts.append(decode_wordpiece(tokens))
+    return texts
+
+
+def shard_sentences(directory: str, count: int, rng: random.Random) -> list[str]:
+    """One segment of each of ``count`` rows of a shard directory, rows and segments by ``rng``.
+
+    Only the shards holding the chosen rows are opened.
+
+    Raises:
+        ShardFormatError: no manifest.json, or a bad shard.
+        ValueError: vocab.txt does not match the manifest.
+        OSError: a file cannot be read.
+    """
+    vocab = read_shard_vocab(directory).tokens
+    manifest = shard_format.read_manifest(directory)
+    names = [entry["name"] for entry in manifest["shards"]]
+    starts = np.cumsum([0] + [entry["rows"] for entry in manifest["shards"]])  # (shards + 1,)
+    picks = rng.sample(range(int(starts[-1])), min(count, int(starts[-1])))
+    tables = {}
+    sentences = []
+    for index in picks:
+        shard = int(np.searchsorted(starts, index, side="right")) - 1
+        if shard not in tables:
+            tables[shard] = shard_format.open_shard(shard_format.join_path(directory, names[shard]))
+        row = shard_format.row_to_numpy(tables[shard], index - int(starts[shard]))
+        sentences.append(rng.choice(row_segments(row, vocab)))
+    return sentences
+
+
+def text_sentences(path: str | os.PathLike) -> list[str]:
+    """The sentences of a .txt file, or of the *.txt files of a directory (sorted by name).
+
+    Raises:
+        FileNotFoundError: no such file, or a directory without .txt files.
+    """
+    path = Path(path)
+    files = sorted(path.glob("*.txt")) if path.is_dir() else [path]
+    if not files or not files[0].is_file():
+        raise FileNotFoundError(f"{path}: not a shard directory, a .txt file or a dir of them")
+    sentences = []
+    for file in files:
+        for line in file.read_text(encoding="utf-8").splitlines():
+            sentences.extend(split_sentences(line.strip()) if line.strip() else [])
+    return sentences
+
+
+def mask_one_word(sentence: str, tokenizer, rng: random.Random) -> tuple[str, str] | None:
+    """``sentence`` with one single-token word replaced by the mask token, and that token.
+
+    Example: ``"The king built it."`` -> ``("The [MASK] built it.", "king")`` (the word by
+    ``rng``; the true word as the tokenizer spells it, e.g. lowercased).
+
+    Args:
+        tokenizer: a transformers fast tokenizer (offsets are needed).
+
+    Returns:
+        None when no word qualifies: one token, not special, with a letter or digit; or
+        the sentence is longer than the tokenizer's model_max_length.
+    """
+    encoding = tokenizer(sentence, add_special_tokens=False, return_offsets_mapping=True)
+    ids, offsets = encoding["input_ids"], encoding["offset_mapping"]
+    if len(ids) + 2 > tokenizer.model_max_length:
+        return None
+    word_ids = encoding.word_ids()
+    tokens_per_word = Counter(word_ids)
+    special = set(tokenizer.all_special_ids)
+    candidates = []
+    for i, word in enumerate(word_ids):
+        whole = tokens_per_word[word] == 1 and ids[i] not in special
+        if whole and any(ch.isalnum() for ch in tokenizer.convert_ids_to_tokens(ids[i])):
+            candidates.append(i)
+    if not candidates:
+        return None
+    i = rng.choice(candidates)
+    start, end = offsets[i]
+    masked = sentence[:start] + tokenizer.mask_token + sentence[end:]
+    return masked, tokenizer.convert_ids_to_tokens(ids[i])
+
+
+def pick_examples(
+    sentences: Sequence[str], tokenizer, n: int, rng: random.Random
+) -> list[tuple[str, str]]:
+    """Up to ``n`` (masked text, true word) pairs from ``sentences`` in an order by ``rng``."""
+    examples = []
+    for sentence in rng.sample(list(sentences), len(sentences)):
+        example = mask_one_word(sentence, tokenizer, rng)
+        if example is not None:
+            examples.append(example)
+            if len(examples) == n:
+                break
+    return examples
+
+
+# ----------------------------------------------------------------------------- predictions
+
+
+def rank_of(logits, true_id: int) -> int:
+    """1 + the number of ids scored above ``true_id``: ``rank_of([0.1, 3.0, 2.0], 2) -> 2``.
+
+    Ties count in the true word's favour.
+
+    Args:
+        logits: float tensor (V,), one mask position's scores over the vocab.
+    """
+    return 1 + int((logits > logits[true_id]).sum())
+
+
+def check_export(export_dir: str | os.PathLike) -> str:
+    """``export_dir`` as a string, once it has the files the fill-mask pipeline needs.
+
+    Raises:
+        FileNotFoundError: no config.json or no tokenizer files, with the fix.
+    """
+    for name in ("config.json", TOKENIZER_CONFIG_NAME):
+        if not Path(export_dir, name).is_file():
+            raise FileNotFoundError(
+                f"{export_dir} has no {name}: export it with python -m trainer.export "
+                "(add --vocab SHARD_DIR if the training shards have moved)"
+            )
+    return os.fspath(export_dir)
+
+
+def load_fill_mask(export_dir: str | os.PathLike, top_k: int = 5):
+    """``transformers.pipeline("fill-mask")`` on a local export (CPU).
+
+    Raises:
+        FileNotFoundError: see :func:`check_export`.
+    """
+    import transformers
+
+    return transformers.pipeline(
+        "fill-mask", model=check_export(export_dir), top_k=top_k, device="cpu"
+    )
+
+
+def fill_mask_examples(
+    export_dir: str | os.PathLike, examples: Sequence[tuple[str, str]], top_k: int = 5
+) -> list[dict]:
+    """The export's predictions for each (text with one mask token, true word).
+
+    Returns:
+        One dict per example: ``text``, ``true_word``, ``true_id``, ``predictions`` (the
+        pipeline's top_k as ``[{"token": str, "id": int, "score": float}]``, best first),
+        ``rank`` (int in 1..V, exact, from the logits over the whole vocab) and
+        ``vocab_size`` (V).
+
+    Raises:
+        FileNotFoundError: see :func:`load_fill_mask`.
+        ValueError: a text without exactly one mask token, or a true word that is not a
+            single token of the export's vocab.
+    """
+    import torch
+
+    fill = load_fill_mask(export_dir, top_k)
+    tokenizer, model = fill.tokenizer, fill.model
+    results = []
+    for text, word in examples:
+        inputs = tokenizer(text, return_tensors="pt")
+        where = (inputs["input_ids"][0] == tokenizer.mask_token_id).nonzero().flatten()
+        if len(where) != 1:
+            raise ValueError(f"{text!r} has {len(where)} {tokenizer.mask_token} tokens, not 1")
+        true_id = tokenizer.convert_tokens_to_ids(word)
+        if true_id is None or tokenizer.convert_ids_to_tokens(true_id) != word:
+            raise ValueError(f"{word!r} is not a token of the vocab of {export_dir}")
+        with torch.no_grad():
+            logits = model(**inputs).logits[0, int(where[0])]  # (V,)
+        predictions = [
+            {"token": p["token_str"], "id": int(p["token"]), "score": float(p["score"])}
+            for p in fill(text)
+        ]
+        results.append(
+            {"text": text, "true_word": word, "true_id": true_id, "predictions": predictions,
+             "rank": rank_of(logits, true_id), "vocab_size": int(logits.shape[0])}
+        )  # fmt: skip
+    return results
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def shorten(text: str, mask: str = "[MASK]", width: int = 100) -> str:
+    """About ``width`` characters of ``text`` around ``mask``, cut ends marked with "...".
+
+    Example: ``shorten("a b [MASK] c d", width=10) -> "...b [MASK] c..."``.
+    """
+    if len(text) <= width:
+        return text
+    at = max(text.find(mask), 0)
+    start = max(0, min(at - (width - len(mask)) // 2, len(text) - width))
+    end = start + width
+    return ("..." if start else "") + text[start:end] + ("..." if end < len(text) else "")
+
+
+def format_example(number: int, result: Mapping, top_k: int) -> str:
+    """Three lines: the shortened text, the true word and its rank, the predictions."""
+    rank = result["rank"] if result["rank"] <= top_k else f">{top_k}"
+    exact = f" (rank {result['rank']} of {result['vocab_size']})" if result["rank"] > top_k else ""
+    predictions = "  ".join(f"{p['token']} {p['score']:.3f}" for p in result["predictions"])
+    return (
+        f"{number}. {shorten(result['text'])}\n"
+        f"   true word: {result['true_word']}   rank: {rank}{exact}\n"
+        f"   top {top_k}: {predictions}"
+    )
+
+
+def summary(results: Sequence[Mapping], top_k: int) -> str:
+    """``"true word in top 1: a/n, in top 5: b/n"``."""
+    n = len(results)
+    top1 = sum(r["rank"] == 1 for r in results)
+    topk = sum(r["rank"] <= top_k for r in results)
+    return f"true word in top 1: {top1}/{n}, in top {top_k}: {topk}/{n}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer.fillmask",
+        description="Mask one word in held-out sentences and show the export's guesses.",
+    )
+    parser.add_argument("export_dir", help="a Hugging Face export with its tokenizer files")
+    parser.add_argument("source", help="held-out shard directory, or a .txt file or dir of them")
+    parser.add_argument("-n", type=int, default=5, help="number of examples (default 5)")
+    parser.add_argument("--seed", type=int, default=0, help="chooses rows, segments and words")
+    parser.add_argument("--top-k", type=int, default=5, help="predictions shown (default 5)")
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.n < 1 or args.top_k < 1:
+        parser.error("-n and --top-k must be at least 1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local directory; never ask the hub
+    try:
+        results = _run(args)
+    except (OSError, ValueError) as err:  # ShardFormatError is a ValueError
+        logger.error("%s", err)
+        return 2
+    for number, result in enumerate(results, 1):
+        print(format_example(number, result, args.top_k))
+    print(summary(results, args.top_k))
+    return 0
+
+
+def _run(args: argparse.Namespace) -> list[dict]:
+    import transformers
+
+    transformers.logging.set_verbosity_error()  # "some weights not used": the NSP head
+    transformers.logging.disable_progress_bar()
+    rng = random.Random(args.seed)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(check_export(args.export_dir))
+    if "://" in args.source or Path(args.source, shard_format.MANIFEST_NAME).is_file():
+        sentences = shard_sentences(args.source, ROWS_PER_EXAMPLE * args.n, rng)
+    else:
+        sentences = text_sentences(args.source)
+    examples = pick_examples(sentences, tokenizer, args.n, rng)
+    if not examples:
+        raise ValueError(f"{args.source}: no sentence with a word to mask")
+    if len(examples) < args.n:
+        logger.warning("only %d of %d examples: too few maskable sentences", len(examples), args.n)
+    return fill_mask_examples(args.export_dir, examples, args.top_k)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
