@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 MASKING = ("static", "dynamic")
+DEFAULT_MAX_STEPS = 1000
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,11 @@ class TrainConfig:
     # or a Hugging Face style config.json (used as is, and checked against the manifest).
     # None: "base", or the config of --init-from-hf when that is given.
     model: str | None = None
-    max_steps: int = 1000  # optimizer steps (not micro-batches)
+    # Optimizer steps (not micro-batches). None: 1000, or no step limit with --max-minutes.
+    max_steps: int | None = None
+    # A time budget in minutes of training (trainer/schedule.py): WarmupDecayLR decays over
+    # it and the run stops when it is spent. With --max-steps too, whichever comes first.
+    max_minutes: float | None = None
     save_every: int = 1000  # checkpoint cadence in optimizer steps; 0: only at the end
     log_every: int = 10
     eval_data: str | None = None  # held-out shard directory, read once per evaluation
@@ -64,6 +69,8 @@ class TrainConfig:
         non_negative = ("save_every", "eval_every", "num_workers", "seed")
         for name in (*positive, *non_negative):
             value = getattr(self, name)
+            if value is None and name == "max_steps":
+                continue
             low = 1 if name in positive else 0
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"--{_flag(name)} must be an int >= {low}, got {value!r}")
@@ -71,9 +78,25 @@ class TrainConfig:
             raise ValueError(f"--masking must be one of {MASKING}, got {self.masking!r}")
         if self.peak_tflops is not None and not self.peak_tflops > 0:
             raise ValueError(f"--peak-tflops must be > 0, got {self.peak_tflops!r}")
+        if self.max_minutes is not None and not (
+            isinstance(self.max_minutes, (int, float)) and self.max_minutes > 0
+        ):
+            raise ValueError(f"--max-minutes must be > 0, got {self.max_minutes!r}")
         for name in ("skip_corrupt", "verify_shards", "export_hf", "record_samples"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"--{_flag(name)} must be true or false")
+
+    @property
+    def step_limit(self) -> int | None:
+        """Steps to stop at: --max-steps, else 1000 without a time budget, else none."""
+        if self.max_steps is not None:
+            return self.max_steps
+        return None if self.max_minutes is not None else DEFAULT_MAX_STEPS
+
+    @property
+    def budget_s(self) -> float | None:
+        """The time budget in seconds, or None."""
+        return None if self.max_minutes is None else 60.0 * self.max_minutes
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -97,7 +120,10 @@ _HELP = {
     "data": "shard directory (manifest.json + shard-*.arrow); local or gs:// s3://",
     "output_dir": "checkpoints/, tensorboard/, metrics.jsonl and hf/ are written here",
     "model": "preset (tiny mini small medium base large) or a config.json [base]",
-    "max_steps": "optimizer steps to train for (counting those before a resume)",
+    "max_steps": "optimizer steps to train for, counting those before a resume "
+    f"(default: {DEFAULT_MAX_STEPS}, or no limit with --max-minutes)",
+    "max_minutes": "time budget: train this many minutes (counting those before a resume), "
+    "WarmupDecayLR decaying over them; the first of this and --max-steps ends the run",
     "save_every": "checkpoint every N steps (0: only at the end)",
     "log_every": "metrics every N steps",
     "eval_data": "held-out shard directory for MLM/NSP accuracy",
@@ -128,9 +154,12 @@ def build_parser() -> argparse.ArgumentParser:
     types = {f.name: f.type for f in dataclasses.fields(TrainConfig)}
     for field in dataclasses.fields(TrainConfig):
         kind = types[field.name]
-        convert = {"int": int, "bool": _bool, "float | None": float}.get(str(kind), str)
+        convert = {"int": int, "int | None": int, "bool": _bool, "float | None": float}.get(
+            str(kind), str
+        )
         extra = {"choices": MASKING} if field.name == "masking" else {}
-        default = "" if field.default is dataclasses.MISSING else f" (default: {field.default})"
+        shown = field.default not in (dataclasses.MISSING, None)
+        default = f" (default: {field.default})" if shown else ""
         p.add_argument(
             f"--{_flag(field.name)}",
             dest=field.name,

@@ -112,6 +112,13 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
+    """In-place maximum over ranks; returns the tensor."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor
+
+
 def any_rank(flag: bool, device: torch.device) -> bool:
     """True on every rank when ``flag`` is True on any rank."""
     t = torch.tensor([1.0 if flag else 0.0], device=device)

@@ -6,6 +6,11 @@ model, ``deepspeed.initialize``, load the checkpoint named by ``--resume``, then
 until ``--max-steps`` optimizer steps, and finally save a checkpoint and (rank 0) export
 it to ``OUTPUT_DIR/hf``.
 
+A time budget (``--max-minutes``, trainer/schedule.py) also ends the run: the training
+clock (this loop's wall time plus that of the runs it resumes) is agreed by all ranks in
+the per-step all-reduce below, so every rank stops after the same step, and the
+learning rate follows it.
+
 Non-finite loss: training stops. The check runs once per optimizer step, before the
 optimizer update (one small all-reduce), so the weights are never updated from a NaN or
 infinite loss; a :class:`checkpoint.NonFiniteError` ends the run with exit code 3 and the
@@ -32,6 +37,7 @@ from . import checkpoint, distributed, metrics, prepare
 from .config import TrainConfig
 from .data import PretrainingStream, StreamSpec, make_loader
 from .dsconfig import load_ds_config, precision, resolve_ds_config
+from .schedule import time_budget_scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +56,10 @@ class RunState:
     step: int = 0
     position: int = 0
     last_saved: int = -1
+    train_s: float = 0.0  # training clock, the same on every rank (see the module docstring)
+    clock_base: float = 0.0  # training seconds of the runs this one resumes
+    clock_start: float = field(default_factory=time.perf_counter)
+    out_of_time: bool = False
     grad_norm: float | None = None  # computed here only where DeepSpeed reports none
     counts: torch.Tensor | None = None  # device counts since the last log
     host: list[float] = field(default_factory=lambda: [0.0] * len(metrics.HOST_COUNTS))
@@ -63,8 +73,14 @@ class Trainer:
         self.config, self.info = config, info
         prepare.check_paths(config)
         ds = load_ds_config(config.ds_config)
+        where = f"--ds-config {config.ds_config}"
         self.ds, self.sizes = resolve_ds_config(
-            ds, info.world_size, config.max_steps, where=f"--ds-config {config.ds_config}"
+            ds, info.world_size, config.step_limit or 0, where=where
+        )
+        self.lr_scheduler = (
+            time_budget_scheduler(self.ds, config.budget_s, where=where)
+            if config.budget_s is not None
+            else None
         )
         self.shards = prepare.open_shards(config.data, config, flag="--data")
         self.eval_shards = (
@@ -98,7 +114,10 @@ class Trainer:
 
         model = prepare.build_model(self.config, self.model_config)
         self.engine, *_ = deepspeed.initialize(
-            model=model, model_parameters=prepare.param_groups(model), config=self.ds
+            model=model,
+            model_parameters=prepare.param_groups(model),
+            config=self.ds,
+            lr_scheduler=self.lr_scheduler,
         )
         # DeepSpeed reports no gradient norm for fp32 without ZeRO (it clips, then drops it).
         self.own_grad_norm = self.engine.zero_optimization_stage() == 0 and self.precision == "fp32"
@@ -120,6 +139,7 @@ class Trainer:
             )
         self.state.step, self.state.position = saved["step"], saved["position"]
         self.state.last_saved = saved["step"]
+        self.state.clock_base = self.state.train_s = float(saved.get("train_seconds", 0.0))
         checkpoint.restore_rng(
             saved, self.info.rank, self.info.world_size,
             derive_seed(self.config.seed, "dropout", self.info.rank, saved["step"]),
@@ -134,20 +154,27 @@ class Trainer:
         stream = PretrainingStream(self.shards, spec, self.masker)
         return iter(make_loader(stream, self.config.num_workers))
 
+    def done(self) -> bool:
+        """The step limit is reached or the time budget spent."""
+        limit = self.config.step_limit
+        return (limit is not None and self.state.step >= limit) or self.state.out_of_time
+
     def train(self) -> dict:
-        """Train to ``max_steps``; returns the last metrics record."""
+        """Train to the step limit or the end of the time budget; returns the last record."""
         c, s = self.config, self.state
         writer = metrics.MetricsWriter(
-            c.output_dir, enabled=self.info.is_main, max_steps=c.max_steps, start_step=s.step
-        )
+            c.output_dir, enabled=self.info.is_main, max_steps=c.step_limit, start_step=s.step,
+            budget_s=c.budget_s,
+        )  # fmt: skip
         samples = self._samples_file()
         last: dict = {}
         try:
             batches = self._loader()
-            s.window_start = time.perf_counter()
-            while s.step < c.max_steps:
+            s.window_start = s.clock_start = time.perf_counter()
+            s.out_of_time = c.budget_s is not None and s.clock_base >= c.budget_s
+            while not self.done():
                 self._optimizer_step(batches, samples)
-                if s.step % c.log_every == 0 or s.step == c.max_steps:
+                if s.step % c.log_every == 0 or self.done():
                     last = self._log(writer)
                 if c.eval_every and self.eval_shards and s.step % c.eval_every == 0:
                     writer.write(self.evaluate())
@@ -190,17 +217,23 @@ class Trainer:
         s.step += 1
 
     def _before_update(self, bad: torch.Tensor) -> None:
-        """At the accumulation boundary, before the optimizer step: finite check, grad norm."""
-        s = self.state
-        if distributed.any_rank(bool(bad), self.info.device):
+        """At the accumulation boundary, before the optimizer step: finite check, training
+        clock (one all-reduce for both), time budget, grad norm."""
+        s, c = self.state, self.config
+        local_s = s.clock_base + time.perf_counter() - s.clock_start
+        flags = torch.tensor([float(bad), local_s], dtype=torch.float64, device=self.info.device)
+        bad_anywhere, s.train_s = distributed.all_reduce_max(flags).tolist()
+        if bad_anywhere > 0:
             raise checkpoint.NonFiniteError(
                 f"non-finite loss at step {s.step + 1} (stream position {s.position}); "
                 f"stopped before the update, resume from the last checkpoint"
             )
+        if self.lr_scheduler is not None:
+            self.engine.lr_scheduler.elapsed_s = s.train_s  # the rate after this update
+            s.out_of_time = s.train_s >= c.budget_s
         step = s.step + 1
-        if self.own_grad_norm and (
-            step % self.config.log_every == 0 or step == self.config.max_steps
-        ):
+        last = s.out_of_time or (c.step_limit is not None and step >= c.step_limit)
+        if self.own_grad_norm and (step % c.log_every == 0 or last):
             s.grad_norm = metrics.grad_norm(self.engine.module)  # gradients are reduced by now
 
     def _log(self, writer: metrics.MetricsWriter) -> dict:
@@ -219,6 +252,7 @@ class Trainer:
             grad_norm=float(norm) if norm is not None else None,
             epoch=s.position / self.shards.num_rows,
             samples=s.position,
+            train_seconds=s.train_s,
         )
         writer.write(record)
         s.counts, s.host = None, [0.0] * len(metrics.HOST_COUNTS)
@@ -255,6 +289,7 @@ class Trainer:
             "micro_batch": self.sizes.micro,
             "gradient_accumulation_steps": self.sizes.accumulation,
             "data_fingerprint": self.fingerprint,
+            "train_seconds": s.train_s,
             "skipped_shards": self.shards.skipped,
         }  # fmt: skip
         files = {

@@ -11,7 +11,8 @@ REQUIRED = ["--ds-config", "ds.json", "--data", "shards", "--output-dir", "out"]
 
 
 def test_defaults_json_file_then_flags(tmp_path):
-    assert parse_args(REQUIRED).max_steps == 1000
+    assert parse_args(REQUIRED).step_limit == 1000
+    assert parse_args([*REQUIRED, "--max-minutes", "2"]).step_limit is None
     config_file = tmp_path / "run.json"
     config_file.write_text(json.dumps({"max_steps": 200, "log_every": 5, "masking": "dynamic"}))
     config = parse_args([*REQUIRED, "--config", str(config_file), "--max-steps", "300"])
