@@ -57,7 +57,7 @@ def test_state_dict_round_trip_keeps_the_clock():
 
 def test_only_warmup_decay_is_laid_over_time():
     ds = {"scheduler": {"type": "WarmupLR", "params": {}}}
-    with pytest.raises(ValueError, match="WarmupDecayLR.*'WarmupLR'"):
+    with pytest.raises(ValueError, match=r"WarmupDecayLR.*'WarmupLR'"):
         time_budget_scheduler(ds, 60.0, where="ds.json")
     ds = {"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_step": 10}}}
     with pytest.raises(ValueError, match="warmup_num_step"):
