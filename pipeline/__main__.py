@@ -4,16 +4,23 @@
     python -m pipeline build --help          # every option and its default
     python -m pipeline stats shards/ [--plot]
 
+``build`` prints its own progress lines; Beam's logs and its workers' output go to a log
+file whose path it prints: ``OUTPUT.build.log`` beside a local output directory, or
+``--log_file PATH``. ``--verbose`` or ``BERT_VERBOSE=1`` puts everything on the console.
+
 Exit codes: 0 success, 1 the job failed, 2 bad arguments or input.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import dataclasses
 import difflib
 import logging
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 
@@ -67,12 +74,59 @@ def with_tokenizer_threads(config, options):
     return dataclasses.replace(config, tokenizer_threads=threads)
 
 
+def _console_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    """``--verbose`` and ``--log_file`` (how the build talks, not what it writes); the rest."""
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    p.add_argument("--verbose", action="store_true")
+    p.add_argument("--log_file", default=None)
+    return p.parse_known_args(list(argv))
+
+
+def _last_line(err: BaseException) -> str:
+    """A Beam error's message ends with the worker's exception; its traceback goes first."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[-1] if lines else type(err).__name__
+
+
 def run_build(argv: Sequence[str]) -> int:
+    """The build with a readable console: Beam's logs and its workers' output go to a log
+    file (``--log_file``, default :func:`default_log_file`) unless --verbose or BERT_VERBOSE=1."""
+    from . import console
+
+    own, argv = _console_args(argv)
+    verbose = console.verbose_requested(own.verbose)
+    stream = None if verbose else console.console_stream()
+    handlers = console.install(("pipeline",), verbose=verbose, stream=stream)
+    try:
+        return _build(argv, own.log_file, verbose, handlers)
+    finally:
+        console.uninstall(handlers)
+        if stream is not None:
+            stream.close()
+
+
+def default_log_file(output: str) -> str:
+    """Beside a local output directory, ``runs/shards/ -> runs/shards.build.log`` (not in
+    it: the directory holds only what the manifest lists); for a remote one, a temporary file."""
+    if "://" in output:
+        fd, path = tempfile.mkstemp(prefix="pipeline-build-", suffix=".log")
+        os.close(fd)
+        return path
+    path = os.path.abspath(output.rstrip("/") or output) + ".build.log"
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    return path
+
+
+def _build(argv: Sequence[str], log_file: str | None, verbose: bool,
+           handlers: list[logging.Handler]) -> int:  # fmt: skip
+    """Plan, run and summarise the build. The log file takes every record; unless verbose,
+    descriptor 2 (Beam's workers included) goes there too while the pipeline runs."""
     import apache_beam as beam
-    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
     from .build import build_graph, make_plan, prepare_output
     from .config import parse_build_args
+    from .console import add_log_file, stderr_to
     from .dask_compat import install as install_dask_fix
     from .dask_compat import uses_dask
     from .format import read_manifest
@@ -85,6 +139,12 @@ def run_build(argv: Sequence[str]) -> int:
     except (ValueError, FileNotFoundError, FileExistsError) as e:
         logger.error("%s", e)
         return 2
+    if log_file is None and not verbose:  # only now: a refused build keeps the last one's log
+        log_file = default_log_file(config.output)
+        open(log_file, "w").close()  # this build's log only (appended to below)
+    if log_file is not None:
+        handlers.append(add_log_file(log_file))
+    given = " ".join(beam_args) or "none"
     if not any(a.startswith("--default_sdk_harness_log_level") for a in beam_args):
         # Beam's workers log every bundle at INFO; keep the console for our progress.
         beam_args = [*beam_args, "--default_sdk_harness_log_level=WARNING"]
@@ -99,9 +159,19 @@ def run_build(argv: Sequence[str]) -> int:
     options = PipelineOptions(beam_args)
     config = with_tokenizer_threads(config, options)
     start = time.perf_counter()
-    logger.info("building shards in %s (Beam args: %s)", config.output, beam_args or "none")
-    with beam.Pipeline(options=options) as p:
-        build_graph(p, config, plan)
+    runner = options.view_as(StandardOptions).runner or "DirectRunner"
+    logger.info("building shards in %s on %s (Beam args: %s)", config.output,
+                runner.rsplit(".", 1)[-1], given)  # fmt: skip
+    if not verbose:
+        logger.info("Beam's log: %s (--verbose or BERT_VERBOSE=1 shows it here)", log_file)
+    try:
+        quiet = contextlib.nullcontext() if verbose else stderr_to(log_file)
+        with quiet, beam.Pipeline(options=options) as p:
+            build_graph(p, config, plan)
+    except Exception as e:  # the runner's failure, whatever its type: exit 1, not a traceback
+        where = f"; traceback and Beam's log: {log_file}" if log_file else ""
+        logger.error("build failed: %s%s", _last_line(e), where, exc_info=True)
+        return 1
     manifest = read_manifest(config.output)
     elapsed = time.perf_counter() - start
     stats, skipped = manifest["stats"], manifest["skipped"]
@@ -117,15 +187,15 @@ def run_build(argv: Sequence[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command == "build":
-        return run_build(rest)
+        return run_build(rest)  # sets up its own logging (pipeline/console.py)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     if command == "stats":
         from .stats import main as stats_main
 

@@ -97,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m pipeline build",
         description="Raw text -> WordPiece vocab -> NSP pairs -> static masks -> Arrow shards. "
         "Unrecognised options (--runner, --direct_num_workers, ...) are passed to Apache Beam.",
+        epilog="Console: our progress lines only; Beam's logs go to --log_file PATH (default: "
+        "OUTPUT.build.log beside the output directory). --verbose or BERT_VERBOSE=1 shows "
+        "everything.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     d = BuildConfig(input=("x",), output="x")

@@ -18,13 +18,24 @@
 #   MAX_STEPS    optimizer steps                        (default: 1500, ~6 min on 2 CPU cores)
 #   DS_CONFIG    DeepSpeed JSON                         (default: deploy/cpu.json)
 #   RANKS        training processes (default: GPUs present, else 2 CPU ranks)
+#   VERBOSE      1: every stage's full output on the console too (default: one line per stage)
+#
+# Console: one line per stage ("[2/6] pipeline ... done in 80 s"), live on a terminal with
+# the stage's latest progress line; each stage's full output (BERT_VERBOSE=1: Beam's and
+# DeepSpeed's logs included) goes to RUN_DIR/logs/STAGE.log, whose end is shown on failure.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+run="${RUN_DIR:-runs/quickstart}"
+logs="$run/logs"
+mkdir -p "$logs"
+echo "quickstart in $run: full logs in $logs/ (VERBOSE=1 shows them here)"
+export SETUP_LOG="$logs/setup.log"
 # shellcheck disable=SC1091
 . "$root/scripts/setup.sh"
-cd "$root"
+# shellcheck disable=SC1091
+. "$root/scripts/stage.sh"
 
-run="${RUN_DIR:-runs/quickstart}"
 vocab_size="${VOCAB_SIZE:-8000}"
 dupe="${DUPE_FACTOR:-5}"
 max_seq="${MAX_SEQ:-128}"
@@ -33,24 +44,32 @@ read -r -a beam_args <<< "${BEAM_ARGS:-}"
 runner=(--direct_num_workers="$workers" --direct_running_mode=multi_processing "${beam_args[@]}")
 start=$(date +%s)
 
+heldout="${HELDOUT:-}"
+[ -z "${CORPUS:-}" ] && heldout="${HELDOUT:-$run/corpus/stdlib-docs-009.txt}"
+fillmask=""  # the demo, where this checkout has it
+if [ -n "$heldout" ] && python -c "import trainer.fillmask" 2>/dev/null; then fillmask=1; fi
+stages_total=3  # pipeline, statistics, training; then the optional ones
+[ -z "${CORPUS:-}" ] && stages_total=$((stages_total + 1))
+[ -n "$heldout" ] && stages_total=$((stages_total + 1))
+[ -n "$fillmask" ] && stages_total=$((stages_total + 1))
+
 if [ -z "${CORPUS:-}" ]; then
+  stage "corpus: Python's docs -> $run/corpus" corpus \
   python -m pipeline.corpus --output "$run/corpus" --files 10
   corpus="$run/corpus/stdlib-docs-00[0-8].txt"
-  heldout="${HELDOUT:-$run/corpus/stdlib-docs-009.txt}"
 else
   corpus="$CORPUS"
-  heldout="${HELDOUT:-}"
 fi
 
-echo "== 1. pipeline: $corpus -> $run/shards"
+stage "pipeline: $corpus -> $run/shards" pipeline \
 python -m pipeline build --input $corpus --output "$run/shards" --overwrite \
   --vocab_size "$vocab_size" --dupe_factor "$dupe" --max_seq_length "$max_seq" "${runner[@]}"
 if [ -n "$heldout" ]; then
-  echo "== 2. held-out shards: $heldout -> $run/heldout (same vocab)"
+  stage "held-out shards: $heldout -> $run/heldout (same vocab)" heldout \
   python -m pipeline build --input $heldout --output "$run/heldout" --overwrite \
     --vocab_file "$run/shards/vocab.txt" --dupe_factor 1 --max_seq_length "$max_seq" "${runner[@]}"
 fi
-echo "== 3. data statistics and plots"
+stage "data statistics and plots -> $run/plots" stats \
 python -m pipeline stats "$run/shards" --plot --plot-dir "$run/plots"
 
 preset="${PRESET:-mini}"
@@ -63,35 +82,22 @@ else
 fi
 eval_args=()
 [ -n "$heldout" ] && eval_args=(--eval-data "$run/heldout" --eval-every 500)
-echo "== 4. training: $preset, $steps steps, $ranks rank(s), ${DS_CONFIG:-deploy/cpu.json}"
 rm -rf "$run/train"
+stage "training: $preset, $steps steps, $ranks rank(s), ${DS_CONFIG:-deploy/cpu.json}" train \
 deepspeed --num_gpus "$ranks" trainer/run.py --ds-config "${DS_CONFIG:-deploy/cpu.json}" \
   --data "$run/shards" "${eval_args[@]}" --model "$preset" --output-dir "$run/train" \
   --max-steps "$steps" --log-every 50 --save-every 500
 
+if [ -n "$fillmask" ]; then
+  stage "fill-mask demo on held-out sentences" fillmask \
+  python -m trainer.fillmask "$run/train/hf" "$run/heldout" -n 5
+fi
+
+if [ -n "$fillmask" ] && [ "${VERBOSE:-0}" = 0 ]; then
+  echo
+  echo "== fill-mask demo ($logs/fillmask.log)"
+  cat "$logs/fillmask.log"
+fi
 echo
 echo "== summary ($(( $(date +%s) - start )) s)"
-python - "$run" <<'PY'
-import json, sys
-from pathlib import Path
-
-run = Path(sys.argv[1])
-manifest = json.loads((run / "shards" / "manifest.json").read_text())
-records = [json.loads(line) for line in (run / "train" / "metrics.jsonl").read_text().splitlines() if line.strip()]
-train = [r for r in records if r.get("split") != "eval"]
-evals = [r for r in records if r.get("split") == "eval"]
-speed = train[len(train) // 2 :]  # past the warm-up
-print(f"shards:      {run / 'shards'} ({manifest['num_rows']} rows, {len(manifest['shards'])} shard(s), vocab {manifest['vocab']['size']})")
-if (run / "heldout").exists():
-    print(f"held-out:    {run / 'heldout'}")
-print(f"checkpoints: {run / 'train' / 'checkpoints'}")
-print(f"HF export:   {run / 'train' / 'hf'}")
-print(f"plots:       {run / 'plots'} (data), {run / 'train' / 'plots'} (training)")
-print(f"throughput:  {sum(r['sequences_per_s'] for r in speed) / len(speed):.1f} sequences/s, "
-      f"{sum(r['tokens_per_s'] for r in speed) / len(speed):.0f} real tokens/s")
-last = train[-1]
-print(f"train (step {last['step']}): loss {last['loss']:.3f}, MLM accuracy {last['mlm_accuracy']:.3f}, NSP accuracy {last['nsp_accuracy']:.3f}")
-if evals:
-    e = evals[-1]
-    print(f"held-out (step {e['step']}): MLM accuracy {e['mlm_accuracy']:.3f}, NSP accuracy {e['nsp_accuracy']:.3f}")
-PY
+python -m trainer.summary "$run"

@@ -6,25 +6,50 @@
 # without one takes a CPU build: from $TORCH_INDEX_URL if set, else from PyTorch's
 # CPU index when it answers, else whatever pip resolves for $TORCH_SPEC (on machines
 # with a local wheel cache of torch 2.13.0+cpu, that wheel).
+#
+# Console: one "[setup] ..." line per step; pip's output goes to $SETUP_LOG (default
+# .venv/setup.log), whose last lines are shown when a step fails. VERBOSE=1 shows it all.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${BERT_VENV:-$root/.venv}"
 extras="${BERT_EXTRAS:-test,dask}"
 torch_spec="${TORCH_SPEC:-torch==2.13.0}"
+setup_log="${SETUP_LOG:-$venv/setup.log}"
+mkdir -p "$(dirname "$setup_log")"
+: >"$setup_log"
+
+# setup_step MESSAGE CMD...: run CMD with its output in $setup_log; one console line.
+setup_step() {
+  local message="$1" t0=$SECONDS rc=0
+  shift
+  if [ "${VERBOSE:-0}" != 0 ]; then
+    echo "[setup] $message"
+    "$@" 2>&1 | tee -a "$setup_log" || rc=$?
+  else
+    printf '[setup] %s ... ' "$message"
+    "$@" >>"$setup_log" 2>&1 || rc=$?
+  fi
+  if [ "$rc" -ne 0 ] && [ "${VERBOSE:-0}" != 0 ]; then
+    echo "[setup] $message FAILED (exit $rc); log: $setup_log"
+    return "$rc"
+  elif [ "$rc" -ne 0 ]; then
+    echo "FAILED (exit $rc); the end of $setup_log:"
+    tail -n 25 "$setup_log" | sed 's/^/    /'
+    return "$rc"
+  fi
+  [ "${VERBOSE:-0}" != 0 ] || echo "done in $((SECONDS - t0)) s"
+}
 
 if [ ! -x "$venv/bin/python" ]; then
-  echo "[setup] creating virtual environment $venv"
-  python3 -m venv "$venv"
+  setup_step "creating virtual environment $venv" python3 -m venv "$venv"
 fi
 # shellcheck disable=SC1091
 . "$venv/bin/activate"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
-pip_q=(pip install --quiet)
 
 if ! python -c "import torch" 2>/dev/null; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    echo "[setup] GPU found: installing $torch_spec (default CUDA build)"
-    "${pip_q[@]}" "$torch_spec"
+    setup_step "GPU found: installing $torch_spec (default CUDA build)" pip install "$torch_spec"
   else
     index="${TORCH_INDEX_URL:-}"
     if [ -z "$index" ] && python - <<'PY' 2>/dev/null
@@ -35,13 +60,11 @@ PY
       index="https://download.pytorch.org/whl/cpu"
     fi
     if [ -n "$index" ]; then
-      echo "[setup] no GPU: installing $torch_spec from $index"
-      "${pip_q[@]}" "$torch_spec" --extra-index-url "$index"
+      setup_step "no GPU: installing $torch_spec from $index" \
+        pip install "$torch_spec" --extra-index-url "$index"
     else
-      echo "[setup] no GPU: installing $torch_spec"
-      "${pip_q[@]}" "$torch_spec"
+      setup_step "no GPU: installing $torch_spec" pip install "$torch_spec"
     fi
   fi
 fi
-echo "[setup] installing the project with extras [$extras]"
-"${pip_q[@]}" -e "$root[$extras]"
+setup_step "installing the project with extras [$extras]" pip install -e "$root[$extras]"

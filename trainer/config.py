@@ -54,6 +54,7 @@ class TrainConfig:
     skip_corrupt: bool = False  # skip (and count) shards failing the start-up check
     verify_shards: bool = False  # also check every shard's sha256 at start-up (reads all)
     peak_tflops: float | None = None  # device peak for MFU; None: a table of known GPUs
+    unpad: bool = True  # encoder on real tokens only (model/unpad.py); false: padded path
     export_hf: bool = True  # write output_dir/hf (Hugging Face format) at the end
     record_samples: bool = False  # append the row ids each rank trains on to samples-rankN.txt
 
@@ -82,7 +83,7 @@ class TrainConfig:
             isinstance(self.max_minutes, (int, float)) and self.max_minutes > 0
         ):
             raise ValueError(f"--max-minutes must be > 0, got {self.max_minutes!r}")
-        for name in ("skip_corrupt", "verify_shards", "export_hf", "record_samples"):
+        for name in ("skip_corrupt", "verify_shards", "unpad", "export_hf", "record_samples"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"--{_flag(name)} must be true or false")
 
@@ -137,6 +138,7 @@ _HELP = {
     "skip_corrupt": "skip and count shards that fail the start-up check instead of failing",
     "verify_shards": "check every shard's sha256 at start-up (reads the whole dataset once)",
     "peak_tflops": "peak TFLOP/s of one device for MFU (default: known GPUs; none on CPU)",
+    "unpad": "run the encoder on real tokens only (false: the padded reference path)",
     "export_hf": "write a Hugging Face export to OUTPUT_DIR/hf at the end",
     "record_samples": "append each rank's trained row ids to OUTPUT_DIR/samples-rankN.txt",
 }

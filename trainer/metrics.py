@@ -2,7 +2,7 @@
 
 Every ``--log-every`` steps rank 0 writes one record to ``OUTPUT_DIR/metrics.jsonl``, to
 TensorBoard (``OUTPUT_DIR/tensorboard``) and to the console (a tqdm bar on a terminal, a
-log line otherwise). Counts are summed over ranks with one all-reduce per log step.
+compact line with the ETA otherwise; evaluations as a line beside their baselines). Counts are summed over ranks with one all-reduce per log step.
 
 Record keys: ``step``, ``loss``, ``mlm_loss``, ``mlm_accuracy``, ``nsp_loss``,
 ``nsp_accuracy``, ``lr``, ``grad_norm``, ``sequences_per_s``, ``tokens_per_s`` (real,
@@ -17,6 +17,7 @@ and the pooler. Padding is not counted, so MFU is what the hardware did usefully
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -132,11 +133,24 @@ def summarize(totals: torch.Tensor, seconds: float, world_size: int, peak: float
 
 
 class MetricsWriter:
-    """Rank 0's sinks: metrics.jsonl, TensorBoard, console. Other ranks get a no-op writer."""
+    """Rank 0's sinks: metrics.jsonl, TensorBoard, console. Other ranks get a no-op writer.
 
-    def __init__(self, output_dir: str, *, enabled: bool, max_steps: int, start_step: int):
+    The console: on a terminal a tqdm bar (log lines print above it); otherwise one line per
+    record, :func:`progress_line` or :func:`eval_line`.
+    """
+
+    def __init__(
+        self,
+        output_dir: str,
+        *,
+        enabled: bool,
+        max_steps: int | None,
+        start_step: int,
+        budget_s: float | None = None,
+    ):
         self.enabled = enabled
         self._jsonl = self._tb = self._bar = None
+        self._exit = contextlib.ExitStack()
         if not enabled:
             return
         Path(output_dir).mkdir(parents=True, exist_ok=True)
@@ -149,9 +163,12 @@ class MetricsWriter:
             logger.warning("tensorboard is not installed: no TensorBoard logs")
         if sys.stderr.isatty():
             from tqdm import tqdm
+            from tqdm.contrib.logging import logging_redirect_tqdm
 
             self._bar = tqdm(total=max_steps, initial=start_step, unit="step", dynamic_ncols=True)
-        self._start = time.time()
+            self._exit.enter_context(logging_redirect_tqdm())  # log lines above the bar
+        self._max_steps, self._start_step, self._start = max_steps, start_step, time.time()
+        self._budget_s = budget_s
 
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
@@ -168,29 +185,84 @@ class MetricsWriter:
                 if isinstance(value, (int, float)) and key not in ("step",):
                     self._tb.add_scalar(f"{split}/{key}", value, step)
             self._tb.flush()
-        line = _console_line(record)
-        if self._bar is not None:
+        if split == "eval":
+            logger.info("%s", eval_line(record))
+        elif self._bar is not None:
             self._bar.update(step - self._bar.n)
-            self._bar.set_postfix_str(line, refresh=True)
+            self._bar.set_postfix_str(_bar_postfix(record), refresh=True)
         else:
-            logger.info("%s step %d: %s", split, step, line)
+            logger.info("%s", progress_line(record, self._max_steps, self._eta(record)))
+
+    def _eta(self, record: dict[str, Any]) -> float | None:
+        """Seconds to the step limit at the pace since this writer opened (evaluations
+        included), or to the end of the time budget, whichever is sooner."""
+        step = record["step"]
+        done, elapsed = step - self._start_step, time.time() - self._start
+        etas = []
+        if self._max_steps is not None and done > 0:
+            etas.append((self._max_steps - step) * elapsed / done)
+        if self._budget_s is not None and record.get("train_seconds") is not None:
+            etas.append(max(0.0, self._budget_s - record["train_seconds"]))
+        return min(etas) if etas else None
 
     def close(self) -> None:
+        self._exit.close()
         for sink in (self._bar, self._tb, self._jsonl):
             if sink is not None:
                 sink.close()
 
 
-def _console_line(r: dict[str, Any]) -> str:
-    parts = [f"loss {r['loss']:.4f}" if r.get("loss") is not None else None]
-    parts.append(f"mlm_acc {r['mlm_accuracy']:.3f}")
-    parts.append(f"nsp_acc {r['nsp_accuracy']:.3f}")
+def format_duration(seconds: float | None) -> str:
+    """``42 -> "42s"``, ``252 -> "4m12s"``, ``3720 -> "1h02m"``, ``None -> "?"``."""
+    if seconds is None or not math.isfinite(seconds):
+        return "?"
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def progress_line(r: dict[str, Any], max_steps: int | None, eta_s: float | None) -> str:
+    """One training record as a console line, e.g. ``step 300/1500  loss 6.1234  MLM acc 0.123
+    NSP acc 0.654  lr 9.00e-04  46.2 seq/s  3512 tok/s  ETA 4m12s`` (MFU on a known GPU)."""
+    parts = [f"step {r['step']}/{max_steps}" if max_steps is not None else f"step {r['step']}"]
+    if r.get("loss") is not None:
+        parts.append(f"loss {r['loss']:.4f}")
+    parts.append(f"MLM acc {r['mlm_accuracy']:.3f}  NSP acc {r['nsp_accuracy']:.3f}")
     if r.get("lr") is not None:
         parts.append(f"lr {r['lr']:.2e}")
-    if r.get("grad_norm") is not None:
-        parts.append(f"gnorm {r['grad_norm']:.3f}")
     if r.get("sequences_per_s"):
-        parts.append(f"{r['sequences_per_s']:.1f} seq/s {r['tokens_per_s']:.0f} tok/s")
+        parts.append(f"{r['sequences_per_s']:.1f} seq/s  {r['tokens_per_s']:.0f} tok/s")
     if r.get("mfu") is not None:
         parts.append(f"MFU {100 * r['mfu']:.1f}%")
+    parts.append(f"ETA {format_duration(eta_s)}")
+    return "  ".join(parts)
+
+
+def eval_line(r: dict[str, Any]) -> str:
+    """A held-out record, each number beside its trivial baseline when the record has them:
+    ``eval at step 500: MLM acc 0.312 (most-frequent-token 0.061)  NSP acc 0.700 (majority
+    0.512)  MLM loss 5.102 (unigram 6.310)``."""
+    mlm = _beside(r["mlm_accuracy"], r.get("mlm_baseline_accuracy"), "most-frequent-token")
+    nsp = _beside(r["nsp_accuracy"], r.get("nsp_baseline_accuracy"), "majority")
+    parts = [f"MLM acc {mlm}", f"NSP acc {nsp}"]
+    if r.get("mlm_loss") is not None:
+        parts.append(f"MLM loss {_beside(r['mlm_loss'], r.get('mlm_unigram_loss'), 'unigram')}")
+    return f"eval at step {r['step']}: " + "  ".join(parts)
+
+
+def _beside(value: float, baseline: float | None, name: str) -> str:
+    """``(0.3124, 0.061, "x") -> "0.312 (x 0.061)"``; just the value without a baseline."""
+    return f"{value:.3f}" + ("" if baseline is None else f" ({name} {baseline:.3f})")
+
+
+def _bar_postfix(r: dict[str, Any]) -> str:
+    """The tqdm bar's text (the bar shows step/max, rate and ETA itself)."""
+    parts = [f"loss {r['loss']:.4f}" if r.get("loss") is not None else None,
+             f"mlm {r['mlm_accuracy']:.3f}", f"nsp {r['nsp_accuracy']:.3f}",
+             f"lr {r['lr']:.1e}" if r.get("lr") is not None else None,
+             f"{r['sequences_per_s']:.1f} seq/s" if r.get("sequences_per_s") else None,
+             f"MFU {100 * r['mfu']:.1f}%" if r.get("mfu") is not None else None]  # fmt: skip
     return ", ".join(p for p in parts if p)

@@ -1,9 +1,16 @@
 """``python -m trainer.plot RUN_DIR``: PNG plots of a training run's ``metrics.jsonl``.
 
-Writes into ``RUN_DIR/plots/`` (or ``--out``): ``loss.png`` (total, MLM and NSP
-loss, with evaluation points), ``accuracy.png`` (MLM and NSP accuracy, train and
-eval), ``lr.png`` and ``throughput.png`` (sequences/s and real tokens/s), each
-against the optimizer step. The trainer runs it at the end of training.
+Writes into ``RUN_DIR/plots/`` (or ``--out``), each against the optimizer step:
+
+- ``loss.png``: total, MLM and NSP loss (train lines, eval points) and a dashed line at the
+  unigram (context-free) loss of the held-out MLM targets: an MLM loss on that line means
+  the model has learnt token frequencies, not context.
+- ``accuracy.png``: MLM and NSP accuracy (train lines, eval points) and dashed lines at their
+  trivial baselines on the same held-out rows (most frequent token; majority class).
+- ``lr.png``; ``throughput.png``: sequences/s and real tokens/s, each on its own y axis.
+
+Records of older runs, without the baseline keys, plot without those lines. The trainer
+runs this at the end of training.
 """
 
 from __future__ import annotations
@@ -18,14 +25,13 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-# (file, title, [(key, label)], y label)
-FIGURES = (
-    ("loss.png", "Loss", [("loss", "total"), ("mlm_loss", "MLM"), ("nsp_loss", "NSP")], "loss"),
-    ("accuracy.png", "Accuracy", [("mlm_accuracy", "MLM"), ("nsp_accuracy", "NSP")], "accuracy"),
-    ("lr.png", "Learning rate", [("lr", "learning rate")], "lr"),
-    ("throughput.png", "Throughput", [("sequences_per_s", "sequences/s"),
-                                      ("tokens_per_s", "real tokens/s")], "per second"),
-)  # fmt: skip
+LOSSES = (("loss", "total"), ("mlm_loss", "MLM"), ("nsp_loss", "NSP"))
+# (accuracy key, label, baseline key of the eval records, baseline label)
+ACCURACIES = (
+    ("mlm_accuracy", "MLM", "mlm_baseline_accuracy", "MLM most-frequent-token baseline"),
+    ("nsp_accuracy", "NSP", "nsp_baseline_accuracy", "NSP majority-class baseline"),
+)
+UNIGRAM_LABEL = "unigram (context-free) loss"
 
 
 def read_metrics(path: str | os.PathLike) -> tuple[list[dict], list[dict]]:
@@ -55,6 +61,83 @@ def _series(records: list[dict], key: str) -> tuple[list, list]:
     return [p[0] for p in points], [p[1] for p in points]
 
 
+def _last(records: list[dict], key: str) -> float | None:
+    """The last record's value of ``key`` (None when no record has it: an older run)."""
+    values = [r[key] for r in records if r.get(key) is not None]
+    return values[-1] if values else None
+
+
+def _axes(title: str, ylabel: str):
+    from matplotlib.figure import Figure  # no pyplot: no global figure state to close
+
+    fig = Figure(figsize=(7, 4))
+    ax = fig.subplots()
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    return fig, ax
+
+
+def _curves(ax, train: list[dict], evaluation: list[dict], key: str, label: str) -> str:
+    """The train line and the eval points of ``key`` in one colour; returns the colour."""
+    (line,) = ax.plot(*_series(train, key), label=f"{label} (train)")
+    steps, values = _series(evaluation, key)
+    if steps:
+        ax.plot(steps, values, "o:", color=line.get_color(), label=f"{label} (eval)")
+    return line.get_color()
+
+
+def loss_figure(train: list[dict], evaluation: list[dict], title: str):
+    """Losses, with the held-out unigram loss (``mlm_unigram_loss``) as a dashed line."""
+    fig, ax = _axes(f"Loss: {title}", "loss (nats)")
+    colors = {key: _curves(ax, train, evaluation, key, label) for key, label in LOSSES}
+    unigram = _last(evaluation, "mlm_unigram_loss")
+    if unigram is not None:
+        ax.axhline(unigram, color=colors["mlm_loss"], linestyle="--", label=UNIGRAM_LABEL)
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def accuracy_figure(train: list[dict], evaluation: list[dict], title: str):
+    """Accuracies, each with its held-out trivial baseline as a dashed line."""
+    fig, ax = _axes(f"Accuracy: {title}", "accuracy")
+    for key, label, baseline_key, baseline_label in ACCURACIES:
+        color = _curves(ax, train, evaluation, key, label)
+        baseline = _last(evaluation, baseline_key)
+        if baseline is not None:
+            ax.axhline(baseline, color=color, linestyle="--", label=baseline_label)
+    ax.set_ylim(0, 1)
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def lr_figure(train: list[dict], title: str):
+    fig, ax = _axes(f"Learning rate: {title}", "lr")
+    ax.plot(*_series(train, "lr"), label="learning rate")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def throughput_figure(train: list[dict], title: str):
+    """Sequences/s on the left axis, real tokens/s on the right: on one axis the first
+    (about 100 times smaller) would lie flat on zero."""
+    fig, ax = _axes(f"Throughput: {title}", "sequences/s")
+    (sequences,) = ax.plot(*_series(train, "sequences_per_s"), color="C0", label="sequences/s")
+    right = ax.twinx()
+    (tokens,) = right.plot(*_series(train, "tokens_per_s"), color="C1", label="real tokens/s")
+    right.set_ylabel("real tokens/s")
+    for axis, line in ((ax, sequences), (right, tokens)):
+        axis.set_ylim(bottom=0)
+        axis.yaxis.label.set_color(line.get_color())
+    ax.legend(handles=[sequences, tokens], loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
 def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> list[Path]:
     """Write the PNGs; returns their paths.
 
@@ -62,11 +145,6 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
         FileNotFoundError: RUN_DIR has no metrics.jsonl.
         ValueError: it holds no training record.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from pipeline.stats import save_png
 
     run_dir = Path(run_dir)
@@ -75,25 +153,16 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
         raise ValueError(f"{run_dir / 'metrics.jsonl'} holds no training record")
     out = Path(out_dir) if out_dir else run_dir / "plots"
     out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, title, keys, ylabel in FIGURES:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for key, label in keys:
-            ax.plot(*_series(train, key), label=f"{label} (train)")
-            steps, values = _series(evaluation, key)
-            if steps:
-                ax.plot(steps, values, "o--", label=f"{label} (eval)")
-        ax.set_xlabel("step")
-        ax.set_ylabel(ylabel)
-        ax.set_title(f"{title}: {run_dir.name}")
-        ax.grid(alpha=0.3)
-        ax.legend()
-        fig.tight_layout()
-        path = out / name
-        save_png(fig, path)
-        plt.close(fig)
-        paths.append(path)
-    return paths
+    title = run_dir.name
+    figures = {
+        "loss.png": loss_figure(train, evaluation, title),
+        "accuracy.png": accuracy_figure(train, evaluation, title),
+        "lr.png": lr_figure(train, title),
+        "throughput.png": throughput_figure(train, title),
+    }
+    for name, fig in figures.items():
+        save_png(fig, out / name)
+    return [out / name for name in figures]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

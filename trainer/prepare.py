@@ -119,8 +119,11 @@ def build_model(config: TrainConfig, cfg: BertConfig) -> BertForPreTraining:
     torch.manual_seed(derive_seed(config.seed, "init"))
     if config.init_from_hf is not None:
         logger.info("initial weights from %s", config.init_from_hf)
-        return load_hf(config.init_from_hf)
-    return BertForPreTraining(cfg)
+        model = load_hf(config.init_from_hf)
+    else:
+        model = BertForPreTraining(cfg)
+    model.set_unpadded(config.unpad)
+    return model
 
 
 def param_groups(model: torch.nn.Module) -> list[dict]:

@@ -15,12 +15,19 @@ Two CPU ranks: ``DS_ACCELERATOR=cpu deepspeed --num_gpus 2 trainer/run.py ...``.
 ``--resume auto`` (the latest checkpoint of --output-dir, if any). Export at any time:
 ``python -m trainer.export runs/large hf/large``. Every option: ``--help``.
 
+Console: our lines only (stages, one progress line per ``--log-every``, evaluations; warnings
+from every rank). Everything, DeepSpeed's INFO lines and stray prints included, goes to
+``OUTPUT_DIR/logs/train-rank{RANK}.log``. ``BERT_VERBOSE=1`` puts every record on the console
+as well (pipeline/console.py).
+
 Exit codes: 0 done, 2 bad arguments, configuration or data, 3 non-finite loss or weights.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,27 +35,40 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file (deepspeed trainer/run.py): make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pipeline import console
 from pipeline.format import ShardFormatError
 from trainer.checkpoint import NonFiniteError
 from trainer.config import parse_args
 
 logger = logging.getLogger("trainer")
+# Our INFO records kept off the console (one-line JSON dumps; the log file has them).
+FILE_ONLY = ("trainer config:", "deepspeed config (resolved):", "model config:")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse flags, train, checkpoint and export; returns the exit code."""
-    from trainer import distributed
-    from trainer.loop import Trainer
-
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         config = parse_args(argv)
     except ValueError as err:
-        _setup_logging(0)
+        handlers = _setup_logging(0)
         logger.error("%s", err)
+        console.uninstall(handlers)
         return 2
+    handlers = _setup_logging(_launcher_rank(), config.output_dir)
+    try:
+        with _prints_to(handlers):
+            return _run(config)
+    finally:
+        console.uninstall(handlers)
+
+
+def _run(config) -> int:
+    from trainer import distributed
+    from trainer.loop import Trainer
+
     info = distributed.init_distributed()
-    _setup_logging(info.rank)
+    _route_deepspeed_logs()
     try:
         try:
             trainer = Trainer(config, info)
@@ -74,17 +94,60 @@ def _plot(output_dir) -> None:
 
     try:
         paths = plot_run(output_dir)
-        logger.info("plots: %s", ", ".join(str(p) for p in paths))
+        logger.info("plots: %s/ (%s)", paths[0].parent, ", ".join(p.name for p in paths))
     except (OSError, ValueError) as err:
         logger.warning("no plots: %s", err)
 
 
-def _setup_logging(rank: int) -> None:
-    """INFO on rank 0, warnings only on the other ranks (each would repeat rank 0's lines)."""
-    logging.basicConfig(
-        level=logging.INFO if rank == 0 else logging.WARNING,
-        format=f"%(asctime)s %(levelname)s [rank {rank}] %(name)s: %(message)s",
-    )
+def _launcher_rank() -> int:
+    """This process's rank as the launcher set it (deepspeed, torchrun, SLURM, MPI), else 0:
+    logging starts before torch.distributed, which would confirm it."""
+    for name in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return 0
+
+
+def _setup_logging(rank: int, output_dir: str | None = None) -> list[logging.Handler]:
+    """Rank 0's console: our INFO lines; other ranks': warnings. Every rank's file:
+    everything, in ``OUTPUT_DIR/logs/train-rank{rank}.log``. BERT_VERBOSE=1: every
+    record on the console (INFO on rank 0, WARNING on the others), as the file has them.
+
+    Returns the handlers, for :func:`pipeline.console.uninstall`.
+    """
+    log_path = None
+    if output_dir is not None:
+        log_path = Path(output_dir, "logs", f"train-rank{rank}.log")
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+    verbose = console.verbose_requested()
+    handlers = console.install(
+        ("trainer", "model", "pipeline"), verbose=verbose, log_path=log_path and str(log_path),
+        main=rank == 0, tag=f"[rank {rank}] " if rank or verbose else "", file_only=FILE_ONLY,
+    )  # fmt: skip
+    if log_path is not None and rank == 0:
+        hint = "" if verbose else " (BERT_VERBOSE=1 shows it here)"
+        logger.info("full log: %s%s", log_path, hint)
+    return handlers
+
+
+def _route_deepspeed_logs() -> None:
+    """DeepSpeed's logger prints to stdout past the root logger; send its records (INFO
+    included: the config it resolved, its communication set-up) through our handlers."""
+    from deepspeed.utils import logger as ds_logger
+
+    for handler in list(ds_logger.handlers):
+        ds_logger.removeHandler(handler)
+    ds_logger.setLevel(logging.INFO)
+    ds_logger.propagate = True
+
+
+def _prints_to(handlers: list[logging.Handler]):
+    """Libraries' print() calls ("DeepSpeed ... built successfully") go to the log file,
+    unless BERT_VERBOSE=1."""
+    files = [h for h in handlers if isinstance(h, logging.FileHandler)]
+    if console.verbose_requested() or not files:
+        return contextlib.nullcontext()
+    return contextlib.redirect_stdout(files[0].stream)
 
 
 if __name__ == "__main__":

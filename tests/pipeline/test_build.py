@@ -4,6 +4,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -138,20 +139,50 @@ def test_bad_arguments_exit_2(corpus, built, tmp_path):
     )
 
 
-def run_cli(corpus, out, *beam_args):
+def run_cli(corpus, out, *beam_args) -> subprocess.CompletedProcess:
+    """The build as a user runs it; Beam's log goes to OUT.log, beside OUT."""
+    log = Path(f"{out}.log")
     cmd = [sys.executable, "-m", "pipeline", "build", "--input", corpus, "--output", str(out),
-           *BASE, *beam_args]  # fmt: skip
+           "--log_file", str(log), *BASE, *beam_args]  # fmt: skip
     env = {**os.environ, "PYTHONHASHSEED": "123"}
+    env.pop("BERT_VERBOSE", None)
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, done.stderr[-3000:] + log.read_text()[-3000:]
+    return done
 
 
 @pytest.mark.slow
 def test_multiprocessing_runner_gives_identical_bytes(corpus, built, tmp_path):
-    run_cli(
+    done = run_cli(
         corpus, tmp_path / "mp", "--direct_num_workers=2", "--direct_running_mode=multi_processing"
     )
     assert digest(tmp_path / "mp") == digest(built)
+    # The console holds only our timestamped lines; the worker subprocesses' own output
+    # (they inherit stderr) is in the log file.
+    console = done.stderr.splitlines()
+    assert any("done in" in line for line in console), done.stderr
+    assert all(re.match(r"\d\d:\d\d:\d\d (?!WARNING|ERROR)", line) for line in console), done.stderr
+    assert "sdk_worker" in (tmp_path / "mp.log").read_text()
+
+
+def test_a_failed_build_prints_one_line_and_logs_the_traceback(corpus, tmp_path, monkeypatch,
+                                                                capfd):  # fmt: skip
+    import apache_beam as beam
+
+    def broken_graph(p, config, plan):
+        def fail(_):
+            raise ValueError("boom in a worker")
+
+        return p | beam.Create([1]) | beam.Map(fail)
+
+    monkeypatch.setattr("pipeline.build.build_graph", broken_graph)
+    monkeypatch.delenv("BERT_VERBOSE", raising=False)
+    log = tmp_path / "build.log"
+    argv = ["build", "--input", corpus, "--output", str(tmp_path / "out"), "--log_file", str(log)]
+    assert main([*argv, *BASE]) == 1
+    console = capfd.readouterr().err
+    assert "build failed: " in console and "boom in a worker" in console and str(log) in console
+    assert "Traceback" not in console and "Traceback" in log.read_text()
 
 
 @pytest.mark.slow

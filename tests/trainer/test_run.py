@@ -71,6 +71,22 @@ def test_metrics_are_logged_to_jsonl_and_tensorboard(finished_run, tiny_shards):
     assert list((finished_run / "tensorboard").glob("events.out.tfevents.*"))
 
 
+def test_console_shows_our_lines_and_the_log_file_everything(tiny_shards, tmp_path, capfd,
+                                                             monkeypatch):  # fmt: skip
+    monkeypatch.delenv("BERT_VERBOSE", raising=False)
+    argv = args(tmp_path, tiny_shards, "--max-steps", "2", "--log-every", "1",
+                "--export-hf", "false", "--save-every", "0")  # fmt: skip
+    assert main(argv) == 0
+    console = capfd.readouterr()
+    log = (tmp_path / "out" / "logs" / "train-rank0.log").read_text()
+    assert "step 2/2  loss " in console.err and "ETA" in console.err
+    assert f"full log: {tmp_path / 'out' / 'logs' / 'train-rank0.log'}" in console.err
+    # DeepSpeed's records and prints, and our config dumps, are in the file only.
+    for line in ("INFO DeepSpeed: ", "built successfully", "trainer config: {"):
+        assert line in log and line not in console.err + console.out, line
+    assert "step 2/2  loss " in log
+
+
 def test_checkpoints_hold_the_data_position_and_configs(finished_run):
     ckpt = finished_run / "checkpoints"
     assert (ckpt / "latest").read_text() == "step00000006"

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# stage TITLE NAME CMD...: run one stage of scripts/quickstart.sh with a readable console.
+#
+# CMD's whole output (stdout and stderr, with BERT_VERBOSE=1 so that Beam's and DeepSpeed's
+# logs are in it) goes to $logs/NAME.log. The console gets one line,
+#   [2/6] pipeline: corpus/*.txt -> runs/quickstart/shards ... done in 80 s  (runs/quickstart/logs/pipeline.log)
+# and while CMD runs, on a terminal, a live one with the elapsed time and the stage's latest
+# progress line (the last line of one of our own loggers, pipeline.* or trainer.*),
+#   [4/6] train ... 95 s  step 300/1500  loss 6.1234  MLM acc 0.123 ... ETA 4m12s
+# and a line like it every minute otherwise (a file, CI). When CMD fails: the end of its
+# log, and the script stops with CMD's exit code. VERBOSE=1: CMD's output on the console as
+# well. Sourced by scripts/quickstart.sh, which sets $logs and $stages_total.
+
+stage_number=0
+# A log line of ours: "2026-01-01 12:00:00,000 INFO pipeline: ...", "... INFO [rank 0]
+# trainer.metrics: ...", or a Beam worker's "INFO:pipeline.documents:...".
+ours_pattern='^[^A-Za-z]*(INFO|WARNING|ERROR)[: ](\[rank [0-9]+\] )?(pipeline|trainer)[a-z_.]*: ?'
+
+# stage_progress LOG: our latest line in LOG, without its prefix.
+stage_progress() {
+  { tail -n 300 "$1" | grep -E "$ours_pattern" | tail -n 1 | sed -E "s/$ours_pattern//"; } \
+    2>/dev/null || true
+}
+
+# stage_ticker LABEL LOG: the live line, until killed or until the script is gone.
+stage_ticker() {
+  local label="$1" log="$2" t0=$SECONDS width line
+  trap 'exit 0' TERM
+  if [ -t 1 ]; then
+    width=$( (stty size </dev/tty) 2>/dev/null | cut -d' ' -f2)
+    [ "${width:-0}" -gt 20 ] || width=100
+    while kill -0 "$$" 2>/dev/null; do
+      line="$label ... $((SECONDS - t0)) s  $(stage_progress "$log")"
+      printf '\r\033[K%s' "${line:0:$((width - 1))}"
+      sleep 1 &
+      wait $!
+    done
+  else
+    while kill -0 "$$" 2>/dev/null; do
+      sleep 60 &
+      wait $!
+      echo "$label ... $((SECONDS - t0)) s  $(stage_progress "$log")"
+    done
+  fi
+}
+
+stage() {
+  local title="$1" name="$2" log="$logs/$2.log" t0=$SECONDS rc=0 ticker
+  shift 2
+  stage_number=$((stage_number + 1))
+  local label="[$stage_number/$stages_total] $title" short="[$stage_number/$stages_total] $name"
+  if [ "${VERBOSE:-0}" != 0 ]; then
+    echo "$label  (log: $log)"
+    BERT_VERBOSE=1 "$@" 2>&1 | tee "$log" || rc=$?
+  else
+    stage_ticker "$short" "$log" &
+    ticker=$!
+    BERT_VERBOSE=1 "$@" >"$log" 2>&1 || rc=$?
+    kill "$ticker" 2>/dev/null || true
+    wait "$ticker" 2>/dev/null || true
+    if [ -t 1 ]; then printf '\r\033[K'; fi
+  fi
+  if [ "$rc" -ne 0 ]; then
+    echo "$label ... FAILED (exit $rc) after $((SECONDS - t0)) s; log: $log"
+    if [ "${VERBOSE:-0}" = 0 ]; then tail -n 30 "$log" | sed 's/^/    /'; fi
+    exit "$rc"
+  fi
+  echo "$label ... done in $((SECONDS - t0)) s  ($log)"
+}

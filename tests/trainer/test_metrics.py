@@ -1,0 +1,35 @@
+"""Console lines of the training metrics: compact progress with an ETA, evaluations beside baselines."""
+
+import pytest
+
+from trainer.metrics import eval_line, format_duration, progress_line
+
+TRAIN = {"step": 300, "split": "train", "loss": 6.1234, "mlm_accuracy": 0.1234,
+         "nsp_accuracy": 0.654, "lr": 9e-4, "grad_norm": 1.2, "sequences_per_s": 46.2,
+         "tokens_per_s": 3512.4, "mfu": None}  # fmt: skip
+
+
+@pytest.mark.parametrize(("seconds", "text"),
+                         [(None, "?"), (0.4, "0s"), (42, "42s"), (252, "4m12s"), (3720, "1h02m")])  # fmt: skip
+def test_format_duration(seconds, text):
+    assert format_duration(seconds) == text
+
+
+def test_progress_line_is_compact_and_ends_with_the_eta():
+    assert progress_line(TRAIN, 1500, 252) == (
+        "step 300/1500  loss 6.1234  MLM acc 0.123  NSP acc 0.654  lr 9.00e-04  "
+        "46.2 seq/s  3512 tok/s  ETA 4m12s"
+    )
+    assert progress_line({**TRAIN, "mfu": 0.412}, 1500, None).endswith("MFU 41.2%  ETA ?")
+
+
+def test_eval_line_puts_each_number_beside_its_baseline():
+    record = {"step": 500, "split": "eval", "mlm_accuracy": 0.3124, "nsp_accuracy": 0.7,
+              "mlm_loss": 5.1023, "mlm_baseline_accuracy": 0.0612,
+              "nsp_baseline_accuracy": 0.512, "mlm_unigram_loss": 6.31}  # fmt: skip
+    assert eval_line(record) == (
+        "eval at step 500: MLM acc 0.312 (most-frequent-token 0.061)  "
+        "NSP acc 0.700 (majority 0.512)  MLM loss 5.102 (unigram 6.310)"
+    )
+    old = {"step": 500, "split": "eval", "mlm_accuracy": 0.3124, "nsp_accuracy": 0.7}
+    assert eval_line(old) == "eval at step 500: MLM acc 0.312  NSP acc 0.700"

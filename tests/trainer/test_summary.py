@@ -1,0 +1,62 @@
+"""The quickstart's summary: each held-out accuracy beside its baseline; a plateau is loud."""
+
+import json
+
+import pytest
+
+from trainer.summary import main, summary_lines
+
+TRAIN = [{"step": s, "split": "train", "loss": 9.0 - s / 1000, "mlm_accuracy": 0.1,
+          "nsp_accuracy": 0.6, "sequences_per_s": 40.0 + s / 100, "tokens_per_s": 3000.0}
+         for s in (500, 1000, 1500)]  # fmt: skip
+BASELINES = {"mlm_baseline_accuracy": 0.061, "nsp_baseline_accuracy": 0.512,
+             "mlm_unigram_loss": 6.31}  # fmt: skip
+
+
+def evaluation(mlm, nsp, **extra):
+    return {"step": 1500, "split": "eval", "mlm_accuracy": mlm, "nsp_accuracy": nsp,
+            "mlm_loss": 4.2, "rows": 800, **extra}  # fmt: skip
+
+
+def test_a_model_that_learned_gets_each_baseline_beside_its_accuracy_and_a_success_line():
+    lines = summary_lines([*TRAIN, evaluation(0.312, 0.7, **BASELINES)])
+    assert "  MLM accuracy 0.312 (most-frequent-token baseline 0.061, +0.251)" in lines
+    assert "  NSP accuracy 0.700 (majority-class baseline 0.512, +0.188)" in lines
+    assert "  MLM loss 4.200 (unigram (context-free) loss 6.310, -2.110)" in lines
+    assert lines[-1].startswith("OK: the model learned")
+    assert not any("WARNING" in line for line in lines)
+    assert lines[0] == "throughput:  52.5 sequences/s, 3000 real tokens/s"  # steps 1000, 1500
+
+
+@pytest.mark.parametrize(("mlm", "nsp", "named"),
+                         [(0.07, 0.7, "MLM"), (0.312, 0.55, "NSP"), (0.061, 0.512, "MLM or NSP")])  # fmt: skip
+def test_a_plateau_gives_a_loud_warning_instead_of_success(mlm, nsp, named):
+    lines = summary_lines([*TRAIN, evaluation(mlm, nsp, **BASELINES)])
+    text = "\n".join(lines)
+    assert f"WARNING: the model did not learn {named} beyond a trivial baseline." in text
+    assert "unigram plateau" in text and lines[-1].startswith("!!!!")
+    assert len([line for line in lines if line.startswith("!!")]) >= 5
+    assert not any(line.startswith("OK") for line in lines)
+
+
+def test_older_records_without_baselines_print_without_a_verdict():
+    lines = summary_lines([*TRAIN, evaluation(0.312, 0.7)])
+    assert "  MLM accuracy 0.312 (no baseline in this run's records)" in lines
+    assert not any(line.startswith(("OK", "!!")) for line in lines)
+
+
+def test_no_evaluation_says_learning_was_not_checked():
+    lines = summary_lines(TRAIN)
+    assert lines[-1].endswith("learning not checked")
+
+
+def test_main_prints_paths_and_metrics(tmp_path, capsys):
+    (tmp_path / "train").mkdir()
+    records = [*TRAIN, evaluation(0.312, 0.7, **BASELINES)]
+    (tmp_path / "train" / "metrics.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in records) + '{"step": 16'
+    )
+    assert main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"HF export:   {tmp_path / 'train' / 'hf'}" in out and "OK: the model learned" in out
+    assert main([str(tmp_path / "nothing")]) == 1
