@@ -65,7 +65,7 @@ def row_lengths(spec: str, batch: int, seq: int, g: torch.Generator) -> list[int
     from pipeline.format import join_path, open_shard, read_manifest
 
     manifest = read_manifest(spec)
-    table = open_shard(join_path(spec, manifest["shards"][0]["file"]))
+    table = open_shard(join_path(spec, manifest["shards"][0]["name"]))
     offsets = table.column("input_ids").combine_chunks().offsets.to_numpy()
     lengths = torch.from_numpy(offsets[1:] - offsets[:-1])
     pick = torch.randint(0, len(lengths), (batch,), generator=g)

@@ -2,10 +2,14 @@
 
 The GPU configs run here on CPU with their batch sizes shrunk (DeepSpeed's CPU accelerator
 does bf16), one rank and two accumulation steps: the keys are accepted and a checkpoint
-of each ZeRO stage exports.
+of each ZeRO stage exports. deploy/gpu_bench.sh parses, and its Python steps
+(bench/gpu_bench.py) give bf16 configs, Google-like shards and the right medians.
 """
 
+import importlib.util
 import json
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,7 +18,8 @@ from model import BertConfig
 from trainer import export
 from trainer.run import main
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
 TINY = BertConfig(vocab_size=200, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                   intermediate_size=64, max_position_embeddings=64)  # fmt: skip
 
@@ -58,3 +63,83 @@ def test_cpu_config_is_fp32_without_zero():
     assert "bf16" not in ds and "fp16" not in ds
     assert ds["zero_optimization"]["stage"] == 0  # ZeRO's copies cost 10-28% on CPU
     assert ds["optimizer"]["params"]["torch_adam"] is True
+
+
+def _gpu_bench():
+    spec = importlib.util.spec_from_file_location("gpu_bench", ROOT / "bench" / "gpu_bench.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
+def test_gpu_bench_script_parses_and_runs_every_configuration():
+    script = DEPLOY / "gpu_bench.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    text = script.read_text()
+    assert "set -euo pipefail" in text
+    assert "ds-config deploy/zero2.json" in text and '--unpad "$unpad"' in text
+    assert "SEQS:-128 512" in text and "PRESETS:-base large" in text
+
+
+@pytest.mark.parametrize("torch_adam", [True, False])
+def test_gpu_bench_ds_config_enables_bf16(torch_adam):
+    gpu_bench = _gpu_bench()
+    base = json.loads((DEPLOY / "zero2.json").read_text())
+    fp16_base = {**base, "fp16": {"enabled": True}, "bf16": {"enabled": False}}
+    for source in (base, fp16_base):
+        ds = gpu_bench.ds_config(source, micro=16, gpus=2, torch_adam=torch_adam)
+        assert ds["bf16"]["enabled"] is True and "fp16" not in ds
+        assert (ds["train_micro_batch_size_per_gpu"], ds["train_batch_size"]) == (16, 32)
+        assert ds["scheduler"]["params"]["warmup_num_steps"] == gpu_bench.WARMUP_STEPS
+        assert ds["optimizer"]["params"].get("torch_adam", False) is torch_adam
+    assert "torch_adam" not in base["optimizer"]["params"]  # the source is left alone
+
+
+def test_gpu_bench_model_config_changes_only_attention_dropout():
+    gpu_bench = _gpu_bench()
+    config = gpu_bench.model_config("large", 0.0)
+    assert config.attention_probs_dropout_prob == 0.0  # the varlen path on CUDA bf16
+    assert config == BertConfig.preset("large", attention_probs_dropout_prob=0.0)
+    assert BertConfig.preset("large").attention_probs_dropout_prob > 0  # nested by default
+
+
+def test_gpu_bench_shards_are_google_like(tmp_path):
+    from pipeline.format import join_path, open_shard, read_manifest
+
+    gpu_bench = _gpu_bench()
+    assert gpu_bench.write_shards(tmp_path, seq=32, rows=400)
+    assert not gpu_bench.write_shards(tmp_path, seq=32, rows=400)  # kept
+    manifest = read_manifest(tmp_path)
+    assert manifest["params"]["max_seq_length"] == 32
+    assert manifest["params"]["max_predictions_per_seq"] == 20
+    lengths = [
+        len(ids)
+        for entry in manifest["shards"]
+        for ids in open_shard(join_path(tmp_path, entry["name"])).column("input_ids").to_pylist()
+    ]
+    assert len(lengths) == 400 and max(lengths) == 32
+    assert 0.05 < sum(n < 32 for n in lengths) / 400 < 0.15  # about 10% shorter
+    assert gpu_bench.max_predictions(512) == 80
+
+
+def test_gpu_bench_summary_drops_the_first_window_and_table_has_the_ratio(tmp_path):
+    gpu_bench = _gpu_bench()
+    records = [
+        {"step": 25, "loss": 9.0, "sequences_per_s": 10.0, "tokens_per_s": 1280.0,
+         "tflops_per_s": 1.0, "mfu": 0.1},
+        {"step": 50, "loss": 8.0, "sequences_per_s": 100.0, "tokens_per_s": 12800.0,
+         "tflops_per_s": 50.0, "mfu": 0.4},
+        {"step": 50, "split": "eval", "mlm_loss": 7.0},
+        {"step": 75, "loss": 7.5, "sequences_per_s": 120.0, "tokens_per_s": 15360.0,
+         "tflops_per_s": 60.0, "mfu": 0.5},
+    ]  # fmt: skip
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    meta = {"preset": "base", "seq": 128, "micro": 128, "gpus": 1}
+    unpadded = gpu_bench.summarize(path, unpad=True, **meta)
+    assert unpadded["sequences_per_s"] == 110.0 and unpadded["mfu"] == 0.45
+    assert unpadded["windows"] == 2 and unpadded["final_loss"] == 7.5
+    padded = {**unpadded, "unpad": False, "sequences_per_s": 100.0, "mfu": None}
+    table = gpu_bench.table([unpadded, padded]).splitlines()
+    assert table[1].split() == ["base", "128", "128", "100.0", "110.0", "1.100", "-", "45.0%"]

@@ -1,0 +1,206 @@
+"""The Python steps of deploy/gpu_bench.sh: synthetic shards, the DeepSpeed JSON, results.
+
+    python bench/gpu_bench.py shards DIR --seq 512 --rows 16384
+    python bench/gpu_bench.py ds-config deploy/zero2.json OUT.json --micro 32 --gpus 1
+    python bench/gpu_bench.py model-config large OUT.json --attention-dropout 0
+    python bench/gpu_bench.py summarize RUN/metrics.jsonl --preset base --seq 512 --unpad true \\
+        --micro 32 --gpus 1 --wall-s 41.5          # one JSON line
+    python bench/gpu_bench.py table results.jsonl  # padded against unpadded, per preset x seq
+
+Shards come from bench/loader_speed.py's ``write_synthetic``: Google-like lengths, 90% of
+rows full length and 10% a uniformly random shorter one (8 .. seq - 1 tokens), 15% of
+tokens masked up to 20 per row at seq 128 and 80 at seq 512 (Google's settings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from loader_speed import write_synthetic
+
+from model import BertConfig
+
+WARMUP_STEPS = 10  # of WarmupDecayLR: short runs still reach the peak lr and decay
+
+
+def max_predictions(seq: int) -> int:
+    """Google's max_predictions_per_seq: 20 at seq 128, 80 at seq 512."""
+    return 20 if seq <= 128 else 80
+
+
+def write_shards(directory: Path, seq: int, rows: int) -> bool:
+    """Synthetic shards of ``rows`` rows at ``seq`` in ``directory``; False if already there.
+
+    Raises:
+        ValueError: ``rows`` is not a positive multiple of 4 (the number of shards).
+    """
+    if rows < 4 or rows % 4:
+        raise ValueError(f"rows must be a positive multiple of 4 (4 shards), got {rows}")
+    if (directory / "manifest.json").exists():
+        return False
+    directory.mkdir(parents=True, exist_ok=True)
+    write_synthetic(directory, rows=rows, shards=4, seq=seq, max_pred=max_predictions(seq))
+    return True
+
+
+def ds_config(
+    base: dict[str, Any], *, micro: int, gpus: int, torch_adam: bool = True
+) -> dict[str, Any]:
+    """``base`` (a deploy/ JSON) with bf16 on, one micro-batch per step and a short warmup.
+
+    Example: zero2.json, micro 32, 1 GPU -> train_batch_size 32, no accumulation, so
+    every logged step is one forward, backward and optimizer step of 32 rows.
+    ``torch_adam`` takes torch's AdamW instead of DeepSpeed's FusedAdam, whose CUDA
+    extension is compiled at first use (a minute, and it needs nvcc).
+    """
+    ds = json.loads(json.dumps(base))  # a deep copy
+    ds.pop("fp16", None)
+    ds["bf16"] = {**ds.get("bf16", {}), "enabled": True}
+    ds.pop("gradient_accumulation_steps", None)
+    ds.update(train_micro_batch_size_per_gpu=micro, train_batch_size=micro * gpus)
+    ds["scheduler"]["params"]["warmup_num_steps"] = WARMUP_STEPS
+    if torch_adam:
+        ds["optimizer"]["params"]["torch_adam"] = True
+    return ds
+
+
+def model_config(preset: str, attention_dropout: float) -> BertConfig:
+    """A preset (vocab 30522, [PAD] 0: the synthetic shards') with this attention dropout.
+
+    Attention dropout 0 lets CUDA bf16 training take the ``varlen`` FlashAttention path;
+    with the presets' 0.1 it takes ``nested`` (model/unpad.py).
+    """
+    return BertConfig.preset(preset, attention_probs_dropout_prob=attention_dropout)
+
+
+def summarize(metrics: Path, **meta: Any) -> dict[str, Any]:
+    """One result line: medians over the logged training windows after the first.
+
+    The first window holds the start-up (kernel selection, allocator growth, the
+    data loader filling up), so it is left out when there are others.
+
+    Raises:
+        ValueError: the file has no training record.
+    """
+    records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    rows = [r for r in records if r.get("split", "train") == "train" and "sequences_per_s" in r]
+    if not rows:
+        raise ValueError(f"{metrics}: no training records")
+    windows = rows[1:] or rows
+
+    def median(key: str) -> float | None:
+        values = [r[key] for r in windows if r.get(key) is not None]
+        return statistics.median(values) if values else None
+
+    mfu = median("mfu")
+    return {
+        **meta,
+        "sequences_per_s": round(median("sequences_per_s"), 1),
+        "tokens_per_s": round(median("tokens_per_s")),
+        "tflops_per_s": round(median("tflops_per_s"), 1),
+        "mfu": None if mfu is None else round(mfu, 4),
+        "windows": len(windows),
+        "final_loss": rows[-1]["loss"],
+    }
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    """Padded against unpadded sequences/s and MFU, one line per preset and seq.
+
+    ``unpad/padded`` is the unpadded run's sequences/s over the padded run's.
+    """
+    cells = {(r["preset"], r["seq"], r["unpad"]): r for r in results}
+    lines = [
+        f"{'preset':<7}{'seq':>5}{'micro':>7}{'padded seq/s':>14}{'unpadded seq/s':>16}"
+        f"{'unpad/padded':>14}{'MFU padded':>12}{'MFU unpadded':>14}"
+    ]
+
+    def mfu(r: dict | None) -> str:
+        return "-" if r is None or r["mfu"] is None else f"{r['mfu']:.1%}"
+
+    for preset, seq in dict.fromkeys((r["preset"], r["seq"]) for r in results):
+        padded, unpadded = cells.get((preset, seq, False)), cells.get((preset, seq, True))
+        either = padded or unpadded
+        speeds = [f"{r['sequences_per_s']:.1f}" if r else "-" for r in (padded, unpadded)]
+        ratio = (
+            f"{unpadded['sequences_per_s'] / padded['sequences_per_s']:.3f}"
+            if padded and unpadded and padded["sequences_per_s"]
+            else "-"
+        )
+        lines.append(
+            f"{preset:<7}{seq:>5}{either['micro']:>7}{speeds[0]:>14}{speeds[1]:>16}"
+            f"{ratio:>14}{mfu(padded):>12}{mfu(unpadded):>14}"
+        )
+    return "\n".join(lines)
+
+
+def _bool(text: str) -> bool:
+    if text not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return text == "true"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("shards", help="write synthetic shards (skipped if already there)")
+    s.add_argument("directory", type=Path)
+    s.add_argument("--seq", type=int, required=True)
+    s.add_argument("--rows", type=int, default=16384)
+    d = sub.add_parser("ds-config", help="the DeepSpeed JSON of one run")
+    d.add_argument("base", type=Path)
+    d.add_argument("out", type=Path)
+    d.add_argument("--micro", type=int, required=True)
+    d.add_argument("--gpus", type=int, required=True)
+    d.add_argument("--torch-adam", type=_bool, default=True)
+    c = sub.add_parser("model-config", help="a preset's config.json with another attention dropout")
+    c.add_argument("preset")
+    c.add_argument("out", type=Path)
+    c.add_argument("--attention-dropout", type=float, required=True)
+    m = sub.add_parser("summarize", help="one JSON line of a run's metrics.jsonl")
+    m.add_argument("metrics", type=Path)
+    m.add_argument("--preset", required=True)
+    m.add_argument("--seq", type=int, required=True)
+    m.add_argument("--unpad", type=_bool, required=True)
+    m.add_argument("--micro", type=int, required=True)
+    m.add_argument("--gpus", type=int, required=True)
+    m.add_argument(
+        "--wall-s", type=float, required=True, help="the run's wall time, start-up included"
+    )
+    t = sub.add_parser("table", help="the final table of a results.jsonl")
+    t.add_argument("results", type=Path)
+    args = p.parse_args(argv)
+    if args.command == "shards":
+        wrote = write_shards(args.directory, args.seq, args.rows)
+        print(
+            f"{'wrote' if wrote else 'kept'} seq-{args.seq} shards in {args.directory}", flush=True
+        )
+    elif args.command == "ds-config":
+        ds = ds_config(
+            json.loads(args.base.read_text()),
+            micro=args.micro,
+            gpus=args.gpus,
+            torch_adam=args.torch_adam,
+        )
+        args.out.write_text(json.dumps(ds, indent=2) + "\n")
+    elif args.command == "model-config":
+        model_config(args.preset, args.attention_dropout).to_json(args.out)
+    elif args.command == "summarize":
+        meta = {k: getattr(args, k) for k in ("preset", "seq", "unpad", "micro", "gpus", "wall_s")}
+        print(json.dumps(summarize(args.metrics, **meta)), flush=True)
+    else:
+        results = [json.loads(x) for x in args.results.read_text().splitlines() if x.strip()]
+        print(table(results), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
