@@ -1,12 +1,15 @@
 """An English corpus that exists offline on every machine: the Python standard
-library's docstrings and its language reference (``pydoc_data.topics``), written
-in Google's txt convention. About 1.9 MB with Python 3.11.
+library's docstrings (its tests' included), its prose comments and its language
+reference (``pydoc_data.topics``), written in Google's txt convention. About 3 MB
+with Python 3.11 (the docstrings and reference alone, ``--sources docstrings
+reference``: 1.9 MB).
 
     python -m pipeline.corpus --output corpus/ --files 4
     python -m pipeline.corpus --output corpus/ --max-mb 5 --repeat   # for benchmarks
 
-Each module, class and function docstring with at least ``min_words`` words, and
-each reference topic, is one document; its paragraphs are split into sentences
+Each module, class and function docstring with at least ``min_words`` words, each
+block of consecutive comment lines that reads as prose (:func:`stdlib_comments`),
+and each reference topic, is one document; its paragraphs are split into sentences
 (``split_sentences``), one per line, with a blank line between documents. Files
 are visited in sorted order and documents dealt round-robin into ``--files``
 files, so the output depends only on the Python version's standard library.
@@ -16,10 +19,13 @@ from __future__ import annotations
 
 import argparse
 import ast
+import io
+import itertools
 import logging
 import os
 import re
 import sysconfig
+import tokenize
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -27,24 +33,77 @@ from .text import split_sentences
 
 logger = logging.getLogger(__name__)
 _DOCTEST = re.compile(r"^\s*(>>>|\.\.\.)")
+_WORD = re.compile(r"^[A-Za-z][a-z]*[,.;:]?$")  # a plain English word, maybe with punctuation
+SOURCES = ("docstrings", "reference", "comments")
+_LAYOUT = frozenset({tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT})
+
+
+def stdlib_files() -> Iterator[tuple[Path, str]]:
+    """(path, source) of the standard library's .py files (site-packages excluded), sorted."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    for path in sorted(root.rglob("*.py")):
+        if "site-packages" in path.relative_to(root).parts:
+            continue
+        try:
+            yield path, path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
 
 
 def stdlib_docstrings(min_words: int = 8) -> Iterator[str]:
-    """Docstrings of the standard library (tests and site-packages excluded), in file order."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    for path in sorted(root.rglob("*.py")):
-        parts = set(path.relative_to(root).parts)
-        if parts & {"site-packages", "test", "tests", "idle_test", "lib2to3"}:
-            continue
+    """Docstrings of the standard library (its tests' included), in file order."""
+    for _, source in stdlib_files():
         try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError, ValueError):
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError):
             continue
         for node in ast.walk(tree):
             if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
                 doc = ast.get_docstring(node)
                 if doc and len(doc.split()) >= min_words:
                     yield doc
+
+
+def stdlib_comments(min_words: int = 20, min_prose: float = 0.7) -> Iterator[str]:
+    """Prose comment blocks (:func:`comment_blocks`) of the standard library, in file
+    order; a block whose text was seen before (licence headers repeat) is skipped."""
+    seen: set[str] = set()
+    for _, source in stdlib_files():
+        for text in comment_blocks(source, min_words=min_words, min_prose=min_prose):
+            if text not in seen:
+                seen.add(text)
+                yield text
+
+
+def comment_blocks(source: str, *, min_words: int = 20, min_prose: float = 0.7) -> list[str]:
+    """Blocks of ``#`` comments on consecutive lines of ``source`` that read as prose.
+
+    A block is kept when it has at least ``min_words`` words, at least ``min_prose`` of
+    them plain English words (commented-out code and tables fail this). Its lines join
+    into one paragraph. Example (``min_words=4``): ``"# Walk the tree once.\\n# Then
+    return.\\nx = 1\\n# y = f(x) + 2"`` -> ``["Walk the tree once. Then return."]``.
+    """
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return []
+    blocks, block, last_row = [], [], -2
+    for tok in [*tokens, None]:
+        if tok is not None and tok.type in _LAYOUT:
+            continue
+        if tok is not None and tok.type == tokenize.COMMENT and tok.start[0] == last_row + 1:
+            block.append(tok.string.lstrip("#").strip())
+            last_row = tok.start[0]
+            continue
+        words = " ".join(block).split()
+        if len(words) >= min_words:
+            prose = sum(bool(_WORD.match(w)) for w in words) / len(words)
+            if prose >= min_prose:
+                blocks.append(" ".join(words))
+        block = []
+        if tok is not None and tok.type == tokenize.COMMENT:
+            block, last_row = [tok.string.lstrip("#").strip()], tok.start[0]
+    return blocks
 
 
 def reference_topics() -> Iterator[str]:
@@ -70,27 +129,46 @@ def document_sentences(docstring: str) -> list[str]:
 
 
 def write_corpus(
-    output: str | os.PathLike, *, max_bytes: int | None = None, files: int = 1, repeat: bool = False
+    output: str | os.PathLike,
+    *,
+    max_bytes: int | None = None,
+    files: int = 1,
+    repeat: bool = False,
+    sources: Sequence[str] = SOURCES,
 ) -> list[Path]:
     """Write documents (up to ``max_bytes``) into ``files`` txt files; returns their paths.
 
     With ``repeat``, documents repeat in the same order until ``max_bytes`` is
-    reached (for speed benchmarks; never for held-out evaluation).
+    reached (for speed benchmarks; never for held-out evaluation). ``sources``: any of
+    docstrings, reference, comments, in that order in the output.
+
+    Raises:
+        ValueError: an unknown source.
     """
+    unknown = sorted(set(sources) - set(SOURCES))
+    if unknown:
+        raise ValueError(f"unknown corpus source(s) {unknown}; choose from {SOURCES}")
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
-    texts = [*stdlib_docstrings(), *reference_topics()]
-    docs = [s for d in texts if len(s := document_sentences(d)) >= 2]
-    if not docs:
-        raise RuntimeError("no docstrings found in the standard library")
+    readers = {"docstrings": stdlib_docstrings, "reference": reference_topics,
+               "comments": stdlib_comments}  # fmt: skip
+    texts = (text for name in SOURCES if name in sources for text in readers[name]())
+    # Lazy: a capped corpus reads only as much of the library as it writes.
+    docs = (sentences for d in texts if len(sentences := document_sentences(d)) >= 2)
+    if repeat:
+        docs = itertools.cycle(list(docs))
     limit = max_bytes if max_bytes is not None else float("inf")
     chunks: list[list[str]] = [[] for _ in range(files)]
     written, i = 0, 0
-    while written < limit and (repeat or i < len(docs)):
-        text = "\n".join(docs[i % len(docs)]) + "\n\n"
+    for sentences in docs:
+        if written >= limit:
+            break
+        text = "\n".join(sentences) + "\n\n"
         chunks[i % files].append(text)
         written += len(text.encode("utf-8"))
         i += 1
+    if not i:
+        raise RuntimeError("no documents found in the standard library")
     paths = []
     for k, chunk in enumerate(chunks):
         path = output / f"stdlib-docs-{k:03d}.txt"
@@ -114,10 +192,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--files", type=int, default=1, help="number of files (default: 1)")
     p.add_argument("--repeat", action="store_true", help="repeat documents up to --max-mb")
+    p.add_argument(
+        "--sources",
+        nargs="+",
+        choices=SOURCES,
+        default=list(SOURCES),
+        help="what to write (default: all)",
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     max_bytes = int(args.max_mb * 1e6) if args.max_mb else None
-    write_corpus(args.output, max_bytes=max_bytes, files=args.files, repeat=args.repeat)
+    write_corpus(
+        args.output, max_bytes=max_bytes, files=args.files, repeat=args.repeat, sources=args.sources
+    )
     return 0
 
 
