@@ -33,10 +33,12 @@ from .config import BertConfig
 from .unpad import Packing, attention_path, packed_attention
 
 IGNORE_INDEX = -100
-# Unpad a batch only when less than this share of its positions are real tokens: packing
-# costs two copies per layer (the attention grid), which measured 5% slower than padded on
-# CPU at 97% real tokens (bench/model_speed.py --lengths google) and 1.5x faster at 57%.
-UNPAD_BELOW = 0.9
+# On CPU, unpad a batch only when less than this share of its positions are real tokens:
+# packing costs two copies per layer there (the attention grid), which measured 5% slower
+# than padded at 97% real tokens (bench/model_speed.py --lengths google) and 1.5x faster at
+# 57%. On CUDA the varlen and jagged kernels need no grid: any padding is worth removing
+# (not measured here; deploy/gpu_bench.sh measures it).
+UNPAD_BELOW = {"cpu": 0.9}
 
 
 def _activation(name: str):
@@ -226,12 +228,13 @@ class BertModel(nn.Module):
         """Hidden states: packed (N, H) with their Packing, or (B, T, H) and None.
 
         The padded path runs when ``unpad`` is off, when at least ``UNPAD_BELOW`` of the
-        positions are real tokens (packing would cost more than it saves), and when a row
-        has no real token at all.
+        positions are real tokens (packing would cost more than it saves; on CPU), and
+        when a row has no real token at all.
         """
         if self.unpad:
             packing = Packing.from_mask(attention_mask)
-            worth_it = packing.num_tokens < UNPAD_BELOW * packing.batch * packing.width
+            share = UNPAD_BELOW.get(attention_mask.device.type, 1.0)
+            worth_it = packing.num_tokens < share * packing.batch * packing.width
             if worth_it and packing.min_seqlen > 0:
                 x = self.embeddings(input_ids, segment_ids, packing)
                 return self.encoder(x, packing), packing

@@ -14,8 +14,10 @@
 #   MAX_SEQ      max_seq_length                        (default: 128)
 #   WORKERS      Beam DirectRunner worker processes    (default: 2)
 #   BEAM_ARGS    extra Beam options, e.g. "--runner=DataflowRunner --project=..."
-#   PRESET       model size: tiny mini small medium base large, or a config.json (default: mini)
-#   MAX_STEPS    optimizer steps                        (default: 1500, ~6 min on 2 CPU cores)
+#   PRESET       model size: tiny mini small medium base large, or a config.json (default: tiny)
+#   DROPOUT      hidden and attention dropout of a PRESET (default: 0, right for short runs)
+#   TRAIN_MINUTES  training time budget: the schedule decays over it (default: 10)
+#   MAX_STEPS    optimizer steps instead, for a run reproducible step for step (default: unset)
 #   DS_CONFIG    DeepSpeed JSON                         (default: deploy/cpu.json)
 #   RANKS        training processes (default: GPUs present, else 2 CPU ranks)
 #   VERBOSE      1: every stage's full output on the console too (default: one line per stage)
@@ -72,8 +74,12 @@ fi
 stage "data statistics and plots -> $run/plots" stats \
 python -m pipeline stats "$run/shards" --plot --plot-dir "$run/plots"
 
-preset="${PRESET:-mini}"
-steps="${MAX_STEPS:-1500}"
+preset="${PRESET:-tiny}"
+if [ -n "${MAX_STEPS:-}" ]; then
+  budget=(--max-steps "$MAX_STEPS") budget_text="$MAX_STEPS steps"
+else
+  budget=(--max-minutes "${TRAIN_MINUTES:-10}") budget_text="${TRAIN_MINUTES:-10} minutes"
+fi
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   ranks="${RANKS:-$(nvidia-smi -L | wc -l)}"
 else
@@ -83,10 +89,10 @@ fi
 eval_args=()
 [ -n "$heldout" ] && eval_args=(--eval-data "$run/heldout" --eval-every 500)
 rm -rf "$run/train"
-stage "training: $preset, $steps steps, $ranks rank(s), ${DS_CONFIG:-deploy/cpu.json}" train \
+stage "training: $preset, $budget_text, $ranks rank(s), ${DS_CONFIG:-deploy/cpu.json}" train \
 deepspeed --num_gpus "$ranks" trainer/run.py --ds-config "${DS_CONFIG:-deploy/cpu.json}" \
   --data "$run/shards" "${eval_args[@]}" --model "$preset" --output-dir "$run/train" \
-  --max-steps "$steps" --log-every 50 --save-every 500
+  --dropout "${DROPOUT:-0}" "${budget[@]}" --log-every 50 --save-every 1000
 
 if [ -n "$fillmask" ]; then
   stage "fill-mask demo on held-out sentences" fillmask \

@@ -47,6 +47,7 @@ class TrainConfig:
     eval_every: int = 0  # 0: evaluate only at the end (when eval_data is set)
     resume: str | None = None  # "auto": latest checkpoint in output_dir if any; or a path
     init_from_hf: str | None = None  # start from these weights (e.g. phase 1 -> phase 2)
+    dropout: float | None = None  # hidden and attention dropout; None: the model config's
     seed: int = 42
     masking: str = "static"  # static: the shards' masks; dynamic: re-mask every epoch
     num_workers: int = 2  # DataLoader worker processes per rank
@@ -79,6 +80,10 @@ class TrainConfig:
             raise ValueError(f"--masking must be one of {MASKING}, got {self.masking!r}")
         if self.peak_tflops is not None and not self.peak_tflops > 0:
             raise ValueError(f"--peak-tflops must be > 0, got {self.peak_tflops!r}")
+        if self.dropout is not None and not (
+            isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0
+        ):
+            raise ValueError(f"--dropout must be in [0, 1), got {self.dropout!r}")
         if self.max_minutes is not None and not (
             isinstance(self.max_minutes, (int, float)) and self.max_minutes > 0
         ):
@@ -131,6 +136,7 @@ _HELP = {
     "eval_every": "evaluate every N steps (0: only at the end)",
     "resume": "'auto' (latest checkpoint of --output-dir, if any) or a checkpoint path",
     "init_from_hf": "initial weights from a Hugging Face BertForPreTraining directory",
+    "dropout": "hidden and attention dropout (default: the model config's; 0 suits short runs)",
     "seed": "seed of data order, dynamic masks, dropout and initialisation",
     "masking": "static: the shards' masks; dynamic: re-mask each epoch (RoBERTa-style)",
     "num_workers": "DataLoader worker processes per rank",

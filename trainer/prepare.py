@@ -8,6 +8,8 @@ model's positions, a corrupt shard (with ``--skip-corrupt``: skipped and counted
 
 from __future__ import annotations
 
+import dataclasses
+
 import hashlib
 import json
 import logging
@@ -68,6 +70,7 @@ def model_config(config: TrainConfig, manifest: dict) -> BertConfig:
 
     A preset takes its vocab_size and pad_token_id from the manifest (a preset names an
     architecture, not a vocabulary); a config.json or HF directory is used as it is.
+    ``--dropout`` then sets both dropout probabilities.
 
     Raises:
         ValueError: unknown preset, bad config.json, vocabulary mismatch (naming both
@@ -83,6 +86,10 @@ def model_config(config: TrainConfig, manifest: dict) -> BertConfig:
             )
     else:
         cfg = _load_model_arg(config.model or "base", vocab)
+    if config.dropout is not None:
+        cfg = dataclasses.replace(
+            cfg, hidden_dropout_prob=config.dropout, attention_probs_dropout_prob=config.dropout
+        )
     check_fit(cfg, manifest)
     return cfg
 
@@ -119,7 +126,8 @@ def build_model(config: TrainConfig, cfg: BertConfig) -> BertForPreTraining:
     torch.manual_seed(derive_seed(config.seed, "init"))
     if config.init_from_hf is not None:
         logger.info("initial weights from %s", config.init_from_hf)
-        model = load_hf(config.init_from_hf)
+        model = BertForPreTraining(cfg)  # cfg: the directory's config, --dropout applied
+        model.load_state_dict(load_hf(config.init_from_hf).state_dict())
     else:
         model = BertForPreTraining(cfg)
     model.set_unpadded(config.unpad)
