@@ -9,7 +9,6 @@ model's positions, a corrupt shard (with ``--skip-corrupt``: skipped and counted
 from __future__ import annotations
 
 import dataclasses
-
 import hashlib
 import json
 import logging

@@ -73,3 +73,10 @@ def test_warmup_decay_length_defaults_to_max_steps():
     assert ds["scheduler"]["params"]["total_num_steps"] == "auto"  # the input is not modified
     assert resolved["train_batch_size"] == 2 and resolved["gradient_accumulation_steps"] == 1
     assert precision(resolved) == "bf16" and precision({}) == "fp32"
+
+
+@pytest.mark.parametrize("flag, value", [("--dropout", "1.0"), ("--dropout", "-0.1"),
+                                         ("--max-minutes", "0"), ("--max-steps", "0")])  # fmt: skip
+def test_out_of_range_run_options_are_refused(flag, value):
+    with pytest.raises(ValueError, match=flag):
+        parse_args([*REQUIRED, flag, value])

@@ -30,7 +30,7 @@ def model_json(tmp_path, **overrides) -> str:
 
 def ds_json(tmp_path, **overrides) -> str:
     ds = json.loads((REPO / "deploy" / "cpu.json").read_text())
-    ds.update(overrides)
+    ds.update({"train_micro_batch_size_per_gpu": 8, **overrides})  # the tests' batch
     return write_json(tmp_path / "ds.json", ds)
 
 

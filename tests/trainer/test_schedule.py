@@ -80,7 +80,7 @@ class FakeTime:
 
 def test_run_stops_at_the_budget_and_resumes_with_its_clock(tiny_shards, tmp_path, monkeypatch):
     monkeypatch.setattr(loop, "time", FakeTime())
-    extra = ["--max-minutes", "0.5", "--log-every", "1", "--save-every", "0"]
+    extra = ["--max-minutes", "0.5", "--log-every", "1", "--save-every", "0", "--dropout", "0"]
     assert main(args(tmp_path, tiny_shards, *extra, scheduler=warmup_decay(3))) == 0
     out = tmp_path / "out"
     first = records(out)
@@ -93,6 +93,8 @@ def test_run_stops_at_the_budget_and_resumes_with_its_clock(tiny_shards, tmp_pat
     tag = (out / "checkpoints" / "latest").read_text()
     trainer_state = json.loads((out / "checkpoints" / tag / "trainer_state.json").read_text())
     assert trainer_state["train_seconds"] == first[-1]["train_seconds"]
+    saved = json.loads((out / "checkpoints" / tag / "config.json").read_text())
+    assert saved["hidden_dropout_prob"] == saved["attention_probs_dropout_prob"] == 0.0
 
     monkeypatch.setattr(loop, "time", FakeTime())
     extra = ["--max-minutes", "1", "--log-every", "1", "--save-every", "0", "--resume", "auto"]
