@@ -9,6 +9,8 @@
 #   CORPUS       input files/globs in Google's txt format; default: the Python
 #                standard library's docstrings and reference, written offline
 #   HELDOUT      held-out input files/globs            (default: 10% of the default corpus)
+#   CORPUS_SOURCES  parts of the default corpus (default: "docstrings reference", 1.8 MB;
+#                also "test-docstrings comments": 2.7 MB, see pipeline/corpus.py)
 #   VOCAB_SIZE   learned WordPiece vocab size          (default: 8000)
 #   DUPE_FACTOR  masking passes over the data          (default: 5)
 #   MAX_SEQ      max_seq_length                        (default: 128)
@@ -16,7 +18,7 @@
 #   BEAM_ARGS    extra Beam options, e.g. "--runner=DataflowRunner --project=..."
 #   PRESET       model size: tiny mini small medium base large, or a config.json (default: tiny)
 #   DROPOUT      hidden and attention dropout of a PRESET (default: 0, right for short runs)
-#   TRAIN_MINUTES  training time budget: the schedule decays over it (default: 10)
+#   TRAIN_MINUTES  training time budget: the schedule decays over it (default: 11)
 #   MAX_STEPS    optimizer steps instead, for a run reproducible step for step (default: unset)
 #   DS_CONFIG    DeepSpeed JSON                         (default: deploy/cpu.json)
 #   RANKS        training processes (default: GPUs present, else 2 CPU ranks)
@@ -57,7 +59,7 @@ stages_total=3  # pipeline, statistics, training; then the optional ones
 
 if [ -z "${CORPUS:-}" ]; then
   stage "corpus: Python's docs -> $run/corpus" corpus \
-  python -m pipeline.corpus --output "$run/corpus" --files 10
+  python -m pipeline.corpus --output "$run/corpus" --files 10 --sources ${CORPUS_SOURCES:-docstrings reference}
   corpus="$run/corpus/stdlib-docs-00[0-8].txt"
 else
   corpus="$CORPUS"
@@ -78,7 +80,7 @@ preset="${PRESET:-tiny}"
 if [ -n "${MAX_STEPS:-}" ]; then
   budget=(--max-steps "$MAX_STEPS") budget_text="$MAX_STEPS steps"
 else
-  budget=(--max-minutes "${TRAIN_MINUTES:-10}") budget_text="${TRAIN_MINUTES:-10} minutes"
+  budget=(--max-minutes "${TRAIN_MINUTES:-11}") budget_text="${TRAIN_MINUTES:-11} minutes"
 fi
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   ranks="${RANKS:-$(nvidia-smi -L | wc -l)}"
