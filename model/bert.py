@@ -30,7 +30,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .config import BertConfig
-from .unpad import Packing, attention_path, packed_attention
+from .unpad import PATHS, Packing, attention_path, packed_attention
 
 IGNORE_INDEX = -100
 # On CPU, unpad a batch only when less than this share of its positions are real tokens:
@@ -55,7 +55,10 @@ class BertPreTrainingOutput:
 
     Shapes: ``mlm_logits`` (B, P, V) at the P gathered positions (padding entries
     included, excluded from the loss); ``nsp_logits`` (B, 2); ``sequence_output``
-    (B, T, H); ``pooled_output`` (B, H).
+    (B, T, H); ``pooled_output`` (B, H). ``hidden`` is the encoder's output as it ran:
+    packed (N, H) with its ``packing``, or (B, T, H) with ``packing`` None;
+    ``sequence_output`` scatters it back to (B, T, H) only when read (training never
+    reads it).
     """
 
     loss: torch.Tensor | None
@@ -63,8 +66,13 @@ class BertPreTrainingOutput:
     nsp_loss: torch.Tensor | None
     mlm_logits: torch.Tensor | None
     nsp_logits: torch.Tensor
-    sequence_output: torch.Tensor
+    hidden: torch.Tensor
     pooled_output: torch.Tensor
+    packing: Packing | None = None
+
+    @property
+    def sequence_output(self) -> torch.Tensor:
+        return self.packing.unpack(self.hidden) if self.packing is not None else self.hidden
 
 
 class BertEmbeddings(nn.Module):
@@ -361,7 +369,6 @@ class BertForPreTraining(nn.Module):
         hidden, packing = self.bert.encode(input_ids, segment_ids, attention_mask)
         pooled_output = self.bert.pool(hidden, packing)
         nsp_logits = self.cls.seq_relationship(pooled_output)
-        sequence_output = packing.unpack(hidden) if packing is not None else hidden
 
         mlm_logits = mlm_loss = nsp_loss = loss = None
         if masked_lm_positions is not None:
@@ -389,7 +396,7 @@ class BertForPreTraining(nn.Module):
         if mlm_loss is not None or nsp_loss is not None:
             loss = sum(x for x in (mlm_loss, nsp_loss) if x is not None)
         return BertPreTrainingOutput(
-            loss, mlm_loss, nsp_loss, mlm_logits, nsp_logits, sequence_output, pooled_output
+            loss, mlm_loss, nsp_loss, mlm_logits, nsp_logits, hidden, pooled_output, packing
         )
 
     def _validate(self, input_ids, segment_ids, attention_mask) -> None:
@@ -414,8 +421,6 @@ def set_unpadded(bert: BertModel, enabled: bool, *, attention_path: str = "auto"
     Raises:
         ValueError: an unknown attention path.
     """
-    from .unpad import PATHS
-
     if attention_path not in PATHS:
         raise ValueError(f"attention_path must be one of {PATHS}, got {attention_path!r}")
     bert.unpad = enabled

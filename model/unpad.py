@@ -60,22 +60,19 @@ class Packing:
         """
         keep = attention_mask.bool()
         b, t = keep.shape
-        index = keep.flatten().nonzero().squeeze(1)  # one host sync: N is needed anyway
         lengths = keep.sum(1, dtype=torch.int32)
+        # The one host sync: N, the longest and the shortest row (N sizes the index).
+        stats = torch.stack([lengths.sum(), lengths.max(), lengths.min()]) if b else None
+        n, longest, shortest = stats.tolist() if b else (0, 0, 0)
+        index = torch.nonzero_static(keep.flatten(), size=n).squeeze(1)
         cu_seqlens = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
         slot = torch.zeros(b * t, dtype=torch.long, device=keep.device)
-        slot[index] = torch.arange(index.numel(), device=keep.device)
-        longest, shortest = torch.stack([lengths.max(), lengths.min()]).tolist() if b else (0, 0)
+        slot[index] = torch.arange(n, device=keep.device)
         return cls(index, cu_seqlens, slot, longest, shortest, b, t, keep)
 
     @property
     def num_tokens(self) -> int:
         return self.index.numel()
-
-    @property
-    def is_dense(self) -> bool:
-        """No padding at all: packing would only copy."""
-        return self.num_tokens == self.batch * self.width
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, ...) -> (N, ...): the real tokens' entries."""
