@@ -76,9 +76,10 @@ def time_budget_scheduler(ds: dict[str, Any], budget_s: float, *, where: str):
     scheduler = ds.get("scheduler")
     kind = scheduler.get("type") if isinstance(scheduler, dict) else None
     if kind != "WarmupDecayLR":
+        found = f"its scheduler is {kind!r}" if kind else "it has no scheduler"
         raise ValueError(
-            f"{where}: --max-minutes lays a WarmupDecayLR schedule over the time budget; "
-            f"this JSON's scheduler is {kind!r}. Use WarmupDecayLR, or --max-steps"
+            f"{where}: --max-minutes lays a WarmupDecayLR schedule over the time budget, "
+            f"but {found}. Use WarmupDecayLR, or --max-steps"
         )
     params = dict(scheduler.get("params", {}))
     params.pop("total_num_steps", None)  # the budget takes its place
