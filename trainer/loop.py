@@ -77,7 +77,7 @@ class Trainer:
         self.ds, self.sizes = resolve_ds_config(
             ds, info.world_size, config.step_limit or 0, where=where
         )
-        self.lr_scheduler = (
+        self.scheduler_factory = (  # None: DeepSpeed builds the JSON's scheduler
             time_budget_scheduler(self.ds, config.budget_s, where=where)
             if config.budget_s is not None
             else None
@@ -117,7 +117,7 @@ class Trainer:
             model=model,
             model_parameters=prepare.param_groups(model),
             config=self.ds,
-            lr_scheduler=self.lr_scheduler,
+            lr_scheduler=self.scheduler_factory,
         )
         # DeepSpeed reports no gradient norm for fp32 without ZeRO (it clips, then drops it).
         self.own_grad_norm = self.engine.zero_optimization_stage() == 0 and self.precision == "fp32"
@@ -228,7 +228,7 @@ class Trainer:
                 f"non-finite loss at step {s.step + 1} (stream position {s.position}); "
                 f"stopped before the update, resume from the last checkpoint"
             )
-        if self.lr_scheduler is not None:
+        if self.scheduler_factory is not None:
             self.engine.lr_scheduler.elapsed_s = s.train_s  # the rate after this update
             s.out_of_time = s.train_s >= c.budget_s
         step = s.step + 1
