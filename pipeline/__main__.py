@@ -135,8 +135,9 @@ def _build(argv: Sequence[str], log_file: str | None, verbose: bool,
         config, beam_args = parse_build_args(argv)
         _check_beam_args(beam_args)
         plan = make_plan(config)
+        config = dataclasses.replace(config, input_format=plan.input_format)
         prepare_output(config)
-    except (ValueError, FileNotFoundError, FileExistsError) as e:
+    except (ValueError, OSError) as e:  # FileNotFoundError and FileExistsError included
         logger.error("%s", e)
         return 2
     if log_file is None and not verbose:  # only now: a refused build keeps the last one's log
@@ -182,6 +183,14 @@ def _build(argv: Sequence[str], log_file: str | None, verbose: bool,
         100 * stats["random_next_share"], stats["masks_per_row"], 100 * stats["short_row_share"],
         config.max_seq_length, skipped or "nothing",
     )  # fmt: skip
+    single = stats.get("input", {}).get("single_document_files", 0)
+    if single:
+        logger.warning(
+            "%d of %d txt input file(s) hold a single document (no blank line in them); "
+            "if a file holds many documents, put a blank line between them (the txt "
+            "convention NSP relies on) or use jsonl, one document per record",
+            single, len(plan.files),
+        )  # fmt: skip
     return 0
 
 

@@ -41,6 +41,7 @@ from .documents import (
 )
 from .instances import MakeInstances, bucket_summary, split_into_buckets
 from .rows import RowBlock
+from .sources import HEAD_BYTES, check_format, format_from_name, sniff_format
 from .vocab import (
     build_tokenizer,
     parse_vocab,
@@ -212,6 +213,47 @@ class Plan(NamedTuple):
     root: str  # common directory of the inputs; document ids are relative to it
     num_shards: int
     vocab: list[str] | None  # from --vocab_file, or None to learn one
+    input_format: str  # txt, jsonl or parquet: --input_format, or inferred
+    format_origin: str  # where input_format came from, for error messages
+
+
+def read_head(path: str) -> bytes:
+    """The first bytes of a file (decompressed), enough to tell its format."""
+    with FileSystems.open(path) as f:
+        return f.read(HEAD_BYTES)
+
+
+def resolve_input_format(requested: str, files: list[str]) -> tuple[str, str]:
+    """The build's input format and where it came from: ``--input_format`` unless
+    ``auto``; then the files' extensions, which must agree; then the first file's bytes.
+
+    The first file's bytes are checked against the result here, so a mismatch stops the
+    build before it starts (every file is checked again as it is read).
+
+    Raises:
+        ValueError: extensions of two formats, or a first file that contradicts the format.
+    """
+    if requested != "auto":
+        fmt, origin = requested, f"--input_format {requested}"
+    else:
+        named: dict[str, str] = {}
+        for path in files:
+            named.setdefault(format_from_name(path) or "", path)
+        named.pop("", None)
+        if len(named) > 1:
+            examples = ", ".join(f"{path} ({fmt})" for fmt, path in sorted(named.items()))
+            raise ValueError(
+                f"--input mixes formats: {examples}; build each format separately or "
+                "pass --input_format to read them all one way"
+            )
+        if named:
+            fmt = next(iter(named))
+            origin = f"inferred from the extension of {named[fmt]}; --input_format overrides"
+        else:
+            fmt = sniff_format(read_head(files[0])) or "txt"
+            origin = f"inferred from the first bytes of {files[0]}; --input_format overrides"
+    check_format(files[0], read_head(files[0]), fmt, origin)
+    return fmt, origin
 
 
 def make_plan(config: BuildConfig) -> Plan:
@@ -219,15 +261,18 @@ def make_plan(config: BuildConfig) -> Plan:
 
     Raises:
         FileNotFoundError: an input pattern matches nothing, or no --vocab_file.
-        ValueError: the vocab file is malformed (names file and line).
+        ValueError: the vocab file is malformed (names file and line), or the input
+            format is ambiguous or contradicted by a file (see resolve_input_format).
     """
     files = match_inputs(config.input)
     total = sum(size for _, size in files)
     num_shards = config.num_shards or default_num_shards(total, config.dupe_factor)
     vocab = read_vocab_file(config.vocab_file) if config.vocab_file else None
     paths = [path for path, _ in files]
-    logger.info("%d input file(s), %.1f MB, %d shard(s)", len(files), total / 1e6, num_shards)
-    return Plan(paths, common_root(paths), num_shards, vocab)
+    input_format, origin = resolve_input_format(config.input_format, paths)
+    logger.info("%d %s input file(s), %.1f MB, %d shard(s)", len(files), input_format,
+                total / 1e6, num_shards)  # fmt: skip
+    return Plan(paths, common_root(paths), num_shards, vocab, input_format, origin)
 
 
 def build_graph(p: beam.Pipeline, config: BuildConfig, plan: Plan) -> beam.PCollection:
@@ -236,7 +281,7 @@ def build_graph(p: beam.Pipeline, config: BuildConfig, plan: Plan) -> beam.PColl
     documents, read_counts = split_skips(
         p
         | "ListFiles" >> beam.Create(plan.files)  # reshuffled by Create: files spread to workers
-        | "ReadDocuments" >> beam.ParDo(ReadDocuments(config, root)),
+        | "ReadDocuments" >> beam.ParDo(ReadDocuments(config, root, plan.format_origin)),
         "Read",
     )
     if plan.vocab is not None:

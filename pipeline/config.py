@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-INPUT_FORMATS = ("txt", "jsonl", "parquet")
+INPUT_FORMATS = ("auto", "txt", "jsonl", "parquet")
 # Shards aim at this many bytes when --num_shards is not given (64-256 MB window).
 TARGET_SHARD_BYTES = 128 * 2**20
 # Output bytes per input byte and dupe pass, measured on English text at seq 128
@@ -46,7 +46,7 @@ class BuildConfig:
     vocab_file: str | None = None
     vocab_size: int = 30522
     num_shards: int | None = None  # None: from the input size (see TARGET_SHARD_BYTES)
-    input_format: str = "txt"
+    input_format: str = "auto"  # auto: from the files' names (pipeline/sources.py)
     text_field: str = "text"
     # Random-next segments come from the same bucket of documents; buckets hold
     # about this many documents (all of them when there are fewer).
@@ -175,7 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
         choices=INPUT_FORMATS,
         default=d.input_format,
         help="txt: one sentence per line, blank line between documents; jsonl/parquet: "
-        "one document per record, split into sentences",
+        "one document per record, split into sentences; auto: from the extension (.txt, "
+        ".jsonl/.json/.ndjson, .parquet; .gz etc. ignored), else from the first bytes. "
+        "Each file's first bytes must agree with the format",
     )
     p.add_argument(
         "--text_field",

@@ -23,7 +23,7 @@ from apache_beam.metrics import Metrics
 
 from .config import BuildConfig
 from .rows import offsets_of, take_ragged
-from .sources import read_documents
+from .sources import HEAD_BYTES, check_format, format_from_name, read_documents, sniff_format
 from .text import basic_tokenize
 from .vocab import build_tokenizer, learn_wordpiece_vocab
 
@@ -120,9 +120,10 @@ class ReadDocuments(beam.DoFn):
 
     BATCH_DOCUMENTS = 512
 
-    def __init__(self, config: BuildConfig, root: str):
+    def __init__(self, config: BuildConfig, root: str, format_origin: str = ""):
         self._config = config
         self._root = root
+        self._origin = format_origin or f"--input_format {config.input_format}"
         self._docs = Metrics.counter(NAMESPACE, "documents_read")
         self._skips = Metrics.counter(NAMESPACE, "records_skipped")
 
@@ -130,9 +131,16 @@ class ReadDocuments(beam.DoFn):
         relative = path[len(self._root) :].lstrip("/") if self._root else path
         ordinal = with_nul = long = 0
         batch = DocumentBatch([], [])
+        with FileSystems.open(path) as f:  # a second open: Beam's files cannot seek back
+            head = f.read(HEAD_BYTES)
+        input_format, origin = self._config.input_format, self._origin
+        if input_format == "auto":  # the driver resolves it; a direct caller may not have
+            input_format = format_from_name(path) or sniff_format(head) or "txt"
+            origin = "inferred from its name or first bytes"
+        check_format(path, head, input_format, origin)
         with FileSystems.open(path) as f:
             items = read_documents(
-                f, input_format=self._config.input_format,
+                f, input_format=input_format,
                 text_field=self._config.text_field, path=path,
             )  # fmt: skip
             for sentences, reason in items:
@@ -156,6 +164,10 @@ class ReadDocuments(beam.DoFn):
         if not ordinal:
             self._skips.inc()
             yield Skipped("file_without_documents")
+        if ordinal == 1 and input_format == "txt":
+            # Google's txt convention puts a blank line between documents; a file without
+            # one is a single document, which is right for a book, wrong for a dump.
+            yield from noted("single_document_files", 1)
         yield from noted("sentences_with_nul", with_nul)  # NUL is dropped by normalisation
         yield from noted("long_sentences", long)
 

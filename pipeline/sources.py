@@ -4,6 +4,10 @@ Pure generators over an open binary file, so they are testable without Beam; the
 pipeline opens files through Beam's FileSystems (local, gs://, s3://, hdfs://,
 ``.gz``/``.bz2`` decompressed by extension).
 
+The format comes from ``--input_format`` or, by default, from each file's name
+(:func:`format_from_name`); either way the first bytes of each file must agree with it
+(:func:`check_format`), so JSON Lines is never read as text, nor text as JSON Lines.
+
 Every yielded item is ``(sentences, None)`` for a document or ``(None, reason)``
 for a skipped record, so that the caller counts skips under their reason:
 
@@ -23,6 +27,90 @@ from typing import BinaryIO
 from .text import iter_txt_documents, split_sentences
 
 Item = tuple[list[str] | None, str | None]
+
+# How many leading bytes of a file check_format reads (after decompression).
+HEAD_BYTES = 64 * 1024
+PARQUET_MAGIC = b"PAR1"
+# Suffixes that Beam's FileSystems decompress on the fly (CompressionTypes.detect_...).
+COMPRESSION_SUFFIXES = (".gz", ".bz2", ".deflate", ".zst", ".zstd", ".xz", ".lzma")
+FORMAT_OF_SUFFIX = {
+    ".txt": "txt", ".text": "txt",
+    ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl",
+    ".parquet": "parquet", ".pq": "parquet",
+}  # fmt: skip
+
+
+def format_from_name(path: str) -> str | None:
+    """The input format a file's name says (compression suffix ignored), or None.
+
+    Examples: ``a/docs.jsonl.gz -> "jsonl"``, ``b.parquet -> "parquet"``, ``c.md -> None``.
+    """
+    name = path.rsplit("/", 1)[-1].lower()
+    for suffix in COMPRESSION_SUFFIXES:
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    dot = name.rfind(".")
+    return FORMAT_OF_SUFFIX.get(name[dot:]) if dot > 0 else None
+
+
+def _first_lines(head: bytes, limit: int = 8) -> list[bytes]:
+    """Up to ``limit`` complete non-blank lines of ``head`` (a last line cut off by
+    HEAD_BYTES is left out unless it is all there is)."""
+    lines = head.split(b"\n")
+    if len(lines) > 1 and len(head) >= HEAD_BYTES:
+        lines = lines[:-1]
+    return [line.strip() for line in lines if line.strip()][:limit]
+
+
+def _is_json_object(line: bytes) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:  # JSONDecodeError and UnicodeDecodeError
+        return False
+
+
+def sniff_format(head: bytes) -> str | None:
+    """What a file's first bytes look like: ``"parquet"`` (Parquet's magic number),
+    ``"jsonl"`` (the first line is a JSON object), ``"txt"``, or None for an empty file."""
+    if head.startswith(PARQUET_MAGIC):
+        return "parquet"
+    lines = _first_lines(head, limit=1)
+    if not lines:
+        return None
+    return "jsonl" if _is_json_object(lines[0]) else "txt"
+
+
+def check_format(path: str, head: bytes, input_format: str, origin: str) -> None:
+    """Refuse a file whose first bytes contradict ``input_format``.
+
+    ``origin`` says where the format came from, for the message (``"--input_format txt"``
+    or ``"the name *.txt"``).
+
+    Raises:
+        ValueError: names the file, what it looks like and what to pass instead.
+    """
+    seen = sniff_format(head)
+    if seen is None or seen == input_format:
+        return
+    if input_format == "jsonl" and seen == "txt":
+        lines = _first_lines(head)
+        if any(line.startswith(b"{") for line in lines):
+            return  # JSON Lines with a broken record up front: counted as skips when read
+        what = "its first lines are not JSON objects"
+        if lines and lines[0].startswith(b"["):
+            what = "it looks like one JSON array, not JSON Lines (one object per line)"
+    else:
+        what = {
+            "parquet": "it is a Parquet file",
+            "jsonl": "its first line is a JSON object (JSON Lines)",
+            "txt": "it is not a Parquet file",
+        }[seen]
+    hint = f"--input_format {seen}" + (" (and --text_field NAME)" if seen != "txt" else "")
+    raise ValueError(
+        f"{path}: read as {input_format} ({origin}), but {what}; pass {hint}, "
+        "or rename the file so its extension says its format"
+    )
 
 
 def _txt_lines(f: BinaryIO, skipped: list[str]) -> Iterator[str]:

@@ -380,3 +380,76 @@ def test_shards_written_in_parts_hold_the_rows_of_a_whole_write(
         single = pa.ipc.open_stream((whole / name).read_bytes()).read_all()
         assert parts.num_rows == single.num_rows > 0
         assert parts.combine_chunks().equals(single.combine_chunks())
+
+
+def jsonl_corpus(path: Path, n_docs=40, seed=3) -> Path:
+    rng = random.Random(seed)
+    lines = []
+    for i in range(n_docs):
+        text = " ".join(
+            " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 15))).capitalize() + "."
+            for _ in range(rng.randint(2, 8))
+        )
+        lines.append(json.dumps({"id": i, "text": text}))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+SMALL = ["--vocab_size", "150", "--dupe_factor", "2", "--max_seq_length", "32",
+         "--num_shards", "2"]  # fmt: skip
+
+
+def test_jsonl_format_is_inferred_from_the_extension(tmp_path):
+    docs = jsonl_corpus(tmp_path / "in" / "docs.jsonl")
+    out = tmp_path / "out"
+    assert main(["build", "--input", str(docs), "--output", str(out), *SMALL]) == 0
+    manifest = shard_format.read_manifest(str(out))
+    assert manifest["params"]["input_format"] == "jsonl"
+    assert manifest["stats"]["documents"] == 40  # not one document of '{ " id "' tokens
+    assert "{" not in read_vocab(out / "vocab.txt")
+
+
+def test_a_format_that_contradicts_the_content_stops_the_build(tmp_path, capfd):
+    docs = jsonl_corpus(tmp_path / "in" / "docs.jsonl")
+    out = tmp_path / "out"
+    capfd.readouterr()
+    assert main(["build", "--input", str(docs), "--output", str(out), "--input_format", "txt",
+                 *SMALL]) == 2  # fmt: skip
+    err = capfd.readouterr().err
+    assert f"{docs}: read as txt (--input_format txt)" in err and "--input_format jsonl" in err
+    assert "Traceback" not in err and not out.exists()
+    # A .txt name on JSON Lines content, and a mix of extensions, stop it too.
+    named_txt = tmp_path / "in2" / "docs.txt"
+    named_txt.parent.mkdir()
+    named_txt.write_bytes(docs.read_bytes())
+    assert main(["build", "--input", str(named_txt), "--output", str(out), *SMALL]) == 2
+    assert "inferred from the extension" in capfd.readouterr().err
+    make_corpus(tmp_path / "in", n_docs=4, n_files=1)
+    assert main(["build", "--input", str(tmp_path / "in" / "*"), "--output", str(out),
+                 *SMALL]) == 2  # fmt: skip
+    assert "--input mixes formats" in capfd.readouterr().err and not out.exists()
+
+
+def test_a_contradicting_file_after_the_first_fails_the_job_naming_it(tmp_path, capfd):
+    make_corpus(tmp_path / "in", n_docs=20, n_files=1)  # part-0.txt: checked up front
+    late = jsonl_corpus(tmp_path / "in" / "zz-late.txt")  # checked as it is read
+    out = tmp_path / "out"
+    capfd.readouterr()
+    assert main(["build", "--input", str(tmp_path / "in" / "*.txt"), "--output", str(out),
+                 *SMALL]) == 1  # fmt: skip
+    err = capfd.readouterr().err
+    assert f"{late}: read as txt" in err and "Traceback" not in err
+    assert not (out / "manifest.json").exists()
+
+
+def test_txt_files_of_one_document_each_get_a_warning(tmp_path, capfd):
+    directory = tmp_path / "in"
+    make_corpus(directory, n_docs=30, n_files=2)
+    (directory / "one.txt").write_text("Just one document.\nWith two sentences.\n")
+    capfd.readouterr()
+    out = tmp_path / "out"
+    assert main(["build", "--input", str(directory / "*.txt"), "--output", str(out),
+                 *SMALL]) == 0  # fmt: skip
+    assert "1 of 3 txt input file(s) hold a single document" in capfd.readouterr().err
+    assert shard_format.read_manifest(str(out))["stats"]["input"]["single_document_files"] == 1

@@ -50,3 +50,56 @@ def test_parquet_column_and_missing_column(tmp_path):
     assert out == [(["Alpha beta.", "Delta epsilon."], None), (None, "missing_text_field")]
     with pytest.raises(ValueError, match=r"f: no column 'body'"):
         items(path.read_bytes(), "parquet", field="body")
+
+
+# ----------------------------------------------------------------------------- formats
+
+from pipeline.sources import HEAD_BYTES, check_format, format_from_name, sniff_format  # noqa: E402
+
+JSONL = b'{"id": 1, "text": "A first document."}\n{"id": 2, "text": "A second one."}\n'
+TXT = b"A first sentence.\nA second one.\n\nAnother document.\n"
+
+
+def test_format_from_name():
+    assert format_from_name("a/docs.jsonl") == "jsonl"
+    assert format_from_name("gs://b/docs.JSON.gz") == "jsonl"
+    assert format_from_name("x.ndjson.zst") == "jsonl"
+    assert format_from_name("x.parquet") == "parquet"
+    assert format_from_name("/c/wiki.txt.bz2") == "txt"
+    assert format_from_name("notes.md") is None
+    assert format_from_name("README") is None
+    assert format_from_name(".txt") is None  # a hidden file, not an extension
+
+
+def test_sniff_format():
+    assert sniff_format(JSONL) == "jsonl"
+    assert sniff_format(b"\n\n  " + JSONL) == "jsonl"
+    assert sniff_format(TXT) == "txt"
+    assert sniff_format(b"{not json\n") == "txt"
+    assert sniff_format(b"PAR1\x15\x04") == "parquet"
+    assert sniff_format(b"") is None and sniff_format(b" \n\n") is None
+
+
+def test_check_format_refuses_jsonl_read_as_txt_and_names_the_fix():
+    with pytest.raises(ValueError, match=r"docs\.jsonl: read as txt.*JSON object.*"
+                       r"--input_format jsonl \(and --text_field NAME\)"):  # fmt: skip
+        check_format("docs.jsonl", JSONL, "txt", "--input_format txt")
+    with pytest.raises(ValueError, match=r"not JSON objects.*--input_format txt"):
+        check_format("a.jsonl", TXT, "jsonl", "--input_format jsonl")
+    with pytest.raises(ValueError, match="one JSON array"):
+        check_format("a.json", b'[{"text": "x"}]\n', "jsonl", "the extension")
+    with pytest.raises(ValueError, match=r"is a Parquet file.*--input_format parquet"):
+        check_format("a.txt", b"PAR1\x00\x00", "txt", "the extension")
+    with pytest.raises(ValueError, match=r"not a Parquet file.*--input_format txt"):
+        check_format("a.parquet", TXT, "parquet", "--input_format parquet")
+
+
+def test_check_format_accepts_what_agrees():
+    check_format("a", JSONL, "jsonl", "")
+    check_format("a", TXT, "txt", "")
+    check_format("a", b"", "parquet", "")  # empty: read (and counted) as it is
+    # JSON Lines whose first record is broken is still JSON Lines (the record is a skip).
+    check_format("a", b"{broken\n" + JSONL, "jsonl", "")
+    # A first record longer than the head read is still taken for JSON Lines.
+    long_record = b'{"text": "' + b"word " * HEAD_BYTES
+    check_format("a", long_record[:HEAD_BYTES], "jsonl", "")
