@@ -51,6 +51,62 @@ def _check_beam_args(beam_args: list[str]) -> None:
             raise ValueError(f"unknown option {name} (did you mean {close[0]}?)")
 
 
+def check_beam_options(beam_args: list[str]) -> None:
+    """Refuse what Beam would drop: it discards an option it cannot parse (``--runer=...``)
+    with one log line and runs on, locally. Beam's own parsers decide what is known, the
+    chosen runner's included (its module is imported first, so its options class counts).
+
+    Raises:
+        ValueError: an unknown runner or option, with Beam's closest name.
+    """
+    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+    from apache_beam.runners.runner import create_runner
+
+    options = PipelineOptions(beam_args)
+    runner = options.view_as(StandardOptions).runner
+    if runner:
+        try:
+            create_runner(runner)
+        except ValueError as err:  # Beam lists the valid names in its message
+            valid = str(err).split("Valid values are ", 1)[-1].replace(" or ", ", ").split(", ")
+            close = difflib.get_close_matches(runner, valid, n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]}?)" if close else f": {err}"
+            raise ValueError(f"--runner={runner} is not a Beam runner{hint}") from None
+        except ImportError as err:
+            raise ValueError(
+                f"--runner={runner}: cannot load it ({err}); install what it needs, e.g. "
+                "pip install 'apache-beam[dask]' for the DaskRunner"
+            ) from None
+    beam_logger = logging.getLogger("apache_beam.options.pipeline_options")
+    level = beam_logger.level
+    beam_logger.setLevel(logging.ERROR)  # its "Discarding unparseable args" is said below
+    try:
+        known = options.get_all_options()
+    finally:
+        beam_logger.setLevel(level)
+    unknown = sorted(set(options.get_all_options(retain_unknown_options=True)) - set(known))
+    if unknown:
+        ours = [a for action in _our_parser()._actions for a in action.option_strings]
+        names = [f"--{name}" for name in known] + ours
+        problems = []
+        for name in (f"--{u}" for u in unknown):
+            close = difflib.get_close_matches(name, names, n=1)
+            problems.append(name + (f" (did you mean {close[0]}?)" if close else ""))
+        raise ValueError(
+            f"unknown option{'s' if len(problems) > 1 else ''} {', '.join(problems)}: not one "
+            "of ours (python -m pipeline build --help) nor of Apache Beam's pipeline options"
+        )
+
+
+def _our_parser() -> argparse.ArgumentParser:
+    from .config import build_parser
+
+    parser = build_parser()
+    for flag in ("--verbose", "--log_file"):  # _console_args's
+        parser.add_argument(flag)
+    return parser
+
+
 def _quiet_beam_logs() -> None:
     """Beam and Dask log every bundle at INFO; BEAM_LOG_LEVEL=INFO brings them back."""
     level = os.environ.get("BEAM_LOG_LEVEL", "WARNING")
@@ -134,6 +190,7 @@ def _build(argv: Sequence[str], log_file: str | None, verbose: bool,
     try:
         config, beam_args = parse_build_args(argv)
         _check_beam_args(beam_args)
+        check_beam_options(beam_args)
         plan = make_plan(config)
         config = dataclasses.replace(config, input_format=plan.input_format)
         prepare_output(config)

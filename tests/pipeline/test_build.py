@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from pipeline import format as shard_format
-from pipeline.__main__ import main
+from pipeline.__main__ import check_beam_options, main
 from pipeline.documents import TokenizedBatch
 from pipeline.stats import compute_stats
 from pipeline.vocab import read_vocab
@@ -453,3 +453,24 @@ def test_txt_files_of_one_document_each_get_a_warning(tmp_path, capfd):
                  *SMALL]) == 0  # fmt: skip
     assert "1 of 3 txt input file(s) hold a single document" in capfd.readouterr().err
     assert shard_format.read_manifest(str(out))["stats"]["input"]["single_document_files"] == 1
+
+
+def test_a_misspelt_beam_option_stops_the_build(corpus, tmp_path, capfd):
+    out = tmp_path / "out"
+    capfd.readouterr()
+    for arg, says in [
+        ("--runer=DataflowRunner", "unknown option --runer (did you mean --runner?)"),
+        ("--runner=DataflowRuner", "--runner=DataflowRuner is not a Beam runner (did you mean "
+                                   "DataflowRunner?)"),
+        ("--direct_num_worker=2", "--direct_num_worker (did you mean --direct_num_workers?)"),
+    ]:  # fmt: skip
+        assert main(["build", "--input", corpus, "--output", str(out), arg, *BASE]) == 2, arg
+        err = capfd.readouterr().err
+        assert says in err and "Traceback" not in err, err
+        assert not out.exists()
+    # Options of the chosen runner are known (its module is imported to learn them).
+    pytest.importorskip("distributed")
+    check_beam_options(["--runner=apache_beam.runners.dask.dask_runner.DaskRunner",
+                        "--dask_client_address=localhost:8786"])  # fmt: skip
+    check_beam_options(["--runner=FlinkRunner", "--flink_master=localhost:8081",
+                        "--environment_type=LOOPBACK", "--parallelism=2"])  # fmt: skip
