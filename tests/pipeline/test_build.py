@@ -469,8 +469,8 @@ def test_a_misspelt_beam_option_stops_the_build(corpus, tmp_path, capfd):
         assert says in err and "Traceback" not in err, err
         assert not out.exists()
     # Options of the chosen runner are known (its module is imported to learn them).
+    check_beam_options(["--runner=FlinkRunner", "--flink_master=localhost:8081",
+                        "--environment_type=LOOPBACK", "--parallelism=2"])  # fmt: skip
     pytest.importorskip("distributed")
     check_beam_options(["--runner=apache_beam.runners.dask.dask_runner.DaskRunner",
                         "--dask_client_address=localhost:8786"])  # fmt: skip
-    check_beam_options(["--runner=FlinkRunner", "--flink_master=localhost:8081",
-                        "--environment_type=LOOPBACK", "--parallelism=2"])  # fmt: skip
