@@ -100,6 +100,12 @@ def test_setup_py_adds_nothing_to_pyproject():
     assert [(ast.unparse(c.func), c.args, c.keywords) for c in calls] == [("setup", [], [])]
 
 
+def test_metadata_builds_without_deprecation_warnings(built):
+    metadata, warnings = built
+    assert warnings == []  # e.g. setuptools' on a `license = {text = ...}` table
+    assert "License-Expression: Apache-2.0" in metadata.splitlines()
+
+
 IMPORT_AND_RUN_WITHOUT_TRAINING_STACK = """
 import importlib, pkgutil, sys
 import pipeline
