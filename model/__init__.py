@@ -1,5 +1,14 @@
 """BERT in PyTorch, equivalent to the reference, with Hugging Face import/export."""
 
+import importlib.util
+
+if importlib.util.find_spec("torch") is None:  # the base install is the pipeline's only
+    raise ModuleNotFoundError(
+        "model/ needs torch, which the base install (the data pipeline's) leaves out: "
+        "pip install 'bert-pipeline[train]' (in a clone: pip install -e '.[train]')",
+        name="torch",
+    )
+
 from .bert import BertForPreTraining, BertModel, BertPreTrainingOutput, num_parameters
 from .config import PRESETS, BertConfig
 from .heads import (

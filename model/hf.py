@@ -14,14 +14,13 @@ so they are not stored (as transformers itself does)::
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from .bert import BertForPreTraining
-from .config import BertConfig
+from .config import BertConfig, atomic_output
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
@@ -34,21 +33,16 @@ _BUFFER_KEYS = ("bert.embeddings.position_ids", "bert.embeddings.token_type_ids"
 def save_hf(model: BertForPreTraining, directory: str | os.PathLike) -> Path:
     """Write ``config.json`` and ``model.safetensors`` (fp32) into ``directory``.
 
-    Each file is written to a temporary name and renamed into place.
+    Each file is written to a temporary name and renamed into place (``atomic_output``),
+    with the usual permissions (0644 under umask 022).
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     state = {
         k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()
     }
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".model.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file(state, tmp, metadata={"format": "pt"})
-        os.replace(tmp, directory / WEIGHTS_NAME)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_output(directory / WEIGHTS_NAME) as temp:
+        save_file(state, temp, metadata={"format": "pt"})
     model.config.to_json(directory / CONFIG_NAME)
     return directory
 

@@ -31,7 +31,7 @@ USAGE = """usage: python -m pipeline {build,stats,inspect,validate} [options]
 
   build     raw text -> vocab -> NSP pairs -> masked Arrow shards (Apache Beam)
   stats     summary statistics of a shard directory (optionally as PNG plots)
-  inspect   decode rows back to WordPieces with the masks shown
+  inspect   decode rows back to WordPieces (--words: words) with the masks shown
   validate  check every shard and row against the manifest; exit 1 naming a bad file
 
 Run `python -m pipeline build --help` for the options of one command."""

@@ -7,9 +7,12 @@ then 1, masked positions inside the row and increasing, at most
 ``max_predictions_per_seq`` of them, labels 0/1). It exits 1 naming the first
 bad file and what is wrong, 0 when all is well.
 
-``inspect`` decodes rows back to WordPieces with the masks shown: a masked
-position reads ``[input>target]``, e.g. ``[[MASK]>river]`` (replaced by
-``[MASK]``), ``[lake>river]`` (a random id) or ``[river>river]`` (kept).
+``inspect`` decodes rows back to WordPieces, as the model sees them, with the masks
+shown: a masked position reads ``[input>target]``, e.g. ``[[MASK]>river]``
+(replaced by ``[MASK]``), ``[lake>river]`` (a random id) or ``[river>river]``
+(kept). Masking is per WordPiece, so a word may be partly masked:
+``ri [[MASK]>##ver]``. ``--words`` joins ``##`` pieces to the piece before them
+for easier reading (``ri ##ver`` -> ``river``), except at masked positions.
 """
 
 from __future__ import annotations
@@ -75,25 +78,37 @@ def validate(directory: str) -> dict:
     return manifest
 
 
-def decode_row(row: dict, vocab: list[str]) -> str:
-    """One row as text: WordPieces joined, masks as ``[input>target]``, A | B."""
-    ids = row["input_ids"].tolist()
+def decode_row(row: dict, vocab: Sequence[str], *, words: bool = False) -> str:
+    """One row as text: its WordPieces separated by spaces, masks as ``[input>target]``.
+
+    Args:
+        row: ``input_ids``, ``masked_lm_positions``, ``masked_lm_ids`` (1-D int arrays).
+        vocab: token strings by id.
+        words: join each ``##`` piece to the piece before it, unless either is masked.
+
+    Example: ``[CLS] the ri ##ver [MASK] [SEP]`` with position 4 masked (target
+    ``flows``) -> ``"[CLS] the ri ##ver [[MASK]>flows] [SEP]"``, or with ``words``
+    ``"[CLS] the river [[MASK]>flows] [SEP]"``.
+    """
     targets = dict(zip(row["masked_lm_positions"].tolist(), row["masked_lm_ids"].tolist(),
                        strict=True))  # fmt: skip
-    words = []
-    for position, token in enumerate(ids):
+    pieces: list[str] = []
+    joinable = False  # whether a ## piece may join pieces[-1] (one that is not a mask)
+    for position, token in enumerate(row["input_ids"].tolist()):
         text = vocab[token]
         if position in targets:
-            text = f"[{text}>{vocab[targets[position]]}]"
-        elif text.startswith("##") and words and not words[-1].endswith("]"):
-            words[-1] += text[2:]
-            continue
-        words.append(text)
-    return " ".join(words)
+            pieces.append(f"[{text}>{vocab[targets[position]]}]")
+        elif words and joinable and text.startswith("##"):
+            pieces[-1] += text[2:]
+        else:
+            pieces.append(text)
+        joinable = position not in targets
+    return " ".join(pieces)
 
 
-def inspect(directory: str, num_rows: int, shard: int) -> list[str]:
-    """The first ``num_rows`` rows of shard ``shard`` decoded, with a header line each."""
+def inspect(directory: str, num_rows: int, shard: int, *, words: bool = False) -> list[str]:
+    """The first ``num_rows`` rows of shard ``shard`` decoded (:func:`decode_row`), with a
+    header line each."""
     manifest = shard_format.read_manifest(directory)
     shards = manifest["shards"]
     if not 0 <= shard < len(shards):
@@ -107,7 +122,7 @@ def inspect(directory: str, num_rows: int, shard: int) -> list[str]:
         random_next = "B is random" if row["next_sentence_label"] else "B follows A"
         lines.append(f"--- {shards[shard]['name']} row {index}: {len(row['input_ids'])} "
                      f"tokens, {len(row['masked_lm_ids'])} masked, {random_next}")  # fmt: skip
-        lines.append(decode_row(row, vocab))
+        lines.append(decode_row(row, vocab, words=words))
     return lines
 
 
@@ -132,9 +147,12 @@ def inspect_main(argv: Sequence[str]) -> int:
     p.add_argument("directory", help="a build's output directory (local or a URI)")
     p.add_argument("-n", "--num_rows", type=int, default=5, help="rows to show (default: 5)")
     p.add_argument("--shard", type=int, default=0, help="shard index (default: 0)")
+    p.add_argument("--words", action="store_true",
+                   help="join ## pieces into words (masked pieces stay apart); "
+                        "default: every WordPiece on its own, as masked")  # fmt: skip
     args = p.parse_args(argv)
     try:
-        lines = inspect(args.directory, args.num_rows, args.shard)
+        lines = inspect(args.directory, args.num_rows, args.shard, words=args.words)
     except (shard_format.ShardFormatError, OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

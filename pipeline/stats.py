@@ -11,6 +11,7 @@ With ``--plot`` it writes ``lengths.png`` and ``masking.png`` into DIR (or
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import io
 import json
 import logging
@@ -154,6 +155,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--plot-dir", default=None, help="where to write the plots (default: DIRECTORY)")
     p.add_argument("--json", action="store_true", help="print the statistics as JSON")
     args = p.parse_args(argv)
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        logger.error("--plot needs matplotlib: pip install matplotlib (or the [train] extra)")
+        return 2
     try:
         stats = compute_stats(args.directory)
     except (ValueError, OSError) as e:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create (or reuse) the project's virtual environment in .venv and install the
-# package with its test extras. Sourced by scripts/test.sh and scripts/quickstart.sh.
+# package with its test extras (which include `train`: torch, DeepSpeed, ...; the base
+# install is the pipeline's only). Sourced by scripts/test.sh and scripts/quickstart.sh.
 #
 # torch: a machine with an NVIDIA GPU takes PyPI's default (CUDA) build. A machine
 # without one takes a CPU build: from $TORCH_INDEX_URL if set, else from PyTorch's

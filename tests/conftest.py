@@ -7,9 +7,18 @@ copied), so the trainer's tests read exactly the kind of data the pipeline tests
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
+
+
+@pytest.fixture
+def umask_022():
+    """The process umask is 022 during the test, so files written as usual are 0644."""
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
 
 
 def make_corpus(directory: Path, **options) -> str:

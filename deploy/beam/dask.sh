@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build shards on Dask through Beam's DaskRunner: a local cluster by default, or
-# an existing one with DASK_ADDRESS=tcp://scheduler:8786 (workers need this
-# package installed). Needs: pip install -e '.[dask]'.
+# an existing one with DASK_ADDRESS=tcp://scheduler:8786 (each worker needs this
+# package: pip install '.[dask]', the pipeline's dependencies only). Needs: pip install -e '.[dask]'.
 #
 #   INPUT='corpus/*.txt' OUTPUT=shards bash deploy/beam/dask.sh
 set -euo pipefail

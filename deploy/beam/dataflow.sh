@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build shards on Google Cloud Dataflow. Workers install this package through
-# --setup_file (the repo's pyproject.toml, via setup.py below it); gs:// paths
-# work for --input, --output and --vocab_file.
+# --setup_file (setup.py, whose metadata is pyproject.toml's): its base install, the
+# pipeline's dependencies only (Beam, pyarrow, tokenizers, numpy; no torch). gs://
+# paths work for --input, --output and --vocab_file.
 #
 #   PROJECT=my-project REGION=us-central1 BUCKET=gs://my-bucket \
 #   INPUT='gs://my-bucket/corpus/*.txt' bash deploy/beam/dataflow.sh

@@ -1,6 +1,8 @@
 """Shapes, validation and config behaviour of model/ (no reference needed)."""
 
 import json
+import os
+import stat
 
 import pytest
 import torch
@@ -168,3 +170,15 @@ def test_config_presets_and_validation(tmp_path):
     (tmp_path / "broken.json").write_text("{")
     with pytest.raises(ValueError, match=r"broken\.json"):
         BertConfig.from_json(tmp_path / "broken.json")
+
+
+def test_save_hf_writes_files_others_can_read(tmp_path, umask_022):
+    model = BertForPreTraining(BertConfig(**TINY))
+    for _ in range(2):  # a fresh directory, then over the existing files
+        model.save_hf(tmp_path / "hf")
+        modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "hf").iterdir()}
+        # not the 0600 of tempfile.mkstemp or safetensors' save_file; no temp file left
+        assert modes == {"config.json": 0o644, "model.safetensors": 0o644}
+    os.umask(0o077)  # a stricter umask is honoured
+    BertConfig(**TINY).to_json(tmp_path / "private.json")
+    assert stat.S_IMODE((tmp_path / "private.json").stat().st_mode) == 0o600

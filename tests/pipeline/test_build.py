@@ -296,6 +296,13 @@ def test_validate_and_inspect_commands(built, tmp_path, capsys):
     shown = capsys.readouterr().out.splitlines()
     assert len(shown) == 4 and shown[0].startswith("--- shard-00000-of-00003.arrow row 0:")
     assert shown[1].startswith("[CLS] ") and shown[1].endswith(" [SEP]") and ">" in shown[1]
+    assert main(["inspect", str(built), "-n", "20"]) == 0
+    pieces = capsys.readouterr().out
+    assert " ##" in pieces  # WordPieces, as the help says
+    assert main(["inspect", str(built), "-n", "20", "--words"]) == 0
+    words = capsys.readouterr().out
+    assert " ##" not in words.replace(">##", "").replace("] ##", "")  # joined unless by a mask
+    assert len(words) < len(pieces)
 
     # A shard whose bytes match its manifest entry but whose rows are wrong: a masked
     # position past the end of its row. Only the row checks can catch it.

@@ -8,6 +8,7 @@ exports real ones.
 import json
 import logging
 import shutil
+import stat
 from pathlib import Path
 
 import pytest
@@ -49,18 +50,27 @@ def cased_copy(shards: Path, tmp_path: Path) -> Path:
     return copy
 
 
-def test_export_carries_the_training_shards_tokenizer(small_shards, tmp_path):
+def test_export_carries_the_training_shards_tokenizer(small_shards, tmp_path, umask_022):
     run = write_checkpoint(tmp_path, str(small_shards))
     out = export.export(run, tmp_path / "hf")
-    assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["config.json", "model.safetensors", *TOKENIZER_FILES]
-    )
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
+    names = ["config.json", "model.safetensors", *TOKENIZER_FILES]
+    assert modes == dict.fromkeys(names, 0o644)  # usable as is by others: no 0600 temp files
     assert (out / "vocab.txt").read_bytes() == (small_shards / "vocab.txt").read_bytes()
     assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == 64
 
     tokens = read_vocab(small_shards / "vocab.txt")
     theirs = transformers.AutoTokenizer.from_pretrained(out)
     assert len(theirs) == len(tokens) == 200  # not a 5-token fallback vocab
+    special = (
+        theirs.cls_token,
+        theirs.sep_token,
+        theirs.mask_token,
+        theirs.pad_token,
+        theirs.unk_token,
+    )
+    assert special == ("[CLS]", "[SEP]", "[MASK]", "[PAD]", "[UNK]")
+    assert theirs.mask_token_id == tokens.index("[MASK]") and theirs.do_lower_case is True
     assert theirs.convert_tokens_to_ids(tokens) == list(range(200))
     ours = build_tokenizer(tokens, do_lower_case=True).encode(SAMPLE).ids
     assert theirs(SAMPLE)["input_ids"] == ours

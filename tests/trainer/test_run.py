@@ -1,6 +1,8 @@
 """trainer/run.py in this process (a one-rank world): metrics, checkpoints, export, refusals."""
 
 import json
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -50,7 +52,11 @@ def finished_run(tiny_shards, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("run")
     extra = ["--max-steps", "6", "--log-every", "3", "--save-every", "3",
              "--eval-data", str(tiny_shards), "--eval-every", "3"]  # fmt: skip
-    assert main(args(tmp, tiny_shards, *extra)) == 0
+    old_umask = os.umask(0o022)  # so that files written as usual are 0644
+    try:
+        assert main(args(tmp, tiny_shards, *extra)) == 0
+    finally:
+        os.umask(old_umask)
     return tmp / "out"
 
 
@@ -98,6 +104,10 @@ def test_checkpoints_hold_the_data_position_and_configs(finished_run):
     ds = json.loads((ckpt / "step00000006" / "ds_config.json").read_text())
     assert ds["scheduler"]["params"]["total_num_steps"] == 6  # "auto" resolved
     assert BertConfig.from_json(ckpt / "step00000006" / "config.json") == BertConfig(**TINY)
+    # Readable by others as written (umask 022), not tempfile.mkstemp's 0600.
+    for directory in (ckpt, ckpt / "step00000006", finished_run / "hf"):
+        modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in directory.iterdir() if p.is_file()}
+        assert {name for name, mode in modes.items() if mode != 0o644} == set(), directory
 
 
 def test_hf_export_gives_transformers_the_same_mlm_logits(finished_run, tiny_shards, tmp_path):
