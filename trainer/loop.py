@@ -1,10 +1,11 @@
 """The training run: build the engine, resume, step, log, evaluate, checkpoint, export.
 
-Order of a run (every rank): check paths and the DeepSpeed JSON against the world size,
-open and check the shards, resolve the model config against the manifest, build the
-model, ``deepspeed.initialize``, load the checkpoint named by ``--resume``, then train
-until ``--max-steps`` optimizer steps, and finally save a checkpoint and (rank 0) export
-it to ``OUTPUT_DIR/hf``.
+Order of a run (every rank): check paths, the DeepSpeed JSON's keys (trainer/dskeys.py) and
+its batch sizes against the world size, open and check the shards, resolve the model config
+against the manifest (and the checkpoint's, with ``--resume``), build the model,
+``deepspeed.initialize``, load the checkpoint named by ``--resume``, then train until
+``--max-steps`` optimizer steps, and finally save a checkpoint and (rank 0) export it to
+``OUTPUT_DIR/hf``.
 
 A time budget (``--max-minutes``, trainer/schedule.py) also ends the run: the training
 clock (this loop's wall time plus that of the runs it resumes) is agreed by all ranks in
@@ -37,6 +38,7 @@ from . import checkpoint, distributed, metrics, prepare
 from .config import TrainConfig
 from .data import PretrainingStream, StreamSpec, make_loader
 from .dsconfig import load_ds_config, precision, resolve_ds_config
+from .dskeys import check_keys
 from .schedule import time_budget_scheduler
 
 logger = logging.getLogger(__name__)
@@ -74,6 +76,7 @@ class Trainer:
         prepare.check_paths(config)
         ds = load_ds_config(config.ds_config)
         where = f"--ds-config {config.ds_config}"
+        check_keys(ds, where=where)
         self.ds, self.sizes = resolve_ds_config(
             ds, info.world_size, config.step_limit or 0, where=where
         )
