@@ -72,8 +72,8 @@ class Trainer:
     """One run of trainer/run.py on this rank (see the module docstring)."""
 
     def __init__(self, config: TrainConfig, info: distributed.DistInfo):
+        config = prepare.check_paths(config)  # --data shards/manifest.json: its directory
         self.config, self.info = config, info
-        prepare.check_paths(config)
         ds = load_ds_config(config.ds_config)
         where = f"--ds-config {config.ds_config}"
         check_keys(ds, where=where)
@@ -97,6 +97,7 @@ class Trainer:
         self.resume = checkpoint.find_resume(config.resume, config.output_dir)
         if self.resume is not None:
             checkpoint.check_world_size(*self.resume, info.world_size)
+            prepare.check_resumed_model(config, self.model_config, *self.resume)
         if self.resume is not None and checkpoint.is_universal(*self.resume):
             self.ds.setdefault("checkpoint", {})["load_universal"] = True
         self.masker = prepare.masker_for(self.shards, config)

@@ -168,6 +168,21 @@ def test_resume_on_other_data_is_refused(finished_run, small_shards, tmp_path, c
     assert "trained on other data" in caplog.text
 
 
+def test_resume_into_another_model_size_is_refused_naming_the_fields(
+    finished_run, tiny_shards, tmp_path, caplog
+):
+    argv = args(tmp_path, tiny_shards, "--max-steps", "8", "--resume", str(finished_run))
+    argv[argv.index("--model") + 1] = model_json(tmp_path, hidden_size=64, intermediate_size=128)
+    assert main(argv) == 2  # was: a RuntimeError (state_dict size mismatch) out of DeepSpeed
+    assert (
+        f"--resume {finished_run}: the checkpoint {finished_run}/checkpoints/step00000006 is a "
+        "model with hidden_size=32, intermediate_size=64; this run builds hidden_size=64, "
+        f"intermediate_size=128 (--model {tmp_path / 'model.json'}). Resume with --model "
+        f"{finished_run}/checkpoints/step00000006/config.json, or leave out --resume"
+    ) in caplog.text
+    assert not (tmp_path / "out" / "checkpoints").exists()
+
+
 def test_non_finite_loss_stops_before_the_update_and_saves_nothing(
     tiny_shards, tmp_path, monkeypatch, caplog
 ):
