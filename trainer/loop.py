@@ -34,7 +34,7 @@ import torch
 
 from pipeline.rng import derive_seed
 
-from . import checkpoint, distributed, metrics, prepare
+from . import checkpoint, distributed, metrics, ops, prepare
 from .config import TrainConfig
 from .data import PretrainingStream, StreamSpec, make_loader
 from .dsconfig import load_ds_config, precision, resolve_ds_config
@@ -117,6 +117,7 @@ class Trainer:
         import deepspeed
 
         model = prepare.build_model(self.config, self.model_config)
+        ops.announce_optimizer(self.ds)  # its op may be compiled first: say so
         self.engine, *_ = deepspeed.initialize(
             model=model,
             model_parameters=prepare.param_groups(model),
