@@ -22,11 +22,13 @@ With fp16 DeepSpeed's loss scaler still skips steps whose *gradients* overflow, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import signal
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,6 +51,28 @@ MODEL_INPUTS = (
 )  # fmt: skip
 # Test hook: every rank SIGKILLs itself after this optimizer step (after any checkpoint).
 FAULT_ENV = "TRAINER_FAULT_SIGKILL_AFTER_STEP"
+
+
+# DeepSpeed's WarmupLR, WarmupDecayLR and WarmupCosineLR (and our TimeBudgetLR) set the first
+# rate in their __init__ by calling their own get_lr() at iteration -1, which logs this
+# warning on every run: DeepSpeed's own start-up, nothing wrong with the run.
+SCHEDULER_START_WARNING = "Attempting to get learning rate from scheduler before it has started"
+
+
+@contextlib.contextmanager
+def _without_scheduler_start_warning() -> Iterator[None]:
+    """Drop exactly that warning while the engine (and its scheduler) is built; one logged
+    later would say something and is kept."""
+    from deepspeed.utils import logger as ds_logger
+
+    def keep(record: logging.LogRecord) -> bool:
+        return record.getMessage() != SCHEDULER_START_WARNING
+
+    ds_logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        ds_logger.removeFilter(keep)
 
 
 @dataclass
@@ -118,12 +142,13 @@ class Trainer:
 
         model = prepare.build_model(self.config, self.model_config)
         ops.announce_optimizer(self.ds)  # its op may be compiled first: say so
-        self.engine, *_ = deepspeed.initialize(
-            model=model,
-            model_parameters=prepare.param_groups(model),
-            config=self.ds,
-            lr_scheduler=self.scheduler_factory,
-        )
+        with _without_scheduler_start_warning():
+            self.engine, *_ = deepspeed.initialize(
+                model=model,
+                model_parameters=prepare.param_groups(model),
+                config=self.ds,
+                lr_scheduler=self.scheduler_factory,
+            )
         # DeepSpeed reports no gradient norm for fp32 without ZeRO (it clips, then drops it).
         self.own_grad_norm = self.engine.zero_optimization_stage() == 0 and self.precision == "fp32"
         if self.own_grad_norm and self.info.world_size == 1:

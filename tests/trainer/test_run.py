@@ -11,6 +11,7 @@ import torch
 from model import BertConfig, BertForPreTraining
 from trainer import export
 from trainer.data import PretrainingStream, StreamSpec
+from trainer.loop import SCHEDULER_START_WARNING
 from trainer.run import main
 from trainer.shards import ShardSet
 
@@ -74,11 +75,13 @@ def test_metrics_are_logged_to_jsonl_and_tensorboard(finished_run, tiny_shards):
 def test_console_shows_our_lines_and_the_log_file_everything(tiny_shards, tmp_path, capfd,
                                                              monkeypatch):  # fmt: skip
     monkeypatch.delenv("BERT_VERBOSE", raising=False)
-    argv = args(tmp_path, tiny_shards, "--max-steps", "2", "--log-every", "1",
+    argv = args(tmp_path, tiny_shards / "manifest.json", "--max-steps", "2", "--log-every", "1",
                 "--export-hf", "false", "--save-every", "0")  # fmt: skip
     assert main(argv) == 0
     console = capfd.readouterr()
     log = (tmp_path / "out" / "logs" / "train-rank0.log").read_text()
+    assert f"is a manifest: reading its shard directory {tiny_shards}\n" in console.err
+    assert SCHEDULER_START_WARNING not in log + console.err  # DeepSpeed's, at every start
     assert "step 2/2  loss " in console.err and "ETA" in console.err
     assert f"full log: {tmp_path / 'out' / 'logs' / 'train-rank0.log'}" in console.err
     # DeepSpeed's records and prints, and our config dumps, are in the file only.
