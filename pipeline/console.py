@@ -26,7 +26,6 @@ KNOWN_NOISE = (
     "apitools not found",  # Beam without the gcp extra; we read local files
     "bigquery_storage_v1",  # the same, for BigQuery
     "No semi_persistent_directory found",  # every Beam SDK worker at start-up
-    "Attempting to get learning rate from scheduler before it has started",  # DeepSpeed init
 )
 
 

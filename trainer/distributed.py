@@ -66,6 +66,10 @@ def init_distributed() -> DistInfo:
     if cuda:
         torch.cuda.set_device(local_rank)
     if not dist.is_initialized():
+        if not cuda:  # DeepSpeed's CPU backend builds its shared-memory all-reduce op first
+            from .ops import announce
+
+            announce("ShareMemCommBuilder", "shared-memory all-reduce")
         deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if not cuda:

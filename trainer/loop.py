@@ -1,10 +1,11 @@
 """The training run: build the engine, resume, step, log, evaluate, checkpoint, export.
 
-Order of a run (every rank): check paths and the DeepSpeed JSON against the world size,
-open and check the shards, resolve the model config against the manifest, build the
-model, ``deepspeed.initialize``, load the checkpoint named by ``--resume``, then train
-until ``--max-steps`` optimizer steps, and finally save a checkpoint and (rank 0) export
-it to ``OUTPUT_DIR/hf``.
+Order of a run (every rank): check paths, the DeepSpeed JSON's keys (trainer/dskeys.py) and
+its batch sizes against the world size, open and check the shards, resolve the model config
+against the manifest (and the checkpoint's, with ``--resume``), build the model,
+``deepspeed.initialize``, load the checkpoint named by ``--resume``, then train until
+``--max-steps`` optimizer steps, and finally save a checkpoint and (rank 0) export it to
+``OUTPUT_DIR/hf``.
 
 A time budget (``--max-minutes``, trainer/schedule.py) also ends the run: the training
 clock (this loop's wall time plus that of the runs it resumes) is agreed by all ranks in
@@ -21,11 +22,13 @@ With fp16 DeepSpeed's loss scaler still skips steps whose *gradients* overflow, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import signal
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,10 +36,11 @@ import torch
 
 from pipeline.rng import derive_seed
 
-from . import checkpoint, distributed, metrics, prepare
+from . import checkpoint, distributed, metrics, ops, prepare
 from .config import TrainConfig
 from .data import PretrainingStream, StreamSpec, make_loader
 from .dsconfig import load_ds_config, precision, resolve_ds_config
+from .dskeys import check_keys
 from .schedule import time_budget_scheduler
 
 logger = logging.getLogger(__name__)
@@ -47,6 +51,28 @@ MODEL_INPUTS = (
 )  # fmt: skip
 # Test hook: every rank SIGKILLs itself after this optimizer step (after any checkpoint).
 FAULT_ENV = "TRAINER_FAULT_SIGKILL_AFTER_STEP"
+
+
+# DeepSpeed's WarmupLR, WarmupDecayLR and WarmupCosineLR (and our TimeBudgetLR) set the first
+# rate in their __init__ by calling their own get_lr() at iteration -1, which logs this
+# warning on every run: DeepSpeed's own start-up, nothing wrong with the run.
+SCHEDULER_START_WARNING = "Attempting to get learning rate from scheduler before it has started"
+
+
+@contextlib.contextmanager
+def _without_scheduler_start_warning() -> Iterator[None]:
+    """Drop exactly that warning while the engine (and its scheduler) is built; one logged
+    later would say something and is kept."""
+    from deepspeed.utils import logger as ds_logger
+
+    def keep(record: logging.LogRecord) -> bool:
+        return record.getMessage() != SCHEDULER_START_WARNING
+
+    ds_logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        ds_logger.removeFilter(keep)
 
 
 @dataclass
@@ -70,10 +96,11 @@ class Trainer:
     """One run of trainer/run.py on this rank (see the module docstring)."""
 
     def __init__(self, config: TrainConfig, info: distributed.DistInfo):
+        config = prepare.check_paths(config)  # --data shards/manifest.json: its directory
         self.config, self.info = config, info
-        prepare.check_paths(config)
         ds = load_ds_config(config.ds_config)
         where = f"--ds-config {config.ds_config}"
+        check_keys(ds, where=where)
         self.ds, self.sizes = resolve_ds_config(
             ds, info.world_size, config.step_limit or 0, where=where
         )
@@ -94,6 +121,7 @@ class Trainer:
         self.resume = checkpoint.find_resume(config.resume, config.output_dir)
         if self.resume is not None:
             checkpoint.check_world_size(*self.resume, info.world_size)
+            prepare.check_resumed_model(config, self.model_config, *self.resume)
         if self.resume is not None and checkpoint.is_universal(*self.resume):
             self.ds.setdefault("checkpoint", {})["load_universal"] = True
         self.masker = prepare.masker_for(self.shards, config)
@@ -113,12 +141,14 @@ class Trainer:
         import deepspeed
 
         model = prepare.build_model(self.config, self.model_config)
-        self.engine, *_ = deepspeed.initialize(
-            model=model,
-            model_parameters=prepare.param_groups(model),
-            config=self.ds,
-            lr_scheduler=self.scheduler_factory,
-        )
+        ops.announce_optimizer(self.ds)  # its op may be compiled first: say so
+        with _without_scheduler_start_warning():
+            self.engine, *_ = deepspeed.initialize(
+                model=model,
+                model_parameters=prepare.param_groups(model),
+                config=self.ds,
+                lr_scheduler=self.scheduler_factory,
+            )
         # DeepSpeed reports no gradient norm for fp32 without ZeRO (it clips, then drops it).
         self.own_grad_norm = self.engine.zero_optimization_stage() == 0 and self.precision == "fp32"
         if self.own_grad_norm and self.info.world_size == 1:

@@ -3,7 +3,8 @@
 All checks run before DeepSpeed builds the engine, so a bad invocation fails in seconds
 with a message naming the file or field: a missing data directory or ds-config, shards
 whose vocabulary (size or [PAD] id) differs from the model's, rows longer than the
-model's positions, a corrupt shard (with ``--skip-corrupt``: skipped and counted).
+model's positions, a corrupt shard (with ``--skip-corrupt``: skipped and counted), a
+``--resume`` checkpoint of another model size.
 """
 
 from __future__ import annotations
@@ -27,14 +28,24 @@ from .data import DynamicMasker
 from .shards import ShardSet
 
 logger = logging.getLogger(__name__)
+# Model fields a resumed run may change: they change no weight's shape or meaning.
+RESUMABLE_CHANGES = ("hidden_dropout_prob", "attention_probs_dropout_prob", "initializer_range")
 
 
-def check_paths(config: TrainConfig) -> None:
+def check_paths(config: TrainConfig) -> TrainConfig:
     """Fail early on local paths that do not exist.
+
+    Returns ``config``, with a ``--data`` / ``--eval-data`` that names a shard directory's
+    ``manifest.json`` replaced by that directory (logged).
 
     Raises:
         FileNotFoundError: naming the flag and the path.
     """
+    config = dataclasses.replace(
+        config,
+        data=_shard_directory(config.data, "--data"),
+        eval_data=_shard_directory(config.eval_data, "--eval-data"),
+    )
     for flag, path in (("--data", config.data), ("--eval-data", config.eval_data)):
         if path is None or "://" in path:
             continue
@@ -47,6 +58,21 @@ def check_paths(config: TrainConfig) -> None:
             )
     if config.init_from_hf is not None and not Path(config.init_from_hf).is_dir():
         raise FileNotFoundError(f"--init-from-hf {config.init_from_hf}: no such directory")
+    return config
+
+
+def _shard_directory(path: str | None, flag: str) -> str | None:
+    """``shards/manifest.json`` -> ``shards`` (the flags take the directory); else ``path``."""
+    if path is None or path.rstrip("/").rsplit("/", 1)[-1] != shard_format.MANIFEST_NAME:
+        return path
+    if "://" in path:
+        directory = path.rstrip("/").rsplit("/", 1)[0]
+    elif Path(path).is_file():
+        directory = str(Path(path).parent)
+    else:
+        return path
+    logger.info("%s %s is a manifest: reading its shard directory %s", flag, path, directory)
+    return directory
 
 
 def open_shards(path: str, config: TrainConfig, *, flag: str) -> ShardSet:
@@ -108,6 +134,63 @@ def check_fit(cfg: BertConfig, manifest: dict) -> None:
             f"the shards have rows of up to {seq} tokens but the model has "
             f"max_position_embeddings {cfg.max_position_embeddings}"
         )
+
+
+def check_resumed_model(config: TrainConfig, cfg: BertConfig, directory: str, tag: str) -> None:
+    """Refuse to resume a checkpoint of another model: its config.json against ``cfg``.
+
+    The dropout probabilities (``--dropout``) and initializer_range may change on resume. A
+    universal checkpoint has no config.json and is not checked here.
+
+    Raises:
+        ValueError: naming --resume, the fields that differ (both values) and the flag that
+            builds the checkpoint's model.
+    """
+    path = Path(directory, tag, "config.json")
+    if not path.is_file():
+        return
+    saved = BertConfig.from_json(path)
+    differ = _differences(saved, cfg)
+    if not differ:
+        return
+
+    def show(c: BertConfig) -> str:
+        return ", ".join(f"{name}={getattr(c, name)}" for name in differ)
+
+    if config.model is not None:
+        built_by = f"--model {config.model}"
+    elif config.init_from_hf is not None:
+        built_by = f"--init-from-hf {config.init_from_hf}"
+    else:
+        built_by = "--model base, the default"
+    afresh = "give a new --output-dir" if config.resume == "auto" else "leave out --resume"
+    if set(differ) <= {"vocab_size", "pad_token_id"}:  # a preset takes them from --data
+        advice = "Resume on the shards it was trained on (--data)"
+    else:
+        advice = f"Resume with {_model_flag(saved, path)}"
+    raise ValueError(
+        f"--resume {config.resume}: the checkpoint {directory}/{tag} is a model with "
+        f"{show(saved)}; this run builds {show(cfg)} ({built_by}). {advice}, or {afresh} to "
+        "start afresh"
+    )
+
+
+def _differences(a: BertConfig, b: BertConfig) -> list[str]:
+    """Fields of two model configs that differ, those a resume may change left out."""
+    return [
+        f.name
+        for f in dataclasses.fields(BertConfig)
+        if f.name not in RESUMABLE_CHANGES and getattr(a, f.name) != getattr(b, f.name)
+    ]
+
+
+def _model_flag(saved: BertConfig, path: Path) -> str:
+    """The --model that builds ``saved``: a preset's name where one does, else its config.json."""
+    for name in PRESETS:
+        vocab = {"vocab_size": saved.vocab_size, "pad_token_id": saved.pad_token_id}
+        if not _differences(BertConfig.preset(name, **vocab), saved):
+            return f"--model {name}"
+    return f"--model {path}"
 
 
 def _load_model_arg(model: str, vocab: dict) -> BertConfig:

@@ -20,8 +20,7 @@ def record(name, level, msg, *args):
         ("apache_beam.runners.worker.sdk_worker", logging.INFO, "Control channel established.", False),
         ("apache_beam.io", logging.WARNING, "Discarding unparseable args: ['--x']", True),
         ("root", logging.WARNING, "apitools not found, and bigquery client ...", False),
-        ("DeepSpeed", logging.WARNING,
-         "Attempting to get learning rate from scheduler before it has started", False),
+        ("DeepSpeed", logging.WARNING, "total_num_steps 5 is less than warmup_num_steps 9", True),
         ("pipeline", logging.INFO, "trainer config: {...}", False),  # file_only
         ("pipeline", logging.WARNING, "trainer config: {...}", True),  # file_only: INFO only
     ],

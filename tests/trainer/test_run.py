@@ -13,6 +13,7 @@ import torch
 from model import BertConfig, BertForPreTraining
 from trainer import export
 from trainer.data import PretrainingStream, StreamSpec
+from trainer.loop import SCHEDULER_START_WARNING
 from trainer.run import main
 from trainer.shards import ShardSet
 
@@ -80,11 +81,13 @@ def test_metrics_are_logged_to_jsonl_and_tensorboard(finished_run, tiny_shards):
 def test_console_shows_our_lines_and_the_log_file_everything(tiny_shards, tmp_path, capfd,
                                                              monkeypatch):  # fmt: skip
     monkeypatch.delenv("BERT_VERBOSE", raising=False)
-    argv = args(tmp_path, tiny_shards, "--max-steps", "2", "--log-every", "1",
+    argv = args(tmp_path, tiny_shards / "manifest.json", "--max-steps", "2", "--log-every", "1",
                 "--export-hf", "false", "--save-every", "0")  # fmt: skip
     assert main(argv) == 0
     console = capfd.readouterr()
     log = (tmp_path / "out" / "logs" / "train-rank0.log").read_text()
+    assert f"is a manifest: reading its shard directory {tiny_shards}\n" in console.err
+    assert SCHEDULER_START_WARNING not in log + console.err  # DeepSpeed's, at every start
     assert "step 2/2  loss " in console.err and "ETA" in console.err
     assert f"full log: {tmp_path / 'out' / 'logs' / 'train-rank0.log'}" in console.err
     # DeepSpeed's records and prints, and our config dumps, are in the file only.
@@ -176,6 +179,21 @@ def test_resume_on_other_data_is_refused(finished_run, small_shards, tmp_path, c
     argv = args(tmp_path, small_shards, "--max-steps", "8", "--resume", str(finished_run))
     assert main(argv) == 2
     assert "trained on other data" in caplog.text
+
+
+def test_resume_into_another_model_size_is_refused_naming_the_fields(
+    finished_run, tiny_shards, tmp_path, caplog
+):
+    argv = args(tmp_path, tiny_shards, "--max-steps", "8", "--resume", str(finished_run))
+    argv[argv.index("--model") + 1] = model_json(tmp_path, hidden_size=64, intermediate_size=128)
+    assert main(argv) == 2  # was: a RuntimeError (state_dict size mismatch) out of DeepSpeed
+    assert (
+        f"--resume {finished_run}: the checkpoint {finished_run}/checkpoints/step00000006 is a "
+        "model with hidden_size=32, intermediate_size=64; this run builds hidden_size=64, "
+        f"intermediate_size=128 (--model {tmp_path / 'model.json'}). Resume with --model "
+        f"{finished_run}/checkpoints/step00000006/config.json, or leave out --resume"
+    ) in caplog.text
+    assert not (tmp_path / "out" / "checkpoints").exists()
 
 
 def test_non_finite_loss_stops_before_the_update_and_saves_nothing(

@@ -1,0 +1,74 @@
+"""DeepSpeed's compiled ops: one line on the console before DeepSpeed JIT-compiles one.
+
+A pip-installed DeepSpeed compiles its C++/CUDA ops on first use and caches them under
+``~/.cache/torch_extensions`` (``$TORCH_EXTENSIONS_DIR``): on CPU the shared-memory
+all-reduce at ``deepspeed.init_distributed`` and, without ``torch_adam``, the Adam op at
+``deepspeed.initialize``; on GPU ``FusedAdam``'s kernel. Each takes a minute or two and
+prints nothing, so the trainer says what is happening, but only when the build will
+actually run: the op is not pre-built into the DeepSpeed install, and the cached library is
+missing or older than its sources (torch's ninja build then rebuilds it; a change of
+compiler flags alone also rebuilds, unannounced).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+# Optimizer class DeepSpeed builds (trainer.dskeys.optimizer_class) -> the op builder it loads.
+OPTIMIZER_BUILDERS = {
+    "FusedAdam": "FusedAdamBuilder",
+    "DeepSpeedCPUAdam": "CPUAdamBuilder",
+    "FusedLamb": "FusedLambBuilder",
+    "DeepSpeedCPUAdagrad": "CPUAdagradBuilder",
+    "FusedLion": "FusedLionBuilder",
+    "DeepSpeedCPULion": "CPULionBuilder",
+}
+
+
+def compile_directory(builder_name: str) -> Path | None:
+    """Where DeepSpeed will JIT-compile the op of ``builder_name`` on its next load, or None
+    when it will not compile it (pre-built, cached and up to date, or not on this
+    accelerator).
+
+    Example: ``compile_directory("ShareMemCommBuilder")`` on a fresh CPU machine ->
+    ``~/.cache/torch_extensions/py311_cpu/deepspeed_shm_comm``; None once it is built.
+    """
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.git_version_info import installed_ops
+    from torch.utils.cpp_extension import _get_build_directory  # torch's own rule, env included
+
+    builder = get_accelerator().create_op_builder(builder_name)
+    # No sources: DeepSpeed's stand-in for an op this accelerator lacks (it raises on load).
+    if builder is None or not builder.sources() or installed_ops.get(builder.name, False):
+        return None
+    directory = Path(_get_build_directory(builder.name, verbose=False))
+    library = directory / f"{builder.name}.so"
+    if library.is_file():
+        sources = [Path(builder.deepspeed_src_path(p)) for p in builder.sources()]
+        built = library.stat().st_mtime
+        if all(not s.is_file() or s.stat().st_mtime <= built for s in sources):
+            return None
+    return directory
+
+
+def announce(builder_name: str, what: str) -> None:
+    """Log (INFO, on the console of rank 0) that the op is about to be compiled, if it is."""
+    directory = compile_directory(builder_name)
+    if directory is not None:
+        logger.info(
+            "compiling DeepSpeed's %s op (first run only, a minute or two; cached in %s)",
+            what, directory,
+        )  # fmt: skip
+
+
+def announce_optimizer(ds: dict[str, Any]) -> None:
+    """:func:`announce` the op of the optimizer DeepSpeed will build from ``ds``, if any."""
+    from .dskeys import optimizer_class
+
+    cls = optimizer_class(ds)
+    if cls is not None and cls.__name__ in OPTIMIZER_BUILDERS:
+        announce(OPTIMIZER_BUILDERS[cls.__name__], f"{cls.__name__} optimizer")
