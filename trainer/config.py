@@ -58,6 +58,9 @@ class TrainConfig:
     unpad: bool = True  # encoder on real tokens only (model/unpad.py); false: padded path
     export_hf: bool = True  # write output_dir/hf (Hugging Face format) at the end
     record_samples: bool = False  # append the row ids each rank trains on to samples-rankN.txt
+    # Seconds a scheduler allows between SIGTERM and SIGKILL (trainer/signals.py): a warning
+    # at the first checkpoint when a step plus a save take longer. 0: no check.
+    signal_grace: float = 30.0
 
     def __post_init__(self) -> None:
         """Raises ValueError naming the flag of the first invalid value."""
@@ -84,6 +87,8 @@ class TrainConfig:
             isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0
         ):
             raise ValueError(f"--dropout must be in [0, 1), got {self.dropout!r}")
+        if not (isinstance(self.signal_grace, (int, float)) and self.signal_grace >= 0):
+            raise ValueError(f"--signal-grace must be >= 0, got {self.signal_grace!r}")
         if self.max_minutes is not None and not (
             isinstance(self.max_minutes, (int, float)) and self.max_minutes > 0
         ):
@@ -147,7 +152,19 @@ _HELP = {
     "unpad": "run the encoder on real tokens only (false: the padded reference path)",
     "export_hf": "write a Hugging Face export to OUTPUT_DIR/hf at the end",
     "record_samples": "append each rank's trained row ids to OUTPUT_DIR/samples-rankN.txt",
+    "signal_grace": "seconds a scheduler allows between SIGTERM and SIGKILL (SLURM KillWait, "
+    "Kubernetes terminationGracePeriodSeconds): warn at the first checkpoint when a step plus "
+    "a save take longer (0: no check)",
 }
+
+EPILOG = """\
+Ctrl-C (SIGINT) or SIGTERM: every rank finishes the optimizer step in progress and saves a
+checkpoint, rank 0 prints the command that resumes the run (--resume auto), and the run exits
+130 (SIGINT) or 143 (SIGTERM). A second signal, a second or more later, exits at once with
+the same codes; a checkpoint being written then is never resumed (trainer/signals.py).
+
+exit codes: 0 done; 2 bad arguments, configuration or data; 3 non-finite loss or weights;
+130 / 143 stopped by SIGINT / SIGTERM (resume with --resume auto)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -156,15 +173,16 @@ def build_parser() -> argparse.ArgumentParser:
         prog="trainer/run.py",
         description="Pretrain BERT (MLM + NSP) on pipeline shards with DeepSpeed.",
         argument_default=argparse.SUPPRESS,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--config", help="JSON file of defaults for these flags (flags win)")
     p.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)
     types = {f.name: f.type for f in dataclasses.fields(TrainConfig)}
     for field in dataclasses.fields(TrainConfig):
         kind = types[field.name]
-        convert = {"int": int, "int | None": int, "bool": _bool, "float | None": float}.get(
-            str(kind), str
-        )
+        convert = {"int": int, "int | None": int, "bool": _bool, "float | None": float,
+                   "float": float}.get(str(kind), str)  # fmt: skip
         extra = {"choices": MASKING} if field.name == "masking" else {}
         shown = field.default not in (dataclasses.MISSING, None)
         default = f" (default: {field.default})" if shown else ""

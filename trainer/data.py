@@ -45,6 +45,7 @@ from pipeline.rng import numpy_rng
 
 from .order import StreamOrder, rank_positions
 from .shards import ShardSet
+from .signals import ignore_in_worker
 
 PAD_MULTIPLE = 8
 NSP_IGNORE = -100  # torch cross_entropy's default ignore_index
@@ -309,6 +310,7 @@ class BatchLoader:
             pin_memory=torch.cuda.is_available(),
             prefetch_factor=2 if num_workers else None,
             generator=torch.Generator().manual_seed(stream.spec.seed),
+            worker_init_fn=ignore_in_worker,  # the main process owns Ctrl-C and SIGTERM
         )
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:

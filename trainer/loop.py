@@ -18,6 +18,10 @@ infinite loss; a :class:`checkpoint.NonFiniteError` ends the run with exit code 
 last checkpoint stays the one to resume from (lower the learning rate, or check the data
 around the logged stream position). Skipping the step instead would hide a diverging run.
 With fp16 DeepSpeed's loss scaler still skips steps whose *gradients* overflow, as usual.
+
+SIGINT / SIGTERM (trainer/signals.py): a rank's "stop requested" flag rides in the same
+all-reduce, so every rank finishes the same step, skips evaluation, saves a checkpoint
+(position and RNG states: the resumed run is the uninterrupted one) and exits 130 / 143.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from .data import PretrainingStream, StreamSpec, make_loader
 from .dsconfig import load_ds_config, precision, resolve_ds_config
 from .dskeys import check_keys
 from .schedule import time_budget_scheduler
+from .signals import StopRequest, grace_warning
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +91,7 @@ class RunState:
     clock_base: float = 0.0  # training seconds of the runs this one resumes
     clock_start: float = field(default_factory=time.perf_counter)
     out_of_time: bool = False
+    stopped_by: int | None = None  # the signal all ranks agreed to stop on (trainer/signals.py)
     grad_norm: float | None = None  # computed here only where DeepSpeed reports none
     counts: torch.Tensor | None = None  # device counts since the last log
     host: list[float] = field(default_factory=lambda: [0.0] * len(metrics.HOST_COUNTS))
@@ -95,9 +101,12 @@ class RunState:
 class Trainer:
     """One run of trainer/run.py on this rank (see the module docstring)."""
 
-    def __init__(self, config: TrainConfig, info: distributed.DistInfo):
+    def __init__(self, config: TrainConfig, info: distributed.DistInfo,
+                 stop: StopRequest | None = None):  # fmt: skip
         config = prepare.check_paths(config)  # --data shards/manifest.json: its directory
         self.config, self.info = config, info
+        # Not installed by default: only trainer/run.py owns the process's signals.
+        self.stop = stop or StopRequest(resume="", output_dir=config.output_dir)
         ds = load_ds_config(config.ds_config)
         where = f"--ds-config {config.ds_config}"
         check_keys(ds, where=where)
@@ -185,9 +194,10 @@ class Trainer:
         return iter(make_loader(stream, self.config.num_workers))
 
     def done(self) -> bool:
-        """The step limit is reached or the time budget spent."""
+        """The step limit is reached, the time budget spent or a stop signal agreed on."""
         limit = self.config.step_limit
-        return (limit is not None and self.state.step >= limit) or self.state.out_of_time
+        s = self.state
+        return (limit is not None and s.step >= limit) or s.out_of_time or s.stopped_by is not None
 
     def train(self) -> dict:
         """Train to the step limit or the end of the time budget; returns the last record."""
@@ -202,21 +212,29 @@ class Trainer:
             batches = self._loader()
             s.window_start = s.clock_start = time.perf_counter()
             s.out_of_time = c.budget_s is not None and s.clock_base >= c.budget_s
+            self.stop.training = True  # from now on a first signal stops after the step
+            warned = not c.signal_grace  # 0: no check
             while not self.done():
+                start = time.perf_counter()
                 self._optimizer_step(batches, samples)
+                step_s = time.perf_counter() - start
                 if s.step % c.log_every == 0 or self.done():
                     last = self._log(writer)
-                if c.eval_every and self.eval_shards and s.step % c.eval_every == 0:
+                evaluate = c.eval_every and self.eval_shards and s.step % c.eval_every == 0
+                if evaluate and s.stopped_by is None:
                     writer.write(self.evaluate())
                 if c.save_every and s.step % c.save_every == 0:
                     self._save()
+                    warned = warned or self._warn_grace(step_s)
                 if os.environ.get(FAULT_ENV) == str(s.step):
                     os.kill(os.getpid(), signal.SIGKILL)
             if s.last_saved != s.step:
                 self._save()
-            if self.eval_shards is not None and not (c.eval_every and s.step % c.eval_every == 0):
+            evaluated = c.eval_every and s.step % c.eval_every == 0
+            if self.eval_shards is not None and not evaluated and s.stopped_by is None:
                 writer.write(self.evaluate())
         finally:
+            self.stop.training = False
             writer.close()
             if samples is not None:
                 samples.close()
@@ -251,18 +269,24 @@ class Trainer:
         clock (one all-reduce for both), time budget, grad norm."""
         s, c = self.state, self.config
         local_s = s.clock_base + time.perf_counter() - s.clock_start
-        flags = torch.tensor([float(bad), local_s], dtype=torch.float64, device=self.info.device)
-        bad_anywhere, s.train_s = distributed.all_reduce_max(flags).tolist()
+        stop = float(self.stop.signum or 0)  # the signal this rank got, if any
+        flags = torch.tensor(
+            [float(bad), local_s, stop], dtype=torch.float64, device=self.info.device
+        )
+        bad_anywhere, s.train_s, stop_anywhere = distributed.all_reduce_max(flags).tolist()
         if bad_anywhere > 0:
             raise checkpoint.NonFiniteError(
                 f"non-finite loss at step {s.step + 1} (stream position {s.position}); "
                 f"stopped before the update, resume from the last checkpoint"
             )
+        if stop_anywhere > 0:
+            s.stopped_by = int(stop_anywhere)
+            self.stop.agree(s.stopped_by)
         if self.scheduler_factory is not None:
             self.engine.lr_scheduler.elapsed_s = s.train_s  # the rate after this update
             s.out_of_time = s.train_s >= c.budget_s
         step = s.step + 1
-        last = s.out_of_time or (c.step_limit is not None and step >= c.step_limit)
+        last = s.out_of_time or s.stopped_by or (c.step_limit is not None and step >= c.step_limit)
         if self.own_grad_norm and (step % c.log_every == 0 or last):
             s.grad_norm = metrics.grad_norm(self.engine.module)  # gradients are reduced by now
 
@@ -327,13 +351,30 @@ class Trainer:
             "train_config.json": c.to_dict(),
             "ds_config.json": self.ds,
         }
+        start = time.perf_counter()
         checkpoint.save(self.engine, c.output_dir, s.step, state, files)
         s.last_saved = s.step
+        self.save_s = time.perf_counter() - start
+
+    def _warn_grace(self, step_s: float) -> bool:
+        """Warn (rank 0) when a step and a save would not fit in --signal-grace; True: checked."""
+        warning = grace_warning(step_s, self.save_s, self.config.signal_grace)
+        if warning and self.info.is_main:
+            logger.warning("%s", warning)
+        return True
+
+    def last_checkpoint(self) -> str | None:
+        """The directory of this run's last checkpoint, or None."""
+        if self.state.last_saved < 0:
+            return None
+        tag = checkpoint.tag_for(self.state.last_saved)
+        return str(Path(self.config.output_dir, checkpoint.CHECKPOINTS, tag))
 
     def export(self) -> Path | None:
-        """Rank 0 writes OUTPUT_DIR/hf from the last checkpoint (after every rank saved it)."""
+        """Rank 0 writes OUTPUT_DIR/hf from the last checkpoint (after every rank saved it),
+        unless a stop signal came."""
         distributed.barrier()
-        if not (self.info.is_main and self.config.export_hf):
+        if not (self.info.is_main and self.config.export_hf) or self.stop.signum is not None:
             return None
         from .export import export
 

@@ -20,7 +20,13 @@ from every rank). Everything, DeepSpeed's INFO lines and stray prints included, 
 ``OUTPUT_DIR/logs/train-rank{RANK}.log``. ``BERT_VERBOSE=1`` puts every record on the console
 as well (pipeline/console.py).
 
-Exit codes: 0 done, 2 bad arguments, configuration or data, 3 non-finite loss or weights.
+Ctrl-C or SIGTERM (a cluster's, before preemption): every rank finishes the step in progress
+and saves a checkpoint; rank 0 prints the command that resumes the run. A second signal exits
+at once. Details, launchers and ``--signal-grace``: trainer/signals.py.
+
+Exit codes: 0 done, 2 bad arguments, configuration or data, 3 non-finite loss or weights,
+130 stopped by SIGINT (Ctrl-C), 143 stopped by SIGTERM (128 + the signal's number; resume
+with ``--resume auto``).
 """
 
 from __future__ import annotations
@@ -57,13 +63,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     handlers = _setup_logging(_launcher_rank(), config.output_dir)
     try:
-        with _prints_to(handlers):
-            return _run(config)
+        with _prints_to(handlers), _stop_request(argv, config) as stop:
+            return _run(config, stop)
     finally:
         console.uninstall(handlers)
 
 
-def _run(config) -> int:
+def _run(config, stop) -> int:
     from trainer import distributed
     from trainer.loop import Trainer
 
@@ -71,13 +77,15 @@ def _run(config) -> int:
     _route_deepspeed_logs()
     try:
         try:
-            trainer = Trainer(config, info)
+            trainer = Trainer(config, info, stop)
             trainer.build_engine()
         except (ValueError, FileNotFoundError, ShardFormatError) as err:
             logger.error("%s", err)
             return 2
         trainer.train()
         trainer.export()
+        if stop.signum is not None:
+            return stop.finish(trainer.last_checkpoint())
         if info.is_main:
             _plot(config.output_dir)
     except NonFiniteError as err:
@@ -99,10 +107,22 @@ def _plot(output_dir) -> None:
         logger.warning("no plots: %s", err)
 
 
+def _stop_request(argv: list[str], config):
+    """SIGINT / SIGTERM handling for the run (trainer/signals.py), with its resume command."""
+    from trainer.signals import StopRequest, how_to_resume
+
+    launched = any(name in os.environ for name in _RANK_ENV)
+    resume = how_to_resume(argv, sys.argv[0], launched)
+    return StopRequest(resume=resume, output_dir=config.output_dir, is_main=_launcher_rank() == 0)
+
+
+_RANK_ENV = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
+
+
 def _launcher_rank() -> int:
     """This process's rank as the launcher set it (deepspeed, torchrun, SLURM, MPI), else 0:
     logging starts before torch.distributed, which would confirm it."""
-    for name in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
+    for name in _RANK_ENV:
         if os.environ.get(name, "").isdigit():
             return int(os.environ[name])
     return 0
