@@ -233,54 +233,71 @@ def example_classes() -> dict[str, type]:
 class ExampleEncoder:
     """Serialises padded rows as ``tf.train.Example`` bytes through one reused message.
 
-    A fresh message per row costs about 3x more (building the feature map dominates); here
-    each row overwrites the values of the seven features, and the three that follow from the
-    row's length, prediction count and label only when those change. Keys serialise sorted
-    (``deterministic=True``), so the same rows give the same bytes.
+    A fresh message per row costs about 3x more (building the feature map dominates, and
+    every value is converted again). Here the message keeps its map and each row rewrites
+    only the values that differ from the row before: for each field the span from the first
+    to the last differing value, found for a whole batch at once with numpy. Padding, masks,
+    weights and labels mostly repeat from row to row, so most of the cost left is input_ids
+    and the serialisation (bench/export_speed.py). Keys serialise sorted
+    (``deterministic=True``): the same rows give the same bytes.
 
     Args:
         names: field -> feature name, one of TFRECORD_NAMES.
         max_seq_length, max_predictions_per_seq: L and P.
     """
 
+    FIELDS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
+              "masked_lm_weights", "next_sentence_labels")  # fmt: skip
+
     def __init__(self, names: Mapping[str, str], max_seq_length: int,
                  max_predictions_per_seq: int):  # fmt: skip
         self._example = example_classes()["Example"]()
         feature = self._example.features.feature
-        self._ids, self._segments, self._positions, self._targets, self._mask, self._label = (
-            feature[names[name]].int64_list.value
-            for name in ("input_ids", "segment_ids", "masked_lm_positions", "masked_lm_ids",
-                         "input_mask", "next_sentence_labels")
-        )  # fmt: skip
-        self._weights = feature[names["masked_lm_weights"]].float_list.value
-        self._seq, self._pred = max_seq_length, max_predictions_per_seq
-        self._last = (-1, -1, -1)  # length, predictions, label of the message's current row
+        self._values = []
+        for field in self.FIELDS:
+            if field == "next_sentence_labels":
+                width = 1
+            elif field.startswith("masked"):
+                width = max_predictions_per_seq
+            else:
+                width = max_seq_length
+            if field == "masked_lm_weights":
+                values = feature[names[field]].float_list.value
+                values.extend([0.0] * width)
+            else:
+                values = feature[names[field]].int64_list.value
+                values.extend([0] * width)  # every update below keeps the length
+            self._values.append(values)
+        self._pred = max_predictions_per_seq
 
     def encode(self, padded: Mapping[str, np.ndarray]) -> Iterator[bytes]:
         """One ``Example`` per row of ``padded`` (from padded_batch), in order."""
-        seq, pred = self._seq, self._pred
-        ids, segments, positions, targets, lengths, counts, labels = (
-            padded[name].tolist()  # once per batch: lists of Python ints convert fastest
-            for name in ("input_ids", "segment_ids", "masked_lm_positions", "masked_lm_ids",
-                         "lengths", "num_predictions", "next_sentence_labels")
-        )  # fmt: skip
-        last_length, last_count, last_label = self._last
-        for i, length in enumerate(lengths):
-            self._ids[:] = ids[i]
-            self._segments[:] = segments[i]
-            self._positions[:] = positions[i]
-            self._targets[:] = targets[i]
-            if length != last_length:
-                self._mask[:] = [1] * length + [0] * (seq - length)
-                last_length = length
-            if counts[i] != last_count:
-                last_count = counts[i]
-                self._weights[:] = [1.0] * last_count + [0.0] * (pred - last_count)
-            if labels[i] != last_label:
-                last_label = labels[i]
-                self._label[:] = [last_label]
+        weights = np.arange(self._pred) < padded["num_predictions"][:, None]
+        matrices = {**padded, "masked_lm_weights": weights.astype(np.float32),
+                    "next_sentence_labels": padded["next_sentence_labels"][:, None]}  # fmt: skip
+        updates = [(values, *_changed_spans(matrices[field]))
+                   for values, field in zip(self._values, self.FIELDS, strict=True)]  # fmt: skip
+        for i in range(len(padded["lengths"])):
+            for values, flat, width, starts, stops in updates:
+                start, stop = starts[i], stops[i]
+                if start < stop:  # a memoryview slice: converted straight from the buffer
+                    values[start:stop] = flat[i * width + start : i * width + stop]
             yield self._example.SerializeToString(deterministic=True)
-        self._last = (last_length, last_count, last_label)
+
+
+def _changed_spans(matrix: np.ndarray) -> tuple[memoryview, int, list[int], list[int]]:
+    """(flat view of ``matrix``, its width, per row the start and stop of the span that
+    differs from the row before). Row 0 spans the whole width: the message may hold any
+    earlier row. ``[[1, 2, 3], [1, 5, 3], [1, 5, 3]] -> starts [0, 1, 0], stops [3, 2, 0]``.
+    """
+    matrix = np.ascontiguousarray(matrix)
+    width = matrix.shape[1]
+    changed = matrix[1:] != matrix[:-1]  # (n - 1, width)
+    some = changed.any(axis=1)
+    starts = np.where(some, changed.argmax(axis=1), 0)
+    stops = np.where(some, width - changed[:, ::-1].argmax(axis=1), 0)
+    return (memoryview(matrix.reshape(-1)), width, [0, *starts.tolist()],
+            [width, *stops.tolist()])  # fmt: skip
 
 
 def tfrecord_chunks(table: pa.Table, encoder: ExampleEncoder, max_seq_length: int,
