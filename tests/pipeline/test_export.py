@@ -301,3 +301,63 @@ def test_the_main_jobs_build_exports_on_its_runner(tmp_path):
             assert_same_row(want, b["input_ids"], b["input_mask"], b["segment_ids"],
                             b["masked_lm_positions"][:k], b["masked_lm_ids"][:k],
                             int(b["next_sentence_labels"][0]), seq)  # fmt: skip
+
+
+def test_pad_rows_and_changed_spans_known_answers():
+    from pipeline.export_formats import _changed_spans, pad_rows
+
+    padded = pad_rows(np.array([0, 2, 3]), np.array([5, 6, 7]), 3, np.int32)
+    assert padded.tolist() == [[5, 6, 0], [7, 0, 0]] and padded.dtype == np.int32
+    with pytest.raises(ValueError, match="row 0 has 2 values, more than 1"):
+        pad_rows(np.array([0, 2, 3]), np.array([5, 6, 7]), 1, np.int32)
+    _, width, starts, stops = _changed_spans(np.array([[1, 2, 3], [1, 5, 3], [1, 5, 3]]))
+    assert (width, starts, stops) == (3, [0, 1, 0], [3, 2, 0])
+
+
+def test_rows_survive_many_record_batches_and_a_reused_message(tmp_path):
+    """Random rows in batches of 3 (the encoder rewrites only what changed, across batches
+    and shards): every field of every row as the consumers read it."""
+    from tfrecord import example_pb2
+
+    from pipeline import encode, export_formats
+    from pipeline import format as shard_format
+
+    rng = np.random.default_rng(0)
+    seq, pred = 12, 4
+    encoder = export_formats.ExampleEncoder(export_formats.TFRECORD_NAMES["v1"], seq, pred)
+    for shard in range(2):
+        rows = []
+        for _ in range(20):
+            n = int(rng.integers(5, seq + 1))
+            split = int(rng.integers(2, n - 1))
+            k = int(rng.integers(0, pred + 1))
+            positions = sorted(rng.choice(np.arange(1, n - 1), size=min(k, n - 2), replace=False))
+            rows.append({"input_ids": rng.integers(5, 50, n).tolist(),
+                         "segment_ids": [0] * (split + 1) + [1] * (n - split - 1),
+                         "masked_lm_positions": [int(p) for p in positions],
+                         "masked_lm_ids": rng.integers(5, 50, len(positions)).tolist(),
+                         "next_sentence_label": int(rng.integers(0, 2))})  # fmt: skip
+        columns = encode.rows_to_columns(rows)
+        data = encode.encode_shard(columns, shard_format.shard_schema(50, seq), batch_size=3)
+        table = pa.ipc.open_stream(data).read_all()
+        assert table.num_rows == 20 and len(table.to_batches()) == 7
+        path = tmp_path / f"{shard}.tfrecord"
+        path.write_bytes(b"".join(export_formats.tfrecord_chunks(table, encoder, seq, pred)))
+        (tmp_path / f"{shard}.hdf5").write_bytes(export_formats.hdf5_bytes(table, seq, pred))
+        nvidia = nvidia_rows(tmp_path / f"{shard}.hdf5", pred)
+        for want, record, a in zip(rows, records(path), nvidia, strict=True):
+            example = example_pb2.Example.FromString(record)
+            got = {k: list(getattr(v, v.WhichOneof("kind")).value)
+                   for k, v in example.features.feature.items()}  # fmt: skip
+            k = len(want["masked_lm_positions"])
+            assert got["masked_lm_weights"] == [1.0] * k + [0.0] * (pred - k)
+            assert got["masked_lm_positions"][k:] == got["masked_lm_ids"][k:] == [0] * (pred - k)
+            for ids, mask, segments, positions, targets, label in (
+                (got["input_ids"], got["input_mask"], got["segment_ids"],
+                 got["masked_lm_positions"][:k], got["masked_lm_ids"][:k],
+                 got["next_sentence_labels"][0]),
+                (a["input_ids"], a["input_mask"], a["segment_ids"], a["masked_lm_positions"],
+                 a["masked_lm_ids"], a["next_sentence_labels"]),
+            ):  # fmt: skip
+                assert_same_row(want, np.asarray(ids), mask, np.asarray(segments), positions,
+                                targets, label, seq)  # fmt: skip
