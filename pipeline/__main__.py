@@ -318,6 +318,14 @@ def _build(argv: Sequence[str], log_file: str | None, verbose: bool,
     return 0
 
 
+def _run_export(*args) -> int:
+    """pipeline/export.py, imported only now: Beam logs on import, and with no handler yet
+    Python's logging would add its own and print every line twice."""
+    from .export import run_export
+
+    return run_export(*args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -327,9 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command == "build":
         return run_build(rest)  # sets up its own logging (pipeline/console.py)
     if command == "export":
-        from .export import run_export
-
-        return run_with_console(rest, run_export)
+        return run_with_console(rest, _run_export)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

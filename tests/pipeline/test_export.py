@@ -361,3 +361,20 @@ def test_rows_survive_many_record_batches_and_a_reused_message(tmp_path):
             ):  # fmt: skip
                 assert_same_row(want, np.asarray(ids), mask, np.asarray(segments), positions,
                                 targets, label, seq)  # fmt: skip
+
+
+def test_an_empty_shard_exports_to_empty_files(tmp_path):
+    from pipeline import encode, export_formats
+    from pipeline import format as shard_format
+
+    columns = {name: [] for name in shard_format.COLUMNS}
+    data = encode.encode_shard(columns, shard_format.shard_schema(50, 12))
+    table = pa.ipc.open_stream(data).read_all()
+    (tmp_path / "empty.hdf5").write_bytes(export_formats.hdf5_bytes(table, 12, 4))
+    with h5py.File(tmp_path / "empty.hdf5", "r") as f:
+        assert {k: f[k].shape for k in f} == {
+            "input_ids": (0, 12), "input_mask": (0, 12), "segment_ids": (0, 12),
+            "masked_lm_positions": (0, 4), "masked_lm_ids": (0, 4), "next_sentence_labels": (0,),
+        }  # fmt: skip
+    encoder = export_formats.ExampleEncoder(export_formats.TFRECORD_NAMES["v1"], 12, 4)
+    assert b"".join(export_formats.tfrecord_chunks(table, encoder, 12, 4)) == b""
