@@ -3,6 +3,7 @@
     python -m pipeline build --input 'corpus/*.txt' --output shards/ --dupe_factor 5
     python -m pipeline build --help          # every option and its default
     python -m pipeline stats shards/ [--plot]
+    python -m pipeline export shards/ --to nvidia-hdf5 --output hdf5/   # pipeline/export.py
 
 ``build`` prints its own progress lines; Beam's logs and its workers' output go to a log
 file whose path it prints: ``OUTPUT.build.log`` beside a local output directory, or
@@ -27,12 +28,13 @@ from collections.abc import Sequence
 logger = logging.getLogger("pipeline")
 DEFAULT_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
 
-USAGE = """usage: python -m pipeline {build,stats,inspect,validate} [options]
+USAGE = """usage: python -m pipeline {build,stats,inspect,validate,export} [options]
 
   build     raw text -> vocab -> NSP pairs -> masked Arrow shards (Apache Beam)
   stats     summary statistics of a shard directory (optionally as PNG plots)
   inspect   decode rows back to WordPieces (--words: words) with the masks shown
   validate  check every shard and row against the manifest; exit 1 naming a bad file
+  export    shards -> NVIDIA's HDF5 or Google's TFRecord for other trainers (Apache Beam)
 
 Run `python -m pipeline build --help` for the options of one command."""
 
@@ -51,10 +53,11 @@ def _check_beam_args(beam_args: list[str]) -> None:
             raise ValueError(f"unknown option {name} (did you mean {close[0]}?)")
 
 
-def check_beam_options(beam_args: list[str]) -> None:
+def check_beam_options(beam_args: list[str], parser: argparse.ArgumentParser | None = None) -> None:
     """Refuse what Beam would drop: it discards an option it cannot parse (``--runer=...``)
     with one log line and runs on, locally. Beam's own parsers decide what is known, the
     chosen runner's included (its module is imported first, so its options class counts).
+    ``parser`` is the command's own (default: build's), whose options are suggested too.
 
     Raises:
         ValueError: an unknown runner or option, with Beam's closest name.
@@ -86,7 +89,8 @@ def check_beam_options(beam_args: list[str]) -> None:
         beam_logger.setLevel(level)
     unknown = sorted(set(options.get_all_options(retain_unknown_options=True)) - set(known))
     if unknown:
-        ours = [a for action in _our_parser()._actions for a in action.option_strings]
+        parser = parser or _our_parser()
+        ours = [a for action in parser._actions for a in action.option_strings]
         names = [f"--{name}" for name in known] + ours
         problems = []
         for name in (f"--{u}" for u in unknown):
@@ -94,7 +98,7 @@ def check_beam_options(beam_args: list[str]) -> None:
             problems.append(name + (f" (did you mean {close[0]}?)" if close else ""))
         raise ValueError(
             f"unknown option{'s' if len(problems) > 1 else ''} {', '.join(problems)}: not one "
-            "of ours (python -m pipeline build --help) nor of Apache Beam's pipeline options"
+            f"of ours ({parser.prog} --help) nor of Apache Beam's pipeline options"
         )
 
 
@@ -144,9 +148,72 @@ def _last_line(err: BaseException) -> str:
     return lines[-1] if lines else type(err).__name__
 
 
+def job_log_file(log_file: str | None, verbose: bool, output: str, command: str,
+                 handlers: list[logging.Handler]) -> str | None:  # fmt: skip
+    """The log file of a Beam command that passed its checks (a refused run keeps the last
+    one's log): ``--log_file``, else :func:`default_log_file` emptied, unless verbose;
+    adds its handler to ``handlers``. _build's rules, for the other commands."""
+    from .console import add_log_file
+
+    if log_file is None and not verbose:
+        log_file = default_log_file(output, command)
+        open(log_file, "w").close()  # this run's log only (appended to below)
+    if log_file is not None:
+        handlers.append(add_log_file(log_file))
+    return log_file
+
+
+def beam_options(beam_args: list[str]):
+    """Our commands' PipelineOptions (_build's rules): Beam's SDK workers log at WARNING
+    and, without ``--runner``, the FnApiRunner (:data:`DEFAULT_RUNNER`) runs the job.
+
+    Returns:
+        (PipelineOptions, the Beam arguments as the user gave them, for the log).
+    """
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from .dask_compat import install as install_dask_fix
+    from .dask_compat import uses_dask
+
+    given = " ".join(beam_args) or "none"
+    if not any(a.startswith("--default_sdk_harness_log_level") for a in beam_args):
+        beam_args = [*beam_args, "--default_sdk_harness_log_level=WARNING"]
+    if not any(a == "--runner" or a.startswith("--runner=") for a in beam_args):
+        beam_args = [*beam_args, f"--runner={DEFAULT_RUNNER}"]
+    if uses_dask(beam_args):
+        install_dask_fix()
+    _quiet_beam_logs()
+    return PipelineOptions(beam_args), given
+
+
+def run_pipeline(options, add_steps, log_file: str | None, verbose: bool, what: str) -> int:
+    """Run ``add_steps(pipeline)`` on ``options``: 0, or 1 after one error line (the
+    worker's exception) with the traceback in the log file. Unless verbose, descriptor 2
+    (Beam's workers included) goes to the log file meanwhile."""
+    import apache_beam as beam
+
+    from .console import stderr_to
+
+    try:
+        quiet = contextlib.nullcontext() if verbose else stderr_to(log_file)
+        with quiet, beam.Pipeline(options=options) as p:
+            add_steps(p)
+    except Exception as e:  # the runner's failure, whatever its type: exit 1, not a traceback
+        where = f"; traceback and Beam's log: {log_file}" if log_file else ""
+        logger.error("%s failed: %s%s", what, _last_line(e), where, exc_info=True)
+        return 1
+    return 0
+
+
 def run_build(argv: Sequence[str]) -> int:
     """The build with a readable console: Beam's logs and its workers' output go to a log
     file (``--log_file``, default :func:`default_log_file`) unless --verbose or BERT_VERBOSE=1."""
+    return run_with_console(argv, _build)
+
+
+def run_with_console(argv: Sequence[str], body) -> int:
+    """``body(argv, log_file, verbose, handlers) -> exit code`` with our console installed
+    (pipeline/console.py): run_build's for any Beam command."""
     from . import console
 
     own, argv = _console_args(argv)
@@ -154,21 +221,21 @@ def run_build(argv: Sequence[str]) -> int:
     stream = None if verbose else console.console_stream()
     handlers = console.install(("pipeline",), verbose=verbose, stream=stream)
     try:
-        return _build(argv, own.log_file, verbose, handlers)
+        return body(argv, own.log_file, verbose, handlers)
     finally:
         console.uninstall(handlers)
         if stream is not None:
             stream.close()
 
 
-def default_log_file(output: str) -> str:
+def default_log_file(output: str, command: str = "build") -> str:
     """Beside a local output directory, ``runs/shards/ -> runs/shards.build.log`` (not in
     it: the directory holds only what the manifest lists); for a remote one, a temporary file."""
     if "://" in output:
-        fd, path = tempfile.mkstemp(prefix="pipeline-build-", suffix=".log")
+        fd, path = tempfile.mkstemp(prefix=f"pipeline-{command}-", suffix=".log")
         os.close(fd)
         return path
-    path = os.path.abspath(output.rstrip("/") or output) + ".build.log"
+    path = os.path.abspath(output.rstrip("/") or output) + f".{command}.log"
     os.makedirs(os.path.dirname(path), exist_ok=True)
     return path
 
@@ -251,6 +318,14 @@ def _build(argv: Sequence[str], log_file: str | None, verbose: bool,
     return 0
 
 
+def _run_export(*args) -> int:
+    """pipeline/export.py, imported only now: Beam logs on import, and with no handler yet
+    Python's logging would add its own and print every line twice."""
+    from .export import run_export
+
+    return run_export(*args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -259,6 +334,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command == "build":
         return run_build(rest)  # sets up its own logging (pipeline/console.py)
+    if command == "export":
+        return run_with_console(rest, _run_export)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -22,7 +22,10 @@ TRAINING_STACK = ("torch", "deepspeed", "datasets", "matplotlib", "tensorboard",
                   "transformers")  # fmt: skip
 # Import name -> distribution name, for the third-party modules pipeline/ imports.
 DISTRIBUTIONS = {"apache_beam": "apache-beam", "numpy": "numpy", "pyarrow": "pyarrow",
-                 "tokenizers": "tokenizers"}  # fmt: skip
+                 "tokenizers": "tokenizers", "google": "protobuf", "h5py": "h5py"}  # fmt: skip
+# Installed for a worker without being imported by pipeline/: Beam's TFRecord framing
+# (`pipeline export --to tfrecord`) needs a CRC32C library and takes this one.
+USED_BY_BEAM = ["google-crc32c"]
 # Imported only inside a function, for an option a worker never runs (`stats --plot`).
 OPTIONAL = {"matplotlib"}
 
@@ -85,7 +88,7 @@ def test_worker_install_is_the_pipelines_and_no_more(built):
     assert not set(base) & set(TRAINING_STACK), base  # what --setup_file puts on workers
     imported = third_party_imports(ROOT / "pipeline") - OPTIONAL
     assert imported <= set(DISTRIBUTIONS), imported - set(DISTRIBUTIONS)  # a new one: list it
-    assert sorted(base) == sorted(DISTRIBUTIONS[name] for name in imported)
+    assert sorted(base) == sorted([*USED_BY_BEAM, *(DISTRIBUTIONS[name] for name in imported)])
     assert {"torch", "deepspeed", "safetensors", "tensorboard"} <= set(
         requirements(metadata, "train")
     )
