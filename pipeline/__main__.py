@@ -152,7 +152,7 @@ def job_log_file(log_file: str | None, verbose: bool, output: str, command: str,
                  handlers: list[logging.Handler]) -> str | None:  # fmt: skip
     """The log file of a Beam command that passed its checks (a refused run keeps the last
     one's log): ``--log_file``, else :func:`default_log_file` emptied, unless verbose;
-    adds its handler to ``handlers``. _build's rules, for the other commands."""
+    adds its handler to ``handlers``."""
     from .console import add_log_file
 
     if log_file is None and not verbose:
@@ -164,7 +164,7 @@ def job_log_file(log_file: str | None, verbose: bool, output: str, command: str,
 
 
 def beam_options(beam_args: list[str]):
-    """Our commands' PipelineOptions (_build's rules): Beam's SDK workers log at WARNING
+    """Our commands' PipelineOptions: Beam's SDK workers log at WARNING
     and, without ``--runner``, the FnApiRunner (:data:`DEFAULT_RUNNER`) runs the job.
 
     Returns:
@@ -177,8 +177,12 @@ def beam_options(beam_args: list[str]):
 
     given = " ".join(beam_args) or "none"
     if not any(a.startswith("--default_sdk_harness_log_level") for a in beam_args):
+        # Beam's workers log every bundle at INFO; keep the console for our progress.
         beam_args = [*beam_args, "--default_sdk_harness_log_level=WARNING"]
     if not any(a == "--runner" or a.startswith("--runner=") for a in beam_args):
+        # Beam's DirectRunner would first try to download its Prism runner; go
+        # straight to the engine it uses for batch jobs (in-process or
+        # --direct_running_mode=multi_processing with --direct_num_workers).
         beam_args = [*beam_args, f"--runner={DEFAULT_RUNNER}"]
     if uses_dask(beam_args):
         install_dask_fix()
@@ -244,14 +248,10 @@ def _build(argv: Sequence[str], log_file: str | None, verbose: bool,
            handlers: list[logging.Handler]) -> int:  # fmt: skip
     """Plan, run and summarise the build. The log file takes every record; unless verbose,
     descriptor 2 (Beam's workers included) goes there too while the pipeline runs."""
-    import apache_beam as beam
-    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+    from apache_beam.options.pipeline_options import StandardOptions
 
     from .build import build_graph, make_plan, prepare_output
     from .config import parse_build_args
-    from .console import add_log_file, stderr_to
-    from .dask_compat import install as install_dask_fix
-    from .dask_compat import uses_dask
     from .format import read_manifest
 
     try:
@@ -264,24 +264,8 @@ def _build(argv: Sequence[str], log_file: str | None, verbose: bool,
     except (ValueError, OSError) as e:  # FileNotFoundError and FileExistsError included
         logger.error("%s", e)
         return 2
-    if log_file is None and not verbose:  # only now: a refused build keeps the last one's log
-        log_file = default_log_file(config.output)
-        open(log_file, "w").close()  # this build's log only (appended to below)
-    if log_file is not None:
-        handlers.append(add_log_file(log_file))
-    given = " ".join(beam_args) or "none"
-    if not any(a.startswith("--default_sdk_harness_log_level") for a in beam_args):
-        # Beam's workers log every bundle at INFO; keep the console for our progress.
-        beam_args = [*beam_args, "--default_sdk_harness_log_level=WARNING"]
-    if not any(a == "--runner" or a.startswith("--runner=") for a in beam_args):
-        # Beam's DirectRunner would first try to download its Prism runner; go
-        # straight to the engine it uses for batch jobs (in-process or
-        # --direct_running_mode=multi_processing with --direct_num_workers).
-        beam_args = [*beam_args, f"--runner={DEFAULT_RUNNER}"]
-    if uses_dask(beam_args):
-        install_dask_fix()
-    _quiet_beam_logs()
-    options = PipelineOptions(beam_args)
+    log_file = job_log_file(log_file, verbose, config.output, "build", handlers)
+    options, given = beam_options(beam_args)
     config = with_tokenizer_threads(config, options)
     start = time.perf_counter()
     runner = options.view_as(StandardOptions).runner or "DirectRunner"
@@ -289,14 +273,10 @@ def _build(argv: Sequence[str], log_file: str | None, verbose: bool,
                 runner.rsplit(".", 1)[-1], given)  # fmt: skip
     if not verbose:
         logger.info("Beam's log: %s (--verbose or BERT_VERBOSE=1 shows it here)", log_file)
-    try:
-        quiet = contextlib.nullcontext() if verbose else stderr_to(log_file)
-        with quiet, beam.Pipeline(options=options) as p:
-            build_graph(p, config, plan)
-    except Exception as e:  # the runner's failure, whatever its type: exit 1, not a traceback
-        where = f"; traceback and Beam's log: {log_file}" if log_file else ""
-        logger.error("build failed: %s%s", _last_line(e), where, exc_info=True)
-        return 1
+    failed = run_pipeline(options, lambda p: build_graph(p, config, plan), log_file, verbose,
+                          "build")  # fmt: skip
+    if failed:
+        return failed
     manifest = read_manifest(config.output)
     elapsed = time.perf_counter() - start
     stats, skipped = manifest["stats"], manifest["skipped"]
