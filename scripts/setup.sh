@@ -14,6 +14,10 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${BERT_VENV:-$root/.venv}"
 extras="${BERT_EXTRAS:-test,dask}"
+# Why pinned here and not in pyproject.toml (torch>=2.3): this script makes the environment
+# CI and the quickstart run in, whose measured numbers (README) are for one torch, and our CI
+# machines hold a local wheel of exactly 2.13.0+cpu. pyproject.toml stays a range so that a
+# user's own (CUDA) torch build satisfies it. TORCH_SPEC overrides the pin.
 torch_spec="${TORCH_SPEC:-torch==2.13.0}"
 setup_log="${SETUP_LOG:-$venv/setup.log}"
 mkdir -p "$(dirname "$setup_log")"
