@@ -109,6 +109,7 @@ def test_hf_export_gives_transformers_the_same_mlm_logits(finished_run, tiny_sha
     assert export.main([str(tmp_path / "nothing"), str(tmp_path / "hf2")]) == 2
 
 
+@pytest.mark.slow  # 60 training steps: the longest in-process run of the fast tier
 def test_loss_falls_on_a_small_repeated_dataset(small_shards, tmp_path):
     model = model_json(tmp_path, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     ds = ds_json(tmp_path, optimizer={"type": "AdamW", "params": {"lr": 3e-3, "torch_adam": True}},
