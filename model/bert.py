@@ -14,6 +14,15 @@ Differences that do not change the numbers:
 - the MLM head runs only at the masked positions: hidden states are gathered
   before the vocab projection, so most positions are never projected.
 
+Inputs: ``forward`` checks shapes and dtypes only. Value ranges (ids < vocab_size, ...)
+are checked where the data enters, on the host: the trainer's ``collate``
+(trainer/data.py), the fine-tuning reader (trainer/finetune_data.py) and
+``python -m pipeline validate``. Checking them here would cost a device-to-host sync per
+tensor and step (and graph breaks under ``torch.compile``); ``BERT_DEBUG_CHECKS=1`` in the
+environment (or ``model.bert.DEBUG_CHECKS = True``) checks them here too, for code that
+feeds the model from elsewhere. An id out of range otherwise fails in the embedding
+(an ``IndexError`` on CPU, a device-side assert on CUDA).
+
 Masked-LM targets come as ``masked_lm_positions`` / ``masked_lm_ids`` (B, P), as in
 the shards. An entry is padding when its position is 0 (``[CLS]``, never a
 prediction) or its id is -100; padding is excluded from the loss. Callers with
@@ -22,6 +31,7 @@ Hugging Face style dense ``labels`` (B, T) using -100 may pass those instead.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +49,8 @@ IGNORE_INDEX = -100
 # 57%. On CUDA the varlen and jagged kernels need no grid: any padding is worth removing
 # (not measured here; deploy/gpu_bench.sh measures it).
 UNPAD_BELOW = {"cpu": 0.9}
+# Value-range checks of the inputs in forward: one host sync per tensor (module docstring).
+DEBUG_CHECKS = os.environ.get("BERT_DEBUG_CHECKS", "0") not in ("", "0")
 
 
 def _activation(name: str):
@@ -358,7 +370,8 @@ class BertForPreTraining(nn.Module):
                 elsewhere. An alternative to masked_lm_positions / masked_lm_ids.
 
         Raises:
-            ValueError: names the tensor with a bad shape, dtype or value range.
+            ValueError: names the tensor with a bad shape or dtype (or value range, with
+                ``DEBUG_CHECKS``; see the module docstring).
         """
         self._validate(input_ids, segment_ids, attention_mask)
         if labels is not None:
@@ -409,10 +422,12 @@ class BertForPreTraining(nn.Module):
                 f"masked_lm_positions must be an integer (batch, P) tensor, "
                 f"got {positions.dtype} {tuple(positions.shape)}"
             )
-        _check_range("masked_lm_positions", positions, seq_len)
         if ids is not None:
             _check_same_shape("masked_lm_ids", ids, positions)
-            _check_range("masked_lm_ids", ids.masked_fill(ids == IGNORE_INDEX, 0), vocab_size)
+        if DEBUG_CHECKS:
+            _check_range("masked_lm_positions", positions, seq_len)
+            if ids is not None:
+                _check_range("masked_lm_ids", ids.masked_fill(ids == IGNORE_INDEX, 0), vocab_size)
 
 
 def set_unpadded(bert: BertModel, enabled: bool, *, attention_path: str = "auto") -> None:
@@ -455,10 +470,11 @@ def validate_inputs(
     segment_ids: torch.Tensor,
     attention_mask: torch.Tensor,
 ) -> None:
-    """Check the encoder's inputs against ``cfg`` (shapes as in ``BertForPreTraining.forward``).
+    """Check the encoder's inputs against ``cfg`` (shapes as in ``BertForPreTraining.forward``):
+    shapes and dtypes, and value ranges only with ``DEBUG_CHECKS`` (no host sync otherwise).
 
     Raises:
-        ValueError: names the tensor with a bad shape, dtype or value range.
+        ValueError: names the tensor with a bad shape, dtype or (DEBUG_CHECKS) value range.
     """
     for name, t in (("input_ids", input_ids), ("segment_ids", segment_ids)):
         if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
@@ -472,8 +488,9 @@ def validate_inputs(
             f"input_ids has sequence length {input_ids.shape[1]} > "
             f"max_position_embeddings={cfg.max_position_embeddings}"
         )
-    _check_range("input_ids", input_ids, cfg.vocab_size)
-    _check_range("segment_ids", segment_ids, cfg.type_vocab_size)
+    if DEBUG_CHECKS:
+        _check_range("input_ids", input_ids, cfg.vocab_size)
+        _check_range("segment_ids", segment_ids, cfg.type_vocab_size)
 
 
 def dense_labels_to_positions(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -499,6 +516,7 @@ def _check_same_shape(name: str, t: torch.Tensor, ref: torch.Tensor) -> None:
 
 
 def _check_range(name: str, t: torch.Tensor, upper: int) -> None:
+    """Values in [0, upper): two host syncs (only with DEBUG_CHECKS)."""
     if t.numel() and (int(t.min()) < 0 or int(t.max()) >= upper):
         raise ValueError(
             f"{name} values must be in [0, {upper}), got min {int(t.min())} max {int(t.max())}"

@@ -26,6 +26,7 @@ from .format import (
     _SHARD_SPEC,
     _VOCAB_OPTIONAL,
     _VOCAB_SPEC,
+    ALGORITHM_VERSION,
     COLUMNS,
     DEFAULT_BATCH_SIZE,
     FORMAT_VERSION,
@@ -352,6 +353,7 @@ def build_manifest(
     schema = shard_schema(int(vocab["size"]), int(params["max_seq_length"]))
     draft = {
         "format_version": FORMAT_VERSION,
+        "algorithm_version": ALGORITHM_VERSION,
         "created_by": created_by(),
         "schema": {
             "vocab_size": vocab["size"],

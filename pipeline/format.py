@@ -36,6 +36,11 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 FORMAT_VERSION = 1
+# What the bytes hold for a given input, seed and parameters: vocab learning, NSP pairs,
+# masking, bucketing, sharding and row order. Bump it (FORMAT.md, CHANGELOG.md) whenever a
+# change gives other shards for the same build; tests/pipeline/test_golden.py pins the bytes.
+# FORMAT_VERSION, by contrast, changes only when readers must change.
+ALGORITHM_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 VOCAB_NAME = "vocab.txt"
 TOKENIZER_NAME = "tokenizer.json"
@@ -372,6 +377,8 @@ def _check_fields(obj, spec: Mapping[str, type], where: str) -> None:
 def _check_manifest(manifest, where: str) -> None:
     """Raise ValueError unless ``manifest`` (plain JSON types) is a consistent version-1 manifest."""
     _check_fields(manifest, _MANIFEST_SPEC, where)
+    if "algorithm_version" in manifest:  # added within version 1: older manifests lack it
+        _check_fields(manifest, {"algorithm_version": int}, where)
     schema, vocab, shards = manifest["schema"], manifest["vocab"], manifest["shards"]
     _check_fields(schema, _SCHEMA_SPEC, f"{where}: schema")
     _check_fields(vocab, _VOCAB_SPEC, f"{where}: vocab")

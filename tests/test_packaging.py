@@ -28,6 +28,17 @@ DISTRIBUTIONS = {"apache_beam": "apache-beam", "numpy": "numpy", "pyarrow": "pya
 USED_BY_BEAM = ["google-crc32c"]
 # Imported only inside a function, for an option a worker never runs (`stats --plot`).
 OPTIONAL = {"matplotlib"}
+# Import name -> distribution, for what model/ and trainer/ import beyond the base install:
+# each must be in the `train` extra.
+TRAIN_DISTRIBUTIONS = {"torch": "torch", "deepspeed": "deepspeed", "safetensors": "safetensors",
+                       "matplotlib": "matplotlib", "tqdm": "tqdm"}  # fmt: skip
+# Imported by model/ or trainer/ without being in `train`, each for its reason.
+TRAIN_NOT_DECLARED = {
+    "psutil": "DeepSpeed's own dependency; trainer/signals.py falls back without it",
+    "pydantic": "DeepSpeed's config classes are pydantic models; dskeys.py inspects them",
+    "transformers": "python -m trainer.fillmask only (the test extra); it names what to install",
+    "onnxruntime": "python -m model.export_onnx only (the onnx extra)",
+}
 
 BUILD_METADATA = """
 import json, sys, warnings
@@ -93,6 +104,18 @@ def test_worker_install_is_the_pipelines_and_no_more(built):
         requirements(metadata, "train")
     )
     assert "bert-pipeline[train]" in requirements(metadata, "test")  # the tests run the trainer
+
+
+def test_training_imports_are_declared(built):
+    """What model/ and trainer/ import comes with the base install or the `train` extra."""
+    metadata, _ = built
+    imported = set()
+    for package in ("model", "trainer"):
+        imported |= third_party_imports(ROOT / package) - {"model", "trainer"}
+    imported -= set(DISTRIBUTIONS) | set(TRAIN_NOT_DECLARED)
+    assert imported <= set(TRAIN_DISTRIBUTIONS), imported - set(TRAIN_DISTRIBUTIONS)  # list it
+    declared = set(requirements(metadata, "train"))
+    assert {TRAIN_DISTRIBUTIONS[name] for name in imported} <= declared
 
 
 def test_setup_py_adds_nothing_to_pyproject():

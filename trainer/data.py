@@ -83,8 +83,13 @@ def collate(
     max_predictions: int,
     pad_id: int = 0,
     max_width: int = 512,
+    vocab_size: int | None = None,
 ) -> dict[str, torch.Tensor]:
     """Pad unpadded rows into one batch (see the module docstring for the keys).
+
+    The values are checked here, on the host, so that the model need not check them on the
+    device (model/bert.py): ids in [0, vocab_size), segment ids 0/1, masked positions inside
+    their row, next_sentence_label 0/1.
 
     Args:
         rows: B rows, each ({input_ids, segment_ids, masked_lm_positions, masked_lm_ids:
@@ -92,9 +97,11 @@ def collate(
         max_predictions: P, the manifest's max_predictions_per_seq.
         pad_id: the [PAD] id.
         max_width: the padded length never exceeds max(this, the longest row).
+        vocab_size: the model's (= the shards') vocab size; None skips the id checks.
 
     Raises:
-        ValueError: a row has more than ``max_predictions`` masked positions.
+        ValueError: a row has more than ``max_predictions`` masked positions, or a value out
+            of range (naming the tensor and the row of the batch).
     """
     lengths = [len(row["input_ids"]) for row, _ in rows]
     longest = max(lengths)
@@ -117,6 +124,14 @@ def collate(
         positions[i, :k] = row["masked_lm_positions"]
         ids[i, :k] = row["masked_lm_ids"]
     labels = np.fromiter((label for _, label in rows), dtype=np.int64, count=b)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    _check_range("segment_ids", segment_ids, 2)
+    _check_range("next_sentence_label", labels[:, None], 2)
+    # Padding entries are position 0: inside every row (rows hold at least [CLS]).
+    _check_range("masked_lm_positions", positions, lengths[:, None], "the row's length")
+    if vocab_size is not None:
+        _check_range("input_ids", input_ids, vocab_size)
+        _check_range("masked_lm_ids", ids, vocab_size)
     tensors = {
         "input_ids": input_ids,
         "segment_ids": segment_ids,
@@ -126,6 +141,29 @@ def collate(
         "next_sentence_label": labels,
     }
     return {k: torch.from_numpy(v) for k, v in tensors.items()}
+
+
+def _check_range(name: str, values: np.ndarray, upper, what: str = "") -> None:
+    """Every value of ``values`` (B, W) in [0, upper); ``upper`` an int or (B, 1) per row.
+
+    Raises:
+        ValueError: ``"input_ids values must be in [0, 200), got 250 in row 3 of the batch"``.
+    """
+    if not values.size:
+        return
+    if np.isscalar(upper):
+        if values.min() >= 0 and values.max() < upper:  # two reductions, no temporaries
+            return
+    elif ((values >= 0) & (values < upper)).all():
+        return
+    bad = (values < 0) | (values >= upper)
+    row, col = (int(i[0]) for i in np.nonzero(bad))
+    limit = int(np.broadcast_to(upper, (values.shape[0], 1))[row, 0])
+    limit_text = f"{limit} ({what})" if what else f"{limit}"
+    raise ValueError(
+        f"{name} values must be in [0, {limit_text}), got {values[row, col]} in row {row} "
+        "of the batch"
+    )
 
 
 class DynamicMasker:
@@ -240,6 +278,7 @@ class PretrainingStream(IterableDataset):
         self.order = StreamOrder(shards.rows_per_shard, spec.seed, spec.window, not spec.finite)
         self.max_predictions = int(shards.params["max_predictions_per_seq"])
         self.pad_id = int(shards.manifest["vocab"]["special_ids"]["pad"])
+        self.vocab_size = int(shards.manifest["vocab"]["size"])
         manifest_rows = [entry["rows"] for entry in shards.manifest["shards"]]
         self.group = 1  # micro-batches per DataLoader transfer (BatchLoader sets it)
         self.first_row_id = np.concatenate([[0], np.cumsum(manifest_rows)[:-1]]).astype(np.int64)
@@ -259,9 +298,20 @@ class PretrainingStream(IterableDataset):
         rows = self.shards.rows(shard, row)
         if self.masker is not None:
             rows = self.masker(rows, numpy_rng(s.seed, "dynamic", int(positions[0]), s.micro))
-        batch = collate(
-            rows, max_predictions=self.max_predictions, pad_id=self.pad_id, max_width=s.max_width
-        )
+        try:
+            batch = collate(
+                rows,
+                max_predictions=self.max_predictions,
+                pad_id=self.pad_id,
+                max_width=s.max_width,
+                vocab_size=self.vocab_size,
+            )
+        except ValueError as err:  # the writer checks every value: a shard changed since
+            names = sorted({self.shards.path(int(i)) for i in np.unique(shard)})
+            raise ValueError(
+                f"{err}; the batch's rows come from {', '.join(names)}: check them with "
+                f"python -m pipeline validate {self.shards.directory}"
+            ) from None
         row_ids = self.first_row_id[shard] + row
         if filler.any():
             at = torch.from_numpy(filler)

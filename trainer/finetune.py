@@ -61,7 +61,14 @@ from model.heads import (
     read_hf_config,
 )
 from trainer.finetune_data import DataError as DataError  # re-exported: run() raises it
-from trainer.finetune_data import collate, encode, label_names, load_examples, load_tokenizer
+from trainer.finetune_data import (
+    check_features,
+    collate,
+    encode,
+    label_names,
+    load_examples,
+    load_tokenizer,
+)
 from trainer.finetune_metrics import evaluate
 
 logger = logging.getLogger(__name__)
@@ -200,6 +207,8 @@ def run(cfg: FinetuneConfig) -> dict:
     model = cls.from_hf(cfg.init, labels=labels)
     train_features = encode(cfg.task, tokenizer, train_examples, labels, cfg.max_seq_length)
     eval_features = encode(cfg.task, tokenizer, eval_examples, labels, cfg.max_seq_length)
+    for features, examples in ((train_features, train_examples), (eval_features, eval_examples)):
+        check_features(features, examples, bert.vocab_size, bert.type_vocab_size)
     logger.info(
         "%s: %d train / %d eval examples, labels %s",
         cfg.task,

@@ -1,8 +1,8 @@
 """Input side of ``python -m trainer.finetune``: read, validate, encode and collate.
 
 JSONL/CSV records become parsed examples (``load_examples``), examples become
-features, token ids and targets (``encode``), and lists of features become padded
-int64 batches (``collate``).
+features, token ids and targets (``encode``), whose ids are checked against the model once
+(``check_features``), and lists of features become padded int64 batches (``collate``).
 The file formats are described in the module doc of ``trainer/finetune.py``; every
 bad record raises ``DataError`` naming the file, the line and the field.
 """
@@ -222,6 +222,28 @@ def encode(task: str, tokenizer: Tokenizer, examples: list[dict], labels, max_le
             f.update(offsets=enc.offsets, context_mask=context_mask, example=e)
         features.append(f)
     return features
+
+
+def check_features(
+    features: list[dict], examples: list[dict], vocab_size: int, type_vocab_size: int
+) -> None:
+    """The features' ids within the model's tables, checked once where the data enters (the
+    model checks only shapes and dtypes in forward: model/bert.py). Features and examples
+    are parallel lists, as :func:`encode` takes and returns them.
+
+    Raises:
+        DataError: names the example's file and line, the field and the bad value.
+    """
+    limits = (("input_ids", vocab_size, "the tokenizer's ids exceed the model's vocab_size"),
+              ("segment_ids", type_vocab_size, "the model's type_vocab_size"))  # fmt: skip
+    for feature, example in zip(features, examples, strict=True):
+        for name, upper, why in limits:
+            values = feature[name]
+            if values and (min(values) < 0 or max(values) >= upper):
+                bad = next(v for v in values if not 0 <= v < upper)
+                raise DataError(
+                    f"{example['where']}: {name} values must be in [0, {upper}), got {bad} ({why})"
+                )
 
 
 def collate(features: list[dict], pad_id: int) -> dict[str, torch.Tensor]:

@@ -65,6 +65,7 @@ def test_collator_puts_labels_at_masked_positions():
     assert batch["attention_mask"][0].tolist() == [1] * 6 + [0, 0]
 
 
+@pytest.mark.slow  # 25 training steps until the loss falls
 def test_torch_dataloader_example_trains(shards, capsys):
     import torch_dataloader
 

@@ -6,9 +6,10 @@ import stat
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from model import BertConfig, BertForPreTraining
-from model.bert import dense_labels_to_positions
+from model.bert import UNPAD_BELOW, dense_labels_to_positions
 
 TINY = dict(
     vocab_size=99,
@@ -117,13 +118,10 @@ def test_gradient_checkpointing_gives_same_gradients():
     ("change", "match"),
     [
         (lambda d: d.__setitem__(0, d[0].float()), "input_ids must be an integer"),
-        (lambda d: d.__setitem__(0, d[0].clone().fill_(99)), "input_ids values"),
         (lambda d: d.__setitem__(1, d[1][:, :5]), "segment_ids must have shape"),
-        (lambda d: d.__setitem__(1, d[1] + 2), "segment_ids values"),
         (lambda d: d.__setitem__(2, d[2][:2]), "attention_mask must have shape"),
-        (lambda d: d.__setitem__(3, d[3] + 100), "masked_lm_positions values"),
+        (lambda d: d.__setitem__(3, d[3].float()), "masked_lm_positions must be an integer"),
         (lambda d: d.__setitem__(4, d[4][:, :2]), "masked_lm_ids must have shape"),
-        (lambda d: d.__setitem__(4, d[4] + 1000), "masked_lm_ids values"),
         (lambda d: d.__setitem__(5, d[5][:2]), "next_sentence_label must have shape"),
     ],
 )
@@ -133,6 +131,76 @@ def test_bad_input_names_the_tensor(change, match):
     change(data)
     with pytest.raises(ValueError, match=match):
         model(*data)
+
+
+VALUES_OUT_OF_RANGE = [
+    (lambda d: d.__setitem__(0, d[0].clone().fill_(99)), r"input_ids values must be in \[0, 99\)"),
+    (lambda d: d.__setitem__(1, d[1] + 2), r"segment_ids values must be in \[0, 2\)"),
+    (lambda d: d.__setitem__(3, d[3] + 100), r"masked_lm_positions values must be in \[0, 16\)"),
+    (lambda d: d.__setitem__(4, d[4] + 1000), r"masked_lm_ids values must be in \[0, 99\)"),
+]
+
+
+@pytest.mark.parametrize(("change", "match"), VALUES_OUT_OF_RANGE)
+def test_debug_checks_name_a_value_out_of_range(change, match, monkeypatch):
+    """Value ranges are checked where data enters (tests/trainer/test_data.py); in forward
+    only with BERT_DEBUG_CHECKS=1, since each check is a device-to-host sync."""
+    monkeypatch.setattr("model.bert.DEBUG_CHECKS", True)
+    model = BertForPreTraining(BertConfig(**TINY))
+    data = list(batch())
+    change(data)
+    with pytest.raises(ValueError, match=match):
+        model(*data)
+
+
+class CountHostSyncs(TorchDispatchMode):
+    """Counts what waits for the device: a tensor read as Python numbers (.item(), int(),
+    bool(); .tolist(), which on CPU bypasses the dispatcher) or a data-dependent shape."""
+
+    SYNCS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default)
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func in self.SYNCS
+        return func(*args, **(kwargs or {}))
+
+    def __enter__(self):
+        tolist = self._tolist = torch.Tensor.tolist
+
+        def counted(tensor):
+            self.count += 1
+            return tolist(tensor)
+
+        torch.Tensor.tolist = counted
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.Tensor.tolist = self._tolist
+        return super().__exit__(*exc)
+
+
+@pytest.mark.parametrize(("unpad", "syncs"), [(False, 0), (True, 1)])
+def test_a_training_step_syncs_with_the_host_only_to_pack(unpad, syncs, monkeypatch):
+    """No value checks in forward (they moved to the data path); the unpadded encoder's one
+    sync sizes its packing (model/unpad.py)."""
+    monkeypatch.setattr("model.bert.DEBUG_CHECKS", False)
+    monkeypatch.setitem(UNPAD_BELOW, "cpu", 1.0)  # unpad this batch whatever its padding
+    model = BertForPreTraining(BertConfig(**TINY), unpad=unpad)
+    data = batch()
+    with CountHostSyncs() as counter:
+        out = model(*data)
+    assert (out.packing is not None) == unpad
+    assert counter.count == syncs
+    with CountHostSyncs() as counter:
+        out.loss.backward()
+    assert counter.count == 0
+    monkeypatch.setattr("model.bert.DEBUG_CHECKS", True)
+    with CountHostSyncs() as counter:
+        model(*data)
+    assert counter.count > syncs  # the counter sees the debug checks' syncs
 
 
 def test_too_long_sequence():

@@ -17,31 +17,7 @@ from pipeline.__main__ import check_beam_options, main
 from pipeline.documents import TokenizedBatch
 from pipeline.stats import compute_stats
 from pipeline.vocab import read_vocab
-
-WORDS = (
-    "the a of and to in is was for on that with as by at from his her their this "
-    "river mountain city village forest history music science language people king "
-    "queen war peace book school church river island north south east west ancient "
-    "modern famous small large early late built founded known called named became "
-    "rémy café naïve 東京 über"
-).split()
-
-
-def make_corpus(directory: Path, n_docs=120, n_files=3, seed=0) -> str:
-    """Google's txt convention: one sentence per line, blank line between documents."""
-    rng = random.Random(seed)
-    directory.mkdir(parents=True, exist_ok=True)
-    files = [[] for _ in range(n_files)]
-    for d in range(n_docs):
-        sentences = []
-        for _ in range(rng.randint(1, 12)):
-            words = [rng.choice(WORDS) for _ in range(rng.randint(3, 25))]
-            sentences.append(" ".join(words).capitalize() + rng.choice([".", "!", "?"]))
-        files[d % n_files].append("\n".join(sentences) + "\n\n")
-    for i, docs in enumerate(files):
-        (directory / f"part-{i}.txt").write_text("".join(docs), encoding="utf-8")
-    return str(directory / "*.txt")
-
+from tests.helpers import WORDS, make_corpus
 
 BASE = ["--vocab_size", "200", "--dupe_factor", "3", "--max_seq_length", "48",
         "--max_predictions_per_seq", "8", "--num_shards", "3", "--bucket_size", "10",

@@ -7,7 +7,6 @@ TensorFlow where it is installed). The Arrow shards are read with pyarrow as FOR
 """
 
 import hashlib
-import importlib.util
 import io
 import json
 import shutil
@@ -20,6 +19,7 @@ import pyarrow as pa
 import pytest
 
 from pipeline.__main__ import main
+from tests.helpers import make_corpus
 
 h5py = pytest.importorskip("h5py")
 tfrecord_reader = pytest.importorskip("tfrecord.reader")
@@ -34,15 +34,6 @@ L, P = 48, 5
 GOOGLE_SPEC = {"input_ids": "int", "input_mask": "int", "segment_ids": "int",
                "masked_lm_positions": "int", "masked_lm_ids": "int",
                "masked_lm_weights": "float", "next_sentence_labels": "int"}  # fmt: skip
-
-
-def make_corpus(directory: Path, **options) -> str:
-    """tests/pipeline/test_build.py's make_corpus."""
-    spec = importlib.util.spec_from_file_location("_test_build", Path(__file__).with_name(
-        "test_build.py"))  # fmt: skip
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.make_corpus(directory, **options)
 
 
 @pytest.fixture(scope="module")

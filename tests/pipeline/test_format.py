@@ -442,7 +442,7 @@ def test_manifest_bytes_are_deterministic_and_hold_no_paths(tmp_path):
     text = first.decode()
     assert text == json.dumps(json.loads(text), sort_keys=True, indent=2, ensure_ascii=False) + "\n"
     manifest = json.loads(text)
-    assert manifest["format_version"] == 1
+    assert manifest["format_version"] == 1 and manifest["algorithm_version"] == 1
     assert manifest["created_by"].startswith("bert-pipeline")
     assert manifest["schema"]["columns"]["input_ids"] == "list<item: uint16>"
     assert manifest["stats"] == {"num_documents": 3, "mean_length": 0.5}
@@ -499,6 +499,12 @@ def test_read_manifest_explains_version_and_key_errors(tmp_path):
     )
     with pytest.raises(shard_format.ShardFormatError, match="lacks key 'vocab'"):
         shard_format.read_manifest(tmp_path / "nokey")
+    older = {key: value for key, value in manifest.items() if key != "algorithm_version"}
+    write_manifest(tmp_path / "older", older)  # written before algorithm_version was added
+    assert shard_format.read_manifest(tmp_path / "older")["num_rows"] == 12
+    write_manifest(tmp_path / "algo", {**manifest, "algorithm_version": "1"})
+    with pytest.raises(shard_format.ShardFormatError, match="algorithm_version must be a non-neg"):
+        shard_format.read_manifest(tmp_path / "algo")
     write_manifest(tmp_path / "extra", {**manifest, "added_in_1_1": {"x": 1}})
     assert shard_format.read_manifest(tmp_path / "extra")["num_rows"] == 12  # unknown keys ignored
     write_manifest(tmp_path / "rows", {**manifest, "num_rows": 11})
@@ -541,7 +547,7 @@ def _code_blocks(language: str) -> list[str]:
 
 
 def test_format_md_manifest_example_is_valid(tmp_path):
-    example = _code_blocks("json")[0]  # the shards' manifest (the export's comes later)
+    example = _code_blocks("json")[0]  # the shards' manifest (the export's, abridged, follows)
     assert shard_encode.encode_manifest(json.loads(example)).decode() == example.lstrip("\n")
     write_manifest(tmp_path, json.loads(example))
     assert shard_format.read_manifest(tmp_path)["num_rows"] == 2

@@ -43,6 +43,42 @@ def test_collate_pads_to_a_multiple_of_8_and_max_predictions():
         collate(rows, max_predictions=1)
 
 
+def good_row(**changes):
+    row = {"input_ids": np.array([2, 9, 4, 3, 7, 3], np.uint16),
+           "segment_ids": np.array([0, 0, 0, 0, 1, 1], np.uint8),
+           "masked_lm_positions": np.array([2], np.uint8),
+           "masked_lm_ids": np.array([11], np.uint16)}  # fmt: skip
+    label = changes.pop("label", 0)
+    return {**row, **{k: np.array(v) for k, v in changes.items()}}, label
+
+
+@pytest.mark.parametrize(
+    ("row", "match"),
+    [
+        (good_row(input_ids=[2, 9, 200, 3, 7, 3]), r"input_ids values must be in \[0, 200\), got 200 in row 1"),
+        (good_row(segment_ids=[0, 0, 2, 0, 1, 1]), r"segment_ids values must be in \[0, 2\), got 2 in row 1"),
+        (good_row(masked_lm_positions=[6]), r"masked_lm_positions values must be in \[0, 6 \(the row's length\)\), got 6"),
+        (good_row(masked_lm_ids=[250]), r"masked_lm_ids values must be in \[0, 200\), got 250 in row 1"),
+        (good_row(label=2), r"next_sentence_label values must be in \[0, 2\), got 2 in row 1"),
+    ],
+)  # fmt: skip
+def test_collate_names_a_value_out_of_range(row, match):
+    """The values the model no longer checks on the device (model/bert.py) are checked here."""
+    with pytest.raises(ValueError, match=match):
+        collate([good_row(), row], max_predictions=4, vocab_size=200)
+    collate([good_row(), good_row()], max_predictions=4, vocab_size=200)
+
+
+def test_a_changed_shard_is_named_with_the_validate_command(tiny_shards):
+    s = stream(tiny_shards)
+    s.vocab_size = 5  # as if the shards held ids the vocab does not
+    with pytest.raises(
+        ValueError,
+        match=r"input_ids values must be in \[0, 5\).*shard-0000\d-of-00003\.arrow.*python -m pipeline validate",
+    ):
+        s.batch(0)
+
+
 def test_batches_hold_the_shards_rows(tiny_shards):
     s = stream(tiny_shards)
     batch = s.batch(0)

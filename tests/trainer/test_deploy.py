@@ -42,6 +42,9 @@ def test_gpu_configs_make_the_documented_choices(name):
     assert ds["train_batch_size"] % ds["train_micro_batch_size_per_gpu"] == 0
 
 
+# Slow: without torch_adam these configs load DeepSpeed's CPU Adam op, a JIT build of
+# minutes on a machine that has not built it yet.
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["zero2.json", "zero3.json"])
 def test_gpu_configs_run_on_cpu_with_small_batches(name, tiny_shards, tmp_path):
     ds = json.loads((DEPLOY / name).read_text())

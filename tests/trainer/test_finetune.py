@@ -11,7 +11,14 @@ import torch
 from model import BertConfig, BertForPreTraining, BertForSequenceClassification
 from pipeline.vocab import SPECIAL_TOKENS, write_vocab
 from trainer.finetune import FinetuneConfig, linear_schedule, main, parse_config
-from trainer.finetune_data import DataError, encode, label_names, load_examples, load_tokenizer
+from trainer.finetune_data import (
+    DataError,
+    check_features,
+    encode,
+    label_names,
+    load_examples,
+    load_tokenizer,
+)
 from trainer.finetune_metrics import best_span, evaluate, squad_normalize, squad_scores
 
 WORDS = [f"w{i}" for i in range(20)]
@@ -163,6 +170,24 @@ def test_qa_answer_must_be_in_the_context(tmp_path):
     row["answers"] = [{"answer_start": 2, "text": " w2 "}]
     write_jsonl(tmp_path / "qa.jsonl", [row])
     assert load_examples("qa", tmp_path / "qa.jsonl")[0]["answers"] == [("w2", 3)]
+
+
+def test_ids_outside_the_models_tables_name_the_example(tmp_path, init_dir):
+    """Checked once where the data enters: the model checks only shapes on the device."""
+    path = write_jsonl(tmp_path / "c.jsonl", has_digit(random.Random(0), 3))
+    examples = load_examples("classification", path)
+    labels = label_names("classification", examples, None, path)
+    features = encode("classification", load_tokenizer(init_dir), examples, labels, 32)
+    check_features(features, examples, vocab_size=37, type_vocab_size=2)  # all in range
+    top = max(features[0]["input_ids"])  # a model whose vocab ends before this id
+    with pytest.raises(
+        DataError, match=rf"c.jsonl:1: input_ids values must be in \[0, {top}\), got {top} "
+    ):
+        check_features(features, examples, vocab_size=top, type_vocab_size=2)
+    with pytest.raises(
+        DataError, match=r"c.jsonl:1: segment_ids values must be in \[0, 1\), got 1 "
+    ):
+        check_features(features, examples, vocab_size=37, type_vocab_size=1)
 
 
 def test_csv_files_are_read_like_jsonl(tmp_path):

@@ -5,47 +5,17 @@ import os
 import stat
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from model import BertConfig, BertForPreTraining
+from tests.helpers import REPO, TINY, args, ds_json, model_json, records
 from trainer import export
 from trainer.data import PretrainingStream, StreamSpec
 from trainer.loop import SCHEDULER_START_WARNING
 from trainer.run import main
 from trainer.shards import ShardSet
-
-REPO = Path(__file__).resolve().parents[2]
-TINY = {"vocab_size": 200, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
-        "intermediate_size": 64, "max_position_embeddings": 64}  # fmt: skip
-
-
-def write_json(path: Path, obj) -> str:
-    path.write_text(json.dumps(obj))
-    return str(path)
-
-
-def model_json(tmp_path, **overrides) -> str:
-    return write_json(tmp_path / "model.json", BertConfig(**{**TINY, **overrides}).to_dict())
-
-
-def ds_json(tmp_path, **overrides) -> str:
-    ds = json.loads((REPO / "deploy" / "cpu.json").read_text())
-    ds.update({"train_micro_batch_size_per_gpu": 8, **overrides})  # the tests' batch
-    return write_json(tmp_path / "ds.json", ds)
-
-
-def args(tmp_path, data, *extra, **ds) -> list[str]:
-    return ["--ds-config", ds_json(tmp_path, **ds), "--data", str(data),
-            "--model", model_json(tmp_path), "--output-dir", str(tmp_path / "out"),
-            "--num-workers", "0", *extra]  # fmt: skip
-
-
-def records(out: Path, split="train") -> list[dict]:
-    lines = (out / "metrics.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r["split"] == split]
 
 
 @pytest.fixture(scope="module")
@@ -139,6 +109,7 @@ def test_hf_export_gives_transformers_the_same_mlm_logits(finished_run, tiny_sha
     assert export.main([str(tmp_path / "nothing"), str(tmp_path / "hf2")]) == 2
 
 
+@pytest.mark.slow  # 60 training steps: the longest in-process run of the fast tier
 def test_loss_falls_on_a_small_repeated_dataset(small_shards, tmp_path):
     model = model_json(tmp_path, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     ds = ds_json(tmp_path, optimizer={"type": "AdamW", "params": {"lr": 3e-3, "torch_adam": True}},

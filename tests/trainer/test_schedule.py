@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from tests.trainer.test_run import args, records
+from tests.helpers import args, records
 from trainer import loop
 from trainer.run import main
 from trainer.schedule import TimeBudgetLR, time_budget_scheduler

@@ -1,0 +1,100 @@
+"""Helpers the tests share: a corpus generator, an in-process build, a one-rank trainer run.
+
+Import them (``from tests.helpers import make_corpus``; pyproject.toml puts the repository
+root on pytest's path); a test file never loads another test file.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# ----------------------------------------------------------------------------- corpora
+
+WORDS = (
+    "the a of and to in is was for on that with as by at from his her their this "
+    "river mountain city village forest history music science language people king "
+    "queen war peace book school church river island north south east west ancient "
+    "modern famous small large early late built founded known called named became "
+    "rémy café naïve 東京 über"
+).split()
+
+
+def make_corpus(directory: Path, n_docs=120, n_files=3, seed=0) -> str:
+    """Google's txt convention: one sentence per line, blank line between documents.
+
+    Writes ``part-{i}.txt`` for i < n_files (document d in file d % n_files) and returns
+    the glob of them, e.g. ``".../corpus/*.txt"``. The same arguments give the same bytes.
+    """
+    rng = random.Random(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    files = [[] for _ in range(n_files)]
+    for d in range(n_docs):
+        sentences = []
+        for _ in range(rng.randint(1, 12)):
+            words = [rng.choice(WORDS) for _ in range(rng.randint(3, 25))]
+            sentences.append(" ".join(words).capitalize() + rng.choice([".", "!", "?"]))
+        files[d % n_files].append("\n".join(sentences) + "\n\n")
+    for i, docs in enumerate(files):
+        (directory / f"part-{i}.txt").write_text("".join(docs), encoding="utf-8")
+    return str(directory / "*.txt")
+
+
+def build_shards(tmp: Path, *, n_docs: int = 120, num_shards: int = 3, **options) -> Path:
+    """Build a shard directory with ``python -m pipeline build`` (in-process) and return it.
+
+    Defaults: vocab 200, dupe 3, seq 48, 3 shards (about 1,200 rows). ``options`` are more
+    pipeline flags without the dashes, e.g. ``dupe_factor=1``.
+    """
+    from pipeline.__main__ import main
+
+    corpus = make_corpus(tmp / "corpus", n_docs=n_docs)
+    flags = {"vocab_size": 200, "dupe_factor": 3, "max_seq_length": 48, "num_shards": num_shards}
+    flags.update(options)
+    argv = ["build", "--input", corpus, "--output", str(tmp / "shards")]
+    for key, value in flags.items():
+        argv += [f"--{key}", str(value)]
+    assert main(argv) == 0
+    return tmp / "shards"
+
+
+# ----------------------------------------------------------------------------- trainer runs
+
+# The trainer tests' model: vocab 200 as the shards above, seq <= 64.
+TINY = {"vocab_size": 200, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+        "intermediate_size": 64, "max_position_embeddings": 64}  # fmt: skip
+
+
+def write_json(path: Path, obj) -> str:
+    path.write_text(json.dumps(obj))
+    return str(path)
+
+
+def model_json(tmp_path, **overrides) -> str:
+    """A config.json of TINY with ``overrides``; returns its path."""
+    from model import BertConfig
+
+    return write_json(tmp_path / "model.json", BertConfig(**{**TINY, **overrides}).to_dict())
+
+
+def ds_json(tmp_path, **overrides) -> str:
+    """deploy/cpu.json with the tests' batch of 8 and ``overrides``; returns its path."""
+    ds = json.loads((REPO / "deploy" / "cpu.json").read_text())
+    ds.update({"train_micro_batch_size_per_gpu": 8, **overrides})  # the tests' batch
+    return write_json(tmp_path / "ds.json", ds)
+
+
+def args(tmp_path, data, *extra, **ds) -> list[str]:
+    """trainer/run.py's arguments for TINY on ``data``, output in ``tmp_path / "out"``."""
+    return ["--ds-config", ds_json(tmp_path, **ds), "--data", str(data),
+            "--model", model_json(tmp_path), "--output-dir", str(tmp_path / "out"),
+            "--num-workers", "0", *extra]  # fmt: skip
+
+
+def records(out: Path, split="train") -> list[dict]:
+    """The ``split`` records of a run's metrics.jsonl."""
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["split"] == split]
