@@ -48,7 +48,8 @@ from trainer.config import parse_args
 
 logger = logging.getLogger("trainer")
 # Our INFO records kept off the console (one-line JSON dumps; the log file has them).
-FILE_ONLY = ("trainer config:", "deepspeed config (resolved):", "model config:")
+FILE_ONLY = ("trainer config:", "deepspeed config (resolved):", "model config:",
+             "ds_to_universal output:")  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
