@@ -144,11 +144,10 @@ class Trainer:
         (trainer/universal.py)."""
         prepare.check_resumed_model(self.config, self.model_config, directory, tag)
         saved = checkpoint.read_state(directory, tag)
-        if saved is not None and saved.get("data_fingerprint") != self.fingerprint:
-            raise ValueError(self._other_data(directory, tag))
-        if saved is not None and self.info.is_main:
+        if saved is not None:  # trainer_state.json: the data and batch, readable before loading
+            prepare.check_resumed_data(self.config, self.fingerprint, saved, f"{directory}/{tag}")
             change = prepare.batch_change(saved, self.sizes)
-            if change:
+            if change and self.info.is_main:
                 logger.warning("%s", change)
         self.resume = universal.for_world_size(
             directory, tag, self.info.world_size, is_main=self.info.is_main,
@@ -156,13 +155,6 @@ class Trainer:
         )  # fmt: skip
         if universal.is_universal(*self.resume):
             self.ds.setdefault("checkpoint", {})["load_universal"] = True
-
-    def _other_data(self, directory: str, tag: str) -> str:
-        return (
-            f"checkpoint {directory}/{tag} was trained on other data than --data "
-            f"{self.config.data} (shards, their sha256 or skipped shards differ): its data "
-            "position would be meaningless, so it is not resumed"
-        )
 
     def _log_config(self) -> None:
         if self.info.is_main:
@@ -195,8 +187,7 @@ class Trainer:
             torch.manual_seed(derive_seed(self.config.seed, "dropout", self.info.rank))
             return
         saved = checkpoint.load(self.engine, *resume)
-        if saved["data_fingerprint"] != self.fingerprint:
-            raise ValueError(self._other_data(*resume))
+        prepare.check_resumed_data(self.config, self.fingerprint, saved, "/".join(resume))
         self.state.step, self.state.position = saved["step"], saved["position"]
         self.state.last_saved = saved["step"]
         self.state.clock_base = self.state.train_s = float(saved.get("train_seconds", 0.0))

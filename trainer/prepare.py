@@ -176,6 +176,21 @@ def check_resumed_model(config: TrainConfig, cfg: BertConfig, directory: str, ta
     )
 
 
+def check_resumed_data(config: TrainConfig, fingerprint: str, saved: dict, where: str) -> None:
+    """Refuse to resume checkpoint ``where`` (its trainer state ``saved``) on other data.
+
+    Raises:
+        ValueError: the shards, their sha256, skipped shards or vocab differ (see
+            :func:`data_fingerprint`), naming --data.
+    """
+    if saved.get("data_fingerprint") != fingerprint:
+        raise ValueError(
+            f"checkpoint {where} was trained on other data than --data {config.data} (shards, "
+            "their sha256 or skipped shards differ): its data position would be meaningless, "
+            "so it is not resumed"
+        )
+
+
 def batch_change(saved: dict, sizes: BatchSizes) -> str | None:
     """A warning when a resumed run trains another number of rows per optimizer step than
     the checkpoint's run did (another world size with the micro batch and accumulation steps

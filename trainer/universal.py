@@ -20,7 +20,8 @@ saved again under the same tag removes its stale conversion first (trainer/check
 The converter runs as a child process of rank 0 (its memory is freed when it ends; no
 fork of a process holding a process group), its output goes to rank 0's log file. It reads
 the whole optimizer state: BERT-Large's (4 GB) takes minutes, during which the other ranks
-wait in an all-reduce; DeepSpeed's 30-minute collective timeout bounds it.
+wait in an all-reduce, bounded by DeepSpeed's collective timeout (``DEEPSPEED_TIMEOUT``,
+minutes, default 30).
 
 Not converted: a checkpoint without ZeRO partitions (stage 0 saves the whole optimizer in
 ``mp_rank_00_model_states.pt``, which loads on any number of ranks), one saved on this
