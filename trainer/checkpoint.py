@@ -9,11 +9,10 @@ Layout under ``OUTPUT_DIR/checkpoints``::
         ds_config.json          the resolved DeepSpeed JSON
         trainer_state.json      step, stream position, epoch, per-rank offsets (readable copy)
 
-Resuming on a different number of ranks: convert the checkpoint to DeepSpeed's universal
-format (``python -m deepspeed.checkpoint.ds_to_universal --input_folder CKPT/stepN
---output_folder CKPT/stepN_universal``) and pass ``--resume CKPT/stepN_universal``; the
-trainer sees the ``zero/`` folder and sets ``checkpoint.load_universal`` for DeepSpeed. The
-data position is global (a stream position), so the new ranks continue the same stream.
+Resuming on a different number of ranks: ``--resume`` converts the checkpoint to DeepSpeed's
+universal format once, beside it (``stepN_universal``), and loads that
+(trainer/universal.py). The data position is global (a stream position), so the new ranks
+continue the same stream.
 
 The trainer state also goes into DeepSpeed's client state (key ``trainer_state``), with
 every rank's RNG states, gathered to rank 0. ``latest`` is written by the trainer, after
@@ -27,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ import torch
 from model.config import write_text_atomic
 
 from . import distributed
+from .universal import universal_tag
 
 logger = logging.getLogger(__name__)
 
@@ -58,11 +59,6 @@ def tag_for(step: int) -> str:
 
 def is_checkpoint(path: Path) -> bool:
     return any((path / name).is_file() for name in _MODEL_FILES)
-
-
-def is_universal(directory: str, tag: str) -> bool:
-    """A universal checkpoint (deepspeed.checkpoint.ds_to_universal output) has a zero/ folder."""
-    return Path(directory, tag, "zero").is_dir()
 
 
 def resolve(path: str | os.PathLike) -> tuple[str, str]:
@@ -105,24 +101,10 @@ def find_resume(resume: str | None, output_dir: str) -> tuple[str, str] | None:
     return resolve(resume)
 
 
-def check_world_size(directory: str, tag: str, world_size: int) -> None:
-    """Refuse to load a ZeRO-partitioned checkpoint on another number of ranks.
-
-    Raises:
-        ValueError: with the commands that convert it to a universal checkpoint.
-    """
-    state_file = Path(directory, tag, "trainer_state.json")
-    partitioned = any(Path(directory, tag).glob("zero_pp_rank_*"))
-    if is_universal(directory, tag) or not partitioned or not state_file.is_file():
-        return
-    saved = json.loads(state_file.read_text())["world_size"]
-    if saved != world_size:
-        raise ValueError(
-            f"{directory}/{tag} is partitioned over {saved} ranks, this run has {world_size}: "
-            "convert it first with `python -m deepspeed.checkpoint.ds_to_universal "
-            f"--input_folder {directory}/{tag} --output_folder {directory}/{tag}_universal` "
-            f"and pass --resume {directory}/{tag}_universal (deploy/README.md)"
-        )
+def read_state(directory: str, tag: str) -> dict[str, Any] | None:
+    """The readable copy of a checkpoint's trainer state (trainer_state.json), or None."""
+    path = Path(directory, tag, "trainer_state.json")
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def _all_finite(engine, device: torch.device) -> bool:
@@ -151,6 +133,8 @@ def save(engine, output_dir: str, step: int, state: dict[str, Any], files: dict[
         raise NonFiniteError(f"weights are not finite at step {step}: checkpoint not saved")
     directory = os.path.join(output_dir, CHECKPOINTS)
     tag = tag_for(step)
+    if engine.global_rank == 0:  # a conversion of an earlier checkpoint of this tag is stale
+        shutil.rmtree(Path(directory, universal_tag(tag)), ignore_errors=True)
     rngs = distributed.gather_objects(distributed.rng_state(), engine.world_size)
     client = {STATE_KEY: {**state, "version": STATE_VERSION, "rng": rngs}, **_UNIVERSAL_INFO}
     engine.save_checkpoint(directory, tag=tag, client_state=client, save_latest=False)
@@ -190,8 +174,9 @@ def restore_rng(state: dict[str, Any], rank: int, world_size: int, fallback_seed
     if len(rngs) == world_size:
         distributed.set_rng_state(rngs[rank])
         return
-    logger.warning(
-        "checkpoint has RNG states of %d ranks, this run has %d: dropout RNGs are reseeded",
-        len(rngs), world_size,
-    )  # fmt: skip
+    if rank == 0:  # the same on every rank: said once
+        logger.warning(
+            "checkpoint has RNG states of %d ranks, this run has %d: dropout RNGs are reseeded",
+            len(rngs), world_size,
+        )  # fmt: skip
     torch.manual_seed(fallback_seed)

@@ -28,9 +28,9 @@ _OWN_ENV: list[str] = []  # environment variables set by init_distributed, not a
 
 @dataclass(frozen=True)
 class DistInfo:
-    rank: int
+    rank: int  # global: rank 0 alone writes shared files, logs metrics and exports
     world_size: int
-    local_rank: int
+    local_rank: int  # on this node: picks the GPU only (every node has a local rank 0)
     device: torch.device
 
     @property

@@ -19,8 +19,11 @@ The known keys come from the installed DeepSpeed, so a newer version's keys are 
   are that class's keyword arguments, for the class DeepSpeed picks as
   ``DeepSpeedEngine._configure_basic_optimizer`` does (``torch_adam``, ZeRO offload), plus
   the keys the engine consumes itself (``torch_adam``, ``adam_w_mode``, ...);
-- other sections (``checkpoint``, ``activation_checkpointing``, ``flops_profiler``, ...):
-  only their name is checked.
+- ``checkpoint``: the keys DeepSpeedConfig reads from it (``load_universal``,
+  ``tag_validation``, ``use_node_local_storage``, ...), recorded as the top level's are; a
+  top-level key that belongs there says so;
+- other sections (``activation_checkpointing``, ``flops_profiler``, ...): only their name
+  is checked.
 """
 
 from __future__ import annotations
@@ -64,12 +67,18 @@ def check_keys(ds: dict[str, Any], *, where: str) -> None:
     Raises:
         ValueError: naming ``where``, each unknown key with its path and a did-you-mean.
     """
-    top = _top_level_keys()
-    problems = [_unknown(key, key, top) for key in ds if key not in top]
+    top, in_checkpoint = _recorded_keys()
+    problems = [_unknown_top(key, top, in_checkpoint) for key in ds if key not in top]
     for key, value in ds.items():
         model = _section_model(key)
         if model is not None and isinstance(value, dict):
             problems += _model_problems(model, value, key)
+    if isinstance(ds.get("checkpoint"), dict):
+        problems += [
+            _unknown(f"checkpoint.{key}", key, in_checkpoint)
+            for key in ds["checkpoint"]
+            if key not in in_checkpoint
+        ]
     for section in ("optimizer", "scheduler"):
         if isinstance(ds.get(section), dict):
             problems += _builder_problems(ds, section)
@@ -96,31 +105,52 @@ def _unknown(path: str, key: str, known, why: str = "") -> str:
     return f"unknown key {path}" + (f" ({hint})" if hint else "")
 
 
+def _unknown_top(key: str, top, in_checkpoint) -> str:
+    """An unknown top-level key; one that belongs in the ``checkpoint`` section says so
+    (``load_universal_checkpoint`` -> did you mean checkpoint.load_universal?)."""
+    close = difflib.get_close_matches(key, sorted(in_checkpoint), n=1, cutoff=0.6)
+    rival = difflib.get_close_matches(key, sorted(top), n=1, cutoff=0.6)
+    if close and (not rival or _similarity(key, close[0]) > _similarity(key, rival[0])):
+        return f"unknown key {key} (did you mean checkpoint.{close[0]}?)"
+    return _unknown(key, key, top)
+
+
+def _similarity(a: str, b: str) -> float:
+    return difflib.SequenceMatcher(None, a, b).ratio()
+
+
 @functools.cache
-def _top_level_keys() -> frozenset[str]:
-    """The top-level keys DeepSpeedConfig reads: recorded while it parses an empty config."""
+def _recorded_keys() -> tuple[frozenset[str], frozenset[str]]:
+    """The top-level keys DeepSpeedConfig reads, and those of its ``checkpoint`` section:
+    recorded while it parses an empty config (``checkpoint`` has no model to read them from)."""
     from deepspeed.runtime.config import DeepSpeedConfig
 
-    read: set[str] = set()
+    top: set[str] = set()
+    checkpoint: set[str] = set()
 
-    class ReadKeys(dict):  # `read` is outside: DeepSpeedConfig parses a copy of the dict
-        def get(self, key, *default):
-            read.add(key)
-            return super().get(key, *default)
+    def recorder(read: set[str]):
+        class ReadKeys(dict):  # `read` is outside: DeepSpeedConfig parses a copy of the dict
+            def get(self, key, *default):
+                read.add(key)
+                return super().get(key, *default)
 
-        def __contains__(self, key):
-            read.add(key)
-            return super().__contains__(key)
+            def __contains__(self, key):
+                read.add(key)
+                return super().__contains__(key)
 
-        def __getitem__(self, key):
-            read.add(key)
-            return super().__getitem__(key)
+            def __getitem__(self, key):
+                read.add(key)
+                return super().__getitem__(key)
 
-        def keys(self):  # DeepSpeed also asks `key in param_dict.keys()`
-            return self
+            def keys(self):  # DeepSpeed also asks `key in param_dict.keys()`
+                return self
 
-    DeepSpeedConfig(ReadKeys(train_micro_batch_size_per_gpu=1))
-    return frozenset(read | set(MESH_KEYS))
+        return ReadKeys
+
+    DeepSpeedConfig(
+        recorder(top)(train_micro_batch_size_per_gpu=1, checkpoint=recorder(checkpoint)())
+    )
+    return frozenset(top | set(MESH_KEYS)), frozenset(checkpoint)
 
 
 def _section_model(section: str):

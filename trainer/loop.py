@@ -2,8 +2,10 @@
 
 Order of a run (every rank): check paths, the DeepSpeed JSON's keys (trainer/dskeys.py) and
 its batch sizes against the world size, open and check the shards, resolve the model config
-against the manifest (and the checkpoint's, with ``--resume``), build the model,
-``deepspeed.initialize``, load the checkpoint named by ``--resume``, then train until
+against the manifest (and the checkpoint's, with ``--resume``: model and data must be
+the same), build the model, ``deepspeed.initialize``, load the checkpoint named by
+``--resume`` (saved on another number of ranks: its universal conversion, made once by
+rank 0, trainer/universal.py), then train until
 ``--max-steps`` optimizer steps, and finally save a checkpoint and (rank 0) export it to
 ``OUTPUT_DIR/hf``.
 
@@ -40,7 +42,7 @@ import torch
 
 from pipeline.rng import derive_seed
 
-from . import checkpoint, distributed, metrics, ops, prepare
+from . import checkpoint, distributed, metrics, ops, prepare, universal
 from .config import TrainConfig
 from .data import PretrainingStream, StreamSpec, make_loader
 from .dsconfig import load_ds_config, precision, resolve_ds_config
@@ -127,17 +129,32 @@ class Trainer:
         self.model_config = prepare.model_config(config, self.shards.manifest)
         if self.eval_shards is not None:
             prepare.check_fit(self.model_config, self.eval_shards.manifest)
+        self.fingerprint = prepare.data_fingerprint(self.shards)
         self.resume = checkpoint.find_resume(config.resume, config.output_dir)
         if self.resume is not None:
-            checkpoint.check_world_size(*self.resume, info.world_size)
-            prepare.check_resumed_model(config, self.model_config, *self.resume)
-        if self.resume is not None and checkpoint.is_universal(*self.resume):
-            self.ds.setdefault("checkpoint", {})["load_universal"] = True
+            self._check_resume(*self.resume)
         self.masker = prepare.masker_for(self.shards, config)
-        self.fingerprint = prepare.data_fingerprint(self.shards)
         self.precision = precision(self.ds)
         self.peak = metrics.peak_tflops(config.peak_tflops, self.precision)
         self._log_config()
+
+    def _check_resume(self, directory: str, tag: str) -> None:
+        """Refuse another model or other data before anything is converted or built; on
+        another world size, resume from the checkpoint's universal conversion
+        (trainer/universal.py)."""
+        prepare.check_resumed_model(self.config, self.model_config, directory, tag)
+        saved = checkpoint.read_state(directory, tag)
+        if saved is not None:  # trainer_state.json: the data and batch, readable before loading
+            prepare.check_resumed_data(self.config, self.fingerprint, saved, f"{directory}/{tag}")
+            change = prepare.batch_change(saved, self.sizes)
+            if change and self.info.is_main:
+                logger.warning("%s", change)
+        self.resume = universal.for_world_size(
+            directory, tag, self.info.world_size, is_main=self.info.is_main,
+            device=self.info.device,
+        )  # fmt: skip
+        if universal.is_universal(*self.resume):
+            self.ds.setdefault("checkpoint", {})["load_universal"] = True
 
     def _log_config(self) -> None:
         if self.info.is_main:
@@ -170,12 +187,7 @@ class Trainer:
             torch.manual_seed(derive_seed(self.config.seed, "dropout", self.info.rank))
             return
         saved = checkpoint.load(self.engine, *resume)
-        if saved["data_fingerprint"] != self.fingerprint:
-            raise ValueError(
-                f"checkpoint {resume[0]}/{resume[1]} was trained on other data than --data "
-                f"{self.config.data} (shards, their sha256 or skipped shards differ): its data "
-                "position would be meaningless, so it is not resumed"
-            )
+        prepare.check_resumed_data(self.config, self.fingerprint, saved, "/".join(resume))
         self.state.step, self.state.position = saved["step"], saved["position"]
         self.state.last_saved = saved["step"]
         self.state.clock_base = self.state.train_s = float(saved.get("train_seconds", 0.0))

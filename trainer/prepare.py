@@ -25,6 +25,7 @@ from pipeline.vocab import parse_vocab
 
 from .config import TrainConfig
 from .data import DynamicMasker
+from .dsconfig import BatchSizes
 from .shards import ShardSet
 
 logger = logging.getLogger(__name__)
@@ -172,6 +173,50 @@ def check_resumed_model(config: TrainConfig, cfg: BertConfig, directory: str, ta
         f"--resume {config.resume}: the checkpoint {directory}/{tag} is a model with "
         f"{show(saved)}; this run builds {show(cfg)} ({built_by}). {advice}, or {afresh} to "
         "start afresh"
+    )
+
+
+def check_resumed_data(config: TrainConfig, fingerprint: str, saved: dict, where: str) -> None:
+    """Refuse to resume checkpoint ``where`` (its trainer state ``saved``) on other data.
+
+    Raises:
+        ValueError: the shards, their sha256, skipped shards or vocab differ (see
+            :func:`data_fingerprint`), naming --data.
+    """
+    if saved.get("data_fingerprint") != fingerprint:
+        raise ValueError(
+            f"checkpoint {where} was trained on other data than --data {config.data} (shards, "
+            "their sha256 or skipped shards differ): its data position would be meaningless, "
+            "so it is not resumed"
+        )
+
+
+def batch_change(saved: dict, sizes: BatchSizes) -> str | None:
+    """A warning when a resumed run trains another number of rows per optimizer step than
+    the checkpoint's run did (another world size with the micro batch and accumulation steps
+    fixed), else None.
+
+    The data stream continues exactly either way (one global position, trainer/order.py);
+    what changes is what a step means: --max-steps, warmup and decay count steps, and the
+    learning rate is not rescaled.
+
+    Example: ``({"world_size": 2, "micro_batch": 4, "gradient_accumulation_steps": 3, ...},
+    BatchSizes(4, 3, 3))`` -> "... 24 rows per optimizer step ... this run trains 36 ...".
+    """
+    before = saved["world_size"] * saved["micro_batch"] * saved["gradient_accumulation_steps"]
+    if before == sizes.per_step:
+        return None
+    more = "more" if sizes.per_step > before else "fewer"
+    return (
+        f"--resume: the checkpoint's run trained {before} rows per optimizer step "
+        f"({saved['world_size']} ranks x micro batch {saved['micro_batch']} x "
+        f"{saved['gradient_accumulation_steps']} accumulation steps), this run trains "
+        f"{sizes.per_step} ({sizes.world_size} x {sizes.micro} x {sizes.accumulation}). The data "
+        f"continues at row {saved['position']} of the stream, none lost or repeated, but "
+        f"--max-steps and the learning-rate schedule count steps: the run will see {more} rows "
+        f"than planned, at the same learning rates. To keep {before} rows per step, give the "
+        f"--ds-config train_batch_size {before} without gradient_accumulation_steps (DeepSpeed "
+        "derives them from the world size), or set gradient_accumulation_steps to fit"
     )
 
 

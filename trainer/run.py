@@ -5,14 +5,18 @@ One process (CPU, or one GPU)::
     python trainer/run.py --ds-config deploy/cpu.json --data shards/ --model tiny \\
         --output-dir runs/tiny --max-steps 200          # also: python -m trainer.run ...
 
-One node, 8 GPUs; several nodes (hostfile: deploy/hostfile.example; SLURM: deploy/slurm.sbatch)::
+One node, 8 GPUs; several nodes, one launcher per node (hostfile: deploy/hostfile.example;
+SLURM: deploy/slurm.sbatch; with ssh between the nodes, the first one starts them all)::
 
     deepspeed --num_gpus 8 trainer/run.py --ds-config deploy/zero2.json --data shards/ \\
         --model large --output-dir runs/large --max-steps 100000 --save-every 1000
+    deepspeed --hostfile deploy/hostfile --no_ssh --node_rank 0 --master_addr node-01 \\
+        --master_port 29500 trainer/run.py --ds-config deploy/zero2.json ...   # node 1: --node_rank 1
     deepspeed --hostfile deploy/hostfile trainer/run.py --ds-config deploy/zero2.json ...
 
 Two CPU ranks: ``DS_ACCELERATOR=cpu deepspeed --num_gpus 2 trainer/run.py ...``. Resume:
-``--resume auto`` (the latest checkpoint of --output-dir, if any). Export at any time:
+``--resume auto`` (the latest checkpoint of --output-dir, if any; on another number of
+ranks it is converted to a universal checkpoint first, trainer/universal.py). Export at any time:
 ``python -m trainer.export runs/large hf/large``. Every option: ``--help``.
 
 Console: our lines only (stages, one progress line per ``--log-every``, evaluations; warnings
@@ -48,7 +52,8 @@ from trainer.config import parse_args
 
 logger = logging.getLogger("trainer")
 # Our INFO records kept off the console (one-line JSON dumps; the log file has them).
-FILE_ONLY = ("trainer config:", "deepspeed config (resolved):", "model config:")
+FILE_ONLY = ("trainer config:", "deepspeed config (resolved):", "model config:",
+             "ds_to_universal output:")  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:

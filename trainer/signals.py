@@ -78,7 +78,9 @@ def resume_command(prefix: Sequence[str], args: Sequence[str]) -> str:
     ``--resume``, then ``--resume auto``.
 
     Example: ``(["python", "trainer/run.py"], ["--data", "my shards", "--resume=x"])``
-    -> ``"python trainer/run.py --data 'my shards' --resume auto"``.
+    -> ``"python trainer/run.py --data 'my shards' --resume auto"``. A launcher of one node of
+    several (``deepspeed --no_ssh --node_rank 0``: rank 0's) gets a note that every node
+    runs it with its own ``--node_rank``.
     """
     kept, skip = [], False
     for arg in args:
@@ -88,7 +90,10 @@ def resume_command(prefix: Sequence[str], args: Sequence[str]) -> str:
             skip = True
         elif not arg.startswith("--resume="):
             kept.append(arg)
-    return shlex.join([*prefix, *kept, "--resume", "auto"])
+    command = shlex.join([*prefix, *kept, "--resume", "auto"])
+    if "--no_ssh" in prefix:
+        command += "\n  (on every node, each with its own --node_rank; under SLURM: sbatch again)"
+    return command
 
 
 def launch_prefix(cmdlines: Sequence[Sequence[str]], args: Sequence[str], script: str):

@@ -146,3 +146,38 @@ def test_gpu_bench_summary_drops_the_first_window_and_table_has_the_ratio(tmp_pa
     padded = {**unpadded, "unpad": False, "sequences_per_s": 100.0, "mfu": None}
     table = gpu_bench.table([unpadded, padded]).splitlines()
     assert table[1].split() == ["base", "128", "128", "100.0", "110.0", "1.100", "-", "45.0%"]
+
+
+STUBS = {  # SLURM's commands and the deepspeed launcher, as far as deploy/slurm.sbatch uses them
+    "scontrol": 'echo "$SLURM_JOB_NODELIST" | tr , "\\n"\n',  # show hostnames A,B
+    # srun: the command once per node, in parallel, each with its SLURM_NODEID
+    "srun": "while [[ $1 == -* ]]; do shift; done\n"
+    'for ((i = 0; i < SLURM_NNODES; i++)); do SLURM_NODEID=$i "$@" & done\nwait\n',
+    "deepspeed": 'echo "$*" >> "$OUT/launches"\n',
+}
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
+def test_slurm_script_starts_one_no_ssh_launcher_per_node_from_one_hostfile(tmp_path):
+    """The launch path tests/trainer/test_resume.py runs with two nodes on one machine."""
+    bin_dir, venv = tmp_path / "bin", tmp_path / "venv"
+    bin_dir.mkdir()
+    for name, body in STUBS.items():
+        (bin_dir / name).write_text("#!/usr/bin/env bash\n" + body)
+        (bin_dir / name).chmod(0o755)
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "activate").write_text("")
+    out = tmp_path / "run"
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "VENV": str(venv), "OUT": str(out),
+           "SLURM_JOB_NODELIST": "gpu-a,gpu-b", "SLURM_NNODES": "2", "SLURM_JOB_ID": "77"}  # fmt: skip
+    subprocess.run(["bash", str(DEPLOY / "slurm.sbatch")], env=env, check=True, timeout=30)
+    hostfile = out / "hostfile-77"
+    assert hostfile.read_text() == "gpu-a slots=8\ngpu-b slots=8\n"
+    launches = sorted((out / "launches").read_text().splitlines())
+    for node, line in enumerate(launches):
+        assert line.startswith(
+            f"--hostfile {hostfile} --no_ssh --node_rank {node} --master_addr gpu-a "
+            "--master_port 29500 trainer/run.py --ds-config "
+        )
+        assert f"--output-dir {out} " in line and line.endswith("--resume auto")
+    assert len(launches) == 2

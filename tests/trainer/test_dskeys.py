@@ -20,7 +20,7 @@ def edited(path: str, value) -> dict:
     *parents, key = path.split(".")
     section = ds
     for name in parents:
-        section = section[name]
+        section = section.setdefault(name, {})
     section[key] = value
     return ds
 
@@ -39,7 +39,7 @@ def test_valid_keys_outside_deploy_pass():
     ds.update(
         bfloat16={"enabled": True},  # DeepSpeed's old name of bf16
         tensorboard={"enabled": True, "output_path": "tb", "job_name": "run"},
-        checkpoint={"load_universal": True},  # not checked inside (no model)
+        checkpoint={"load_universal": True, "tag_validation": "Warn"},  # resume's key
         # CPU Adam (offloaded), with the keys the engine consumes itself
         optimizer={"type": "adam", "params": {"lr": 1e-3, "adam_w_mode": False,
                                                "fp32_optimizer_states": False, "adamw_mode": True}},
@@ -72,6 +72,10 @@ def test_valid_keys_outside_deploy_pass():
                                      "(did you mean AdamW?)"),
         ("scheduler.type", "WarmupDecay", "scheduler.type 'WarmupDecay' is not one DeepSpeed can "
                                           "build (did you mean WarmupDecayLR?)"),
+        ("checkpoint.load_universl", True,
+         "unknown key checkpoint.load_universl (did you mean load_universal?)"),
+        ("load_universal_checkpoint", True,  # DeepSpeed's engine method, not a key
+         "unknown key load_universal_checkpoint (did you mean checkpoint.load_universal?)"),
         ("optimizer.params.max_grad_norm", 1.0,
          "optimizer.params.max_grad_norm: use the top-level gradient_clipping"),
     ],

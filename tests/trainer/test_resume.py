@@ -1,14 +1,25 @@
-"""Exact resume on two CPU ranks (``deepspeed --num_gpus 2``), and universal-checkpoint resume on one.
+"""Exact resume: on two CPU ranks of one node, and on two "nodes" of one rank each.
 
 A run killed with SIGKILL after a checkpoint and resumed with ``--resume auto`` must end with
 the weights of an uninterrupted run (dropout on: the RNG states are restored too), and the
 rows it trained on across the interruption must be the uninterrupted run's: more than one
 epoch of them, the first epoch exactly once each.
+
+Two nodes are started as a cluster without ssh starts them (deploy/slurm.sbatch): one
+``deepspeed --hostfile H --no_ssh --node_rank N`` launcher per node, the same hostfile,
+master address and port, and one output directory (the shared file system). Each node has
+one rank, so both ranks have LOCAL_RANK 0: a file written by "local rank 0" instead of
+global rank 0 would be written twice. Every file write of the ranks is recorded (an audit
+hook loaded through ``sitecustomize``, :data:`WRITE_AUDIT`), and the two-node run must end
+with the weights of the one-node uninterrupted run: the global ranks are the same.
+Resuming on another number of ranks: tests/trainer/test_world_size.py.
 """
 
 import json
 import os
+import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -34,21 +45,34 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(files: Path, data: Path, out: Path, *extra: str, ranks=2, fault=None, ds="ds.json"):
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
-    env.pop(FAULT_ENV, None)
-    if fault is not None:
-        env[FAULT_ENV] = str(fault)
-    argv = ["trainer/run.py", "--ds-config", str(files / ds), "--data", str(data),
-            "--model", str(files / "model.json"), "--output-dir", str(out),
-            "--max-steps", str(STEPS), "--save-every", str(SAVE_EVERY), "--log-every", "2",
-            "--num-workers", "1", "--record-samples", "true", "--export-hf", "false", *extra]  # fmt: skip
+def launch(files: Path, data: Path, out: Path, *extra: str, ranks=2, fault=None, ds="ds.json",
+           steps=STEPS, save_every=SAVE_EVERY):  # fmt: skip
+    """trainer/run.py on ``ranks`` CPU ranks of this machine (one: without a launcher)."""
+    argv = trainer_argv(files, data, out, *extra, ds=ds, steps=steps, save_every=save_every)
     if ranks > 1:
         cmd = [shutil.which("deepspeed") or "deepspeed", "--num_gpus", str(ranks),
                "--master_port", str(free_port()), *argv]  # fmt: skip
     else:
         cmd = [sys.executable, *argv]
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        cmd, cwd=REPO, env=rank_env(fault), capture_output=True, text=True, timeout=300
+    )
+
+
+def trainer_argv(files: Path, data: Path, out: Path, *extra: str, ds="ds.json", steps=STEPS,
+                 save_every=SAVE_EVERY) -> list[str]:  # fmt: skip
+    return ["trainer/run.py", "--ds-config", str(files / ds), "--data", str(data),
+            "--model", str(files / "model.json"), "--output-dir", str(out),
+            "--max-steps", str(steps), "--save-every", str(save_every), "--log-every", "2",
+            "--num-workers", "1", "--record-samples", "true", "--export-hf", "false", *extra]  # fmt: skip
+
+
+def rank_env(fault=None, **extra: str) -> dict[str, str]:
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", **extra}
+    env.pop(FAULT_ENV, None)
+    if fault is not None:
+        env[FAULT_ENV] = str(fault)
+    return env
 
 
 def sample_lines(out: Path, ranks: int) -> list[list[list[int]]]:
@@ -62,6 +86,25 @@ def interleave(per_rank: list[list[list[int]]]) -> list[list[int]]:
     return [batch for group in zip(*per_rank, strict=True) for batch in group]
 
 
+def across_the_kill(first_attempt, both_attempts, saved_at: int) -> list[list[int]]:
+    """The micro-batches the weights saw: the killed run's up to its checkpoint, then what the
+    resumed run appended to the same sample files (ranks may have died a line apart)."""
+    return interleave(
+        [
+            [b for b in before if b[0] <= saved_at] + after[len(before) :]
+            for before, after in zip(first_attempt, both_attempts, strict=True)
+        ]
+    )
+
+
+def max_weight_difference(a: Path, b: Path, tag: str) -> float:
+    """max |w_a - w_b| over the consolidated fp32 weights of checkpoint ``tag`` of two runs."""
+    left = export.consolidated_state_dict(str(a / "checkpoints"), tag)
+    right = export.consolidated_state_dict(str(b / "checkpoints"), tag)
+    assert left.keys() == right.keys()
+    return max((left[k] - right[k]).abs().max().item() for k in left)
+
+
 @pytest.fixture(scope="module")
 def runs(small_shards, tmp_path_factory):
     if shutil.which("deepspeed") is None:
@@ -72,8 +115,6 @@ def runs(small_shards, tmp_path_factory):
     ds.update(train_micro_batch_size_per_gpu=4, gradient_accumulation_steps=2)
     ds["zero_optimization"] = {"stage": 2}  # a partitioned checkpoint, as on GPUs
     (files / "ds.json").write_text(json.dumps(ds))
-    # One rank with 4 accumulation steps reads the same rows per step as 2 ranks x 2.
-    (files / "ds1.json").write_text(json.dumps({**ds, "gradient_accumulation_steps": 4}))
     done = launch(files, small_shards, files / "straight")
     assert done.returncode == 0, done.stderr[-3000:]
     killed = launch(files, small_shards, files / "killed", fault=KILL_AFTER)
@@ -87,24 +128,14 @@ def runs(small_shards, tmp_path_factory):
 
 def test_killed_and_resumed_run_ends_with_the_same_weights(runs):
     files, _ = runs
-    tag = f"step{STEPS:08d}"
-    straight = export.consolidated_state_dict(str(files / "straight" / "checkpoints"), tag)
-    resumed = export.consolidated_state_dict(str(files / "killed" / "checkpoints"), tag)
-    assert straight.keys() == resumed.keys()
-    assert max((straight[k] - resumed[k]).abs().max().item() for k in straight) <= 1e-6
+    assert max_weight_difference(files / "straight", files / "killed", f"step{STEPS:08d}") <= 1e-6
 
 
 def test_rows_across_the_interruption_are_exactly_the_uninterrupted_ones(runs, small_shards):
     files, first_attempt = runs
     straight = interleave(sample_lines(files / "straight", 2))
     assert max(b[0] for b in first_attempt[0]) == KILL_AFTER  # it did train past the checkpoint
-    both_attempts = sample_lines(files / "killed", 2)
-    seen = interleave(
-        [
-            [b for b in before if b[0] <= SAVE_EVERY] + after[len(before) :]
-            for before, after in zip(first_attempt, both_attempts, strict=True)
-        ]
-    )  # what the checkpoint's weights saw, then what the resumed run appended
+    seen = across_the_kill(first_attempt, sample_lines(files / "killed", 2), SAVE_EVERY)
     assert seen == straight
     rows = [r for batch in seen for r in batch[1:]]
     n = json.loads((small_shards / "manifest.json").read_text())["num_rows"]
@@ -112,32 +143,139 @@ def test_rows_across_the_interruption_are_exactly_the_uninterrupted_ones(runs, s
     assert sorted(rows[:n]) == list(range(n))  # the first epoch: none lost, none repeated
 
 
-def test_universal_checkpoint_resumes_on_one_rank(runs, small_shards):
+# Loaded by every Python process of the two-node runs (sitecustomize): appends "RANK TIME_NS
+# EVENT PATH" for each file opened for writing, renamed into place or torch.save'd under
+# $WRITE_AUDIT_UNDER. torch.save writes in C++, past the audit events: it is wrapped as soon
+# as torch has it.
+WRITE_AUDIT = """
+import os, sys, time
+_under, _log = os.environ["WRITE_AUDIT_UNDER"], os.environ["WRITE_AUDIT_LOG"]
+_rank, _busy, _patched = os.environ.get("RANK", "-"), [False], [False]
+
+def _record(event, path):
+    try:
+        path = os.path.abspath(os.fsdecode(os.fspath(path)))
+    except TypeError:
+        return
+    if path.startswith(_under) and not _busy[0]:
+        _busy[0] = True
+        try:
+            with open(os.path.join(_log, f"writes-{os.getpid()}.txt"), "a") as f:
+                f.write(f"{_rank} {time.time_ns()} {event} {path}\\n")
+        finally:
+            _busy[0] = False
+
+def _hook(event, args):
+    torch = sys.modules.get("torch")
+    if not _patched[0] and torch is not None and hasattr(torch, "save"):
+        _patched[0], save = True, torch.save
+        def audited_save(obj, f, *a, **k):
+            _record("torch.save", f)
+            return save(obj, f, *a, **k)
+        torch.save = audited_save
+    if event == "open" and (any(c in (args[1] or "") for c in "wax+")
+                            or args[1] is None and args[2] & (os.O_WRONLY | os.O_RDWR)):
+        _record("open", args[0])
+    elif event == "os.rename":
+        _record("rename", args[1])
+
+sys.addaudithook(_hook)
+"""
+
+
+def launch_nodes(files: Path, data: Path, out: Path, *extra: str, fault=None) -> list[int]:
+    """Two nodes of one rank each (module docstring); returns the launchers' exit codes.
+
+    Each launcher's output goes to OUT/node{N}.txt (a pipe left unread could block one
+    launcher while the other waits for it in a collective).
+    """
+    hostfile, audit = files / "hostfile", files / "audit"
+    hostfile.write_text("node-a slots=1\nnode-b slots=1\n")  # names only: no ssh to them
+    (audit / "site").mkdir(parents=True, exist_ok=True)
+    (audit / "site" / "sitecustomize.py").write_text(WRITE_AUDIT)
+    path = os.pathsep.join([str(audit / "site"), os.environ.get("PYTHONPATH", "")])
+    env = rank_env(fault, PYTHONPATH=path, WRITE_AUDIT_UNDER=str(out), WRITE_AUDIT_LOG=str(audit))
+    port = str(free_port())
+    out.mkdir(parents=True, exist_ok=True)
+    procs = []
+    try:
+        for node in (0, 1):
+            cmd = [shutil.which("deepspeed") or "deepspeed", "--hostfile", str(hostfile),
+                   "--no_ssh", "--node_rank", str(node), "--master_addr", "127.0.0.1",
+                   "--master_port", port, *trainer_argv(files, data, out, *extra)]  # fmt: skip
+            with open(out / f"node{node}.txt", "a") as log:
+                procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log,
+                                              stderr=subprocess.STDOUT, start_new_session=True))  # fmt: skip
+        return [p.wait(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+
+
+def audited_writes(files: Path) -> list[tuple[int, int, str, str]]:
+    """(rank, time_ns, event, path) of every write the trainer's ranks made, in time order."""
+    rows = []
+    for log in (files / "audit").glob("writes-*.txt"):
+        for line in log.read_text().splitlines():
+            rank, ns, event, path = line.split(" ", 3)
+            if rank != "-":  # a launcher process: it writes nothing there
+                rows.append((int(rank), int(ns), event, path))
+    return sorted(rows, key=lambda row: row[1])
+
+
+@pytest.fixture(scope="module")
+def two_nodes(runs, small_shards):
     files, _ = runs
-    source = files / "straight" / "checkpoints" / f"step{SAVE_EVERY:08d}"
-    refused = launch(
-        files, small_shards, files / "one", "--resume", str(source), ranks=1, ds="ds1.json"
-    )
-    assert refused.returncode == 2 and "ds_to_universal" in refused.stderr
-    universal = files / "universal" / f"step{SAVE_EVERY:08d}_universal"
-    convert = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
-               "--input_folder", str(source), "--output_folder", str(universal)]  # fmt: skip
-    done = subprocess.run(convert, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "DS_ACCELERATOR": "cpu"})  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    one = launch(
-        files, small_shards, files / "one", "--resume", str(universal), ranks=1, ds="ds1.json"
-    )
-    assert one.returncode == 0, one.stderr[-3000:]
-    rows = [r for batch in interleave(sample_lines(files / "one", 1)) for r in batch[1:]]
-    straight_batches = interleave(sample_lines(files / "straight", 2))
-    straight = [r for b in straight_batches if b[0] > SAVE_EVERY for r in b[1:]]
-    assert rows == straight  # the same stream continues on one rank
-    lr = {
-        json.loads(x)["step"]: json.loads(x)["lr"] for x in (files / "one" / "metrics.jsonl").open()
-    }
-    lr2 = {
-        json.loads(x)["step"]: json.loads(x)["lr"]
-        for x in (files / "straight" / "metrics.jsonl").open()
-    }
-    assert lr[STEPS] == pytest.approx(lr2[STEPS])  # the schedule resumed at the right step
+    out = files / "two-nodes"
+    codes = launch_nodes(files, small_shards, out, fault=KILL_AFTER)
+    assert all(code != 0 for code in codes), "the fault hook did not kill both nodes"
+    assert (out / "checkpoints" / "latest").read_text() == f"step{SAVE_EVERY:08d}"
+    first_attempt = sample_lines(out, 2)
+    codes = launch_nodes(files, small_shards, out, "--resume", "auto", "--export-hf", "true")
+    assert codes == [0, 0], (out / "node0.txt").read_text()[-3000:]
+    return out, first_attempt
+
+
+def test_two_nodes_read_disjoint_rows_and_resume_as_one_node_uninterrupted(runs, two_nodes):
+    files, _ = runs
+    out, first_attempt = two_nodes
+    assert max(b[0] for b in first_attempt[0]) == KILL_AFTER
+    seen = across_the_kill(first_attempt, sample_lines(out, 2), SAVE_EVERY)
+    assert seen == interleave(sample_lines(files / "straight", 2))
+    for rank0, rank1 in zip(seen[::2], seen[1::2], strict=True):  # one global micro-batch
+        assert rank0[0] == rank1[0] and not set(rank0[1:]) & set(rank1[1:])
+    assert max_weight_difference(files / "straight", out, f"step{STEPS:08d}") <= 1e-6
+
+
+def test_two_nodes_write_each_file_once_shared_ones_from_global_rank_0(two_nodes, runs):
+    out, _ = two_nodes
+    writes = audited_writes(runs[0])
+    writers: dict[str, set[int]] = {}
+    for rank, _, _, path in writes:
+        writers.setdefault(path, set()).add(rank)
+    assert {rank for rank, *_ in writes} == {0, 1}
+    for path, ranks in writers.items():
+        own = re.search(r"(?:samples-rank|train-rank|zero_pp_rank_)(\d+)", path)  # its own
+        assert ranks == {int(own.group(1)) if own else 0}, path
+    step = f"{out}/checkpoints/step{STEPS:08d}"
+    assert writers[f"{step}/mp_rank_00_model_states.pt"] == {0}
+    for rank in (0, 1):  # each ZeRO partition by its own rank, once
+        path = f"{step}/zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
+        assert [w[0] for w in writes if w[3] == path] == [rank]
+    hf = {Path(path).name for path in writers if path.startswith(f"{out}/hf/")}
+    assert {"config.json", "model.safetensors", "vocab.txt"} <= hf
+    assert (out / "hf" / "model.safetensors").is_file()
+
+
+def test_two_nodes_write_latest_after_every_rank_wrote_the_checkpoint(two_nodes, runs):
+    out, _ = two_nodes
+    writes = audited_writes(runs[0])
+    latest = [ns for _, ns, event, path in writes if path == f"{out}/checkpoints/latest"]
+    tags = sorted(p for p in (out / "checkpoints").iterdir() if p.name.startswith("step"))
+    assert [t.name for t in tags] == [f"step{s:08d}" for s in (4, 8, 12, 14)]
+    assert len(latest) == len(tags)  # once per checkpoint: the killed run's, then the resumed
+    for committed, tag in zip(latest, tags, strict=True):
+        partitions = list(tag.glob("zero_pp_rank_*_optim_states.pt"))
+        assert len(partitions) == 2
+        assert all(p.stat().st_mtime_ns <= committed for p in partitions), tag.name

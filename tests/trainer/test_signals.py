@@ -52,6 +52,14 @@ def rows_in_order(per_rank: list[list[list[int]]]) -> list[int]:
     return [row for group in zip(*per_rank, strict=True) for batch in group for row in batch[1:]]
 
 
+def test_resume_command_of_one_node_of_several_says_every_node_runs_it():
+    prefix = ["deepspeed", "--hostfile", "h", "--no_ssh", "--node_rank", "0", "trainer/run.py"]
+    assert resume_command(prefix, ["--data", "s"]) == (
+        "deepspeed --hostfile h --no_ssh --node_rank 0 trainer/run.py --data s --resume auto\n"
+        "  (on every node, each with its own --node_rank; under SLURM: sbatch again)"
+    )
+
+
 def test_resume_command_drops_resume_and_local_rank_and_quotes():
     args = script_args(["--local_rank=1", "--data", "my shards", "--resume", "x", "--seed", "3"])
     assert resume_command(["python", "trainer/run.py"], args) == (
