@@ -9,7 +9,7 @@ if importlib.util.find_spec("torch") is None:  # the base install is the pipelin
         name="torch",
     )
 
-from .bert import BertForPreTraining, BertModel, BertPreTrainingOutput, num_parameters
+from .bert import BertForPreTraining, BertModel, BertPreTrainingOutput, load_hf, num_parameters
 from .config import PRESETS, BertConfig
 from .heads import (
     BertForQuestionAnswering,
@@ -17,7 +17,7 @@ from .heads import (
     BertForTokenClassification,
     HeadConfig,
 )
-from .hf import load_hf, save_hf
+from .hf import save_hf
 
 __all__ = [
     "PRESETS",

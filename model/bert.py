@@ -33,12 +33,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from . import hf
 from .config import BertConfig
 from .unpad import PATHS, Packing, attention_path, packed_attention
 
@@ -326,18 +328,32 @@ class BertForPreTraining(nn.Module):
     def _init_weights(self, module: nn.Module) -> None:
         init_weights(module, self.config.initializer_range)
 
-    def save_hf(self, directory) -> None:
-        """Write a Hugging Face directory (see :func:`model.hf.save_hf`)."""
-        from .hf import save_hf
+    def save_hf(self, directory: str | os.PathLike) -> Path:
+        """Write ``config.json`` and ``model.safetensors`` (see :func:`model.hf.save_hf`).
 
-        save_hf(self, directory)
+        ``transformers.BertForPreTraining.from_pretrained(directory)`` loads it with no
+        missing keys (the tied decoder weight is not stored, as transformers does).
+        """
+        return hf.save_hf(self, directory)
 
     @classmethod
-    def from_hf(cls, directory, *, strict: bool = True) -> BertForPreTraining:
-        """Load a Hugging Face directory (see :func:`model.hf.load_hf`)."""
-        from .hf import load_hf
+    def from_hf(cls, directory: str | os.PathLike, *, strict: bool = True) -> BertForPreTraining:
+        """Load a Hugging Face ``BertForPreTraining`` directory (ours or transformers').
 
-        return load_hf(directory, strict=strict)
+        Args:
+            strict: when False, weights missing from the file (e.g. the pretraining
+                heads of a ``BertModel`` save) keep their fresh initialisation.
+
+        Raises:
+            FileNotFoundError: no config.json or model.safetensors in the directory
+                (see :func:`model.hf.check_hf_directory`).
+            ValueError: unknown or missing keys, or tensors whose shapes do not match
+                the config (the message names the key and both shapes).
+        """
+        config, _, _ = hf.read_hf_config(directory)
+        model = cls(config)
+        hf.load_weights(model, Path(directory, hf.WEIGHTS_NAME), optional=() if strict else ("",))
+        return model
 
     def set_gradient_checkpointing(self, enabled: bool = True) -> None:
         """Recompute each layer's activations in backward (less memory, ~30% more time)."""
@@ -428,6 +444,11 @@ class BertForPreTraining(nn.Module):
             _check_range("masked_lm_positions", positions, seq_len)
             if ids is not None:
                 _check_range("masked_lm_ids", ids.masked_fill(ids == IGNORE_INDEX, 0), vocab_size)
+
+
+def load_hf(directory: str | os.PathLike, *, strict: bool = True) -> BertForPreTraining:
+    """:meth:`BertForPreTraining.from_hf` as a function (``from model import load_hf``)."""
+    return BertForPreTraining.from_hf(directory, strict=strict)
 
 
 def set_unpadded(bert: BertModel, enabled: bool, *, attention_path: str = "auto") -> None:

@@ -45,9 +45,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from .bert import BertForPreTraining
 from .config import BertConfig
-from .heads import HEADS, HeadConfig, load_head_model, read_hf_config
-from .hf import load_hf
+from .heads import HEADS, HeadConfig, load_head_model
+from .hf import read_hf_config
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ def load_for_export(directory: str | os.PathLike) -> nn.Module:
     _, architecture, _ = read_hf_config(directory)
     if architecture in HEADS:
         return load_head_model(HEADS[architecture], directory).eval()
-    return load_hf(directory, strict=False).bert.eval()
+    return BertForPreTraining.from_hf(directory, strict=False).bert.eval()
 
 
 def example_inputs(

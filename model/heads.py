@@ -33,20 +33,17 @@ from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
 from torch import nn
 
+from . import hf
 from .bert import IGNORE_INDEX, BertModel, init_weights, validate_inputs
 from .config import BertConfig, write_text_atomic
 
+# Re-exported: callers (trainer/finetune.py, model/export_onnx.py) import them from here.
+from .hf import CONFIG_NAME, WEIGHTS_NAME, check_hf_directory, read_hf_config  # noqa: F401
+
 logger = logging.getLogger(__name__)
 
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
-# config.json keys that belong to the head, not to BertConfig.
-_HEAD_KEYS = ("num_labels", "id2label", "label2id", "classifier_dropout", "problem_type")
-# Buffers some transformers versions store; they carry no learned state.
-_BUFFER_SUFFIXES = ("embeddings.position_ids", "embeddings.token_type_ids")
 QA_LABELS = ("LABEL_0", "LABEL_1")  # transformers' default: start and end logits
 
 
@@ -155,9 +152,7 @@ class _BertWithHead(nn.Module):
 
     def save_hf(self, directory: str | os.PathLike) -> Path:
         """Write ``config.json`` (with the head's keys) and ``model.safetensors``."""
-        from .hf import save_hf
-
-        return save_hf(self, directory)
+        return hf.save_hf(self, directory)
 
     @classmethod
     def from_hf(cls, directory: str | os.PathLike, *, labels: tuple[str, ...] | None = None):
@@ -276,48 +271,6 @@ def _sequence_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.binary_cross_entropy_with_logits(logits, labels)
 
 
-def read_hf_config(directory: str | os.PathLike) -> tuple[BertConfig, str | None, dict[str, Any]]:
-    """Split a ``config.json`` into the encoder's config, the architecture and the head's keys.
-
-    Raises:
-        FileNotFoundError: not a Hugging Face directory; for a DeepSpeed checkpoint
-            directory, the message says how to convert it.
-        ValueError: unreadable JSON or an invalid encoder field (the file is named).
-    """
-    directory = Path(directory)
-    check_hf_directory(directory)
-    path = directory / CONFIG_NAME
-    try:
-        values = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"cannot read model config {path}: {e}") from e
-    if not isinstance(values, dict):
-        raise ValueError(f"{path}: expected a JSON object")
-    head = {k: values.pop(k) for k in _HEAD_KEYS if k in values}
-    architectures = values.get("architectures") or [None]
-    bert = BertConfig.from_dict(values, source=str(path), complete=True)
-    return bert, architectures[0], head
-
-
-def check_hf_directory(directory: Path) -> None:
-    """Raise FileNotFoundError unless ``directory`` has config.json and model.safetensors."""
-    missing = [n for n in (CONFIG_NAME, WEIGHTS_NAME) if not (directory / n).is_file()]
-    if not missing:
-        return
-    deepspeed = (directory / "latest").is_file() or any(
-        directory.glob("**/mp_rank_*_model_states.pt")
-    )
-    if deepspeed:
-        raise FileNotFoundError(
-            f"{directory} is a DeepSpeed checkpoint, not a Hugging Face directory; convert it "
-            f"with `python -m trainer.export {directory} HF_DIR` and pass HF_DIR"
-        )
-    raise FileNotFoundError(
-        f"{directory}: no {' or '.join(missing)} (expected a Hugging Face directory with "
-        f"{CONFIG_NAME} and {WEIGHTS_NAME}, e.g. from save_hf or `python -m trainer.export`)"
-    )
-
-
 def _labels_in(head: dict[str, Any], path: Path) -> tuple[str, ...] | None:
     id2label = head.get("id2label")
     if id2label:
@@ -365,44 +318,18 @@ def load_head_model(cls, directory, *, labels: tuple[str, ...] | None = None):
         labels = QA_LABELS
     dropout = head.get("classifier_dropout") if same else None
     model = cls(HeadConfig(bert, cls.architecture, labels, dropout))
-    state = _load_weights(directory / WEIGHTS_NAME, model, keep_head=same)
-    model.load_state_dict(state, strict=False)
-    return model
-
-
-def _load_weights(path: Path, model: nn.Module, *, keep_head: bool) -> dict[str, torch.Tensor]:
-    """The tensors of ``path`` that ``model`` takes, checked; others dropped (logged)."""
-    state = {}
-    for key, value in load_file(path).items():
-        if key.endswith(_BUFFER_SUFFIXES):
-            continue
-        if key.startswith(("embeddings.", "encoder.", "pooler.")):
-            key = "bert." + key  # a bare BertModel export
-        state[key] = value
-    expected = model.state_dict()
-    encoder = {k for k in expected if k.startswith("bert.")}
-    wanted = set(expected) if keep_head else encoder
-    dropped = sorted(set(state) - wanted)
-    if dropped:
-        logger.info("%s: not used by %s: %s", path, type(model).__name__, _summary(dropped))
-    state = {k: v for k, v in state.items() if k in wanted}
-    missing = sorted(wanted - set(state))
-    if [k for k in missing if not k.startswith("bert.pooler.")]:
-        raise ValueError(f"{path}: missing keys {missing[:5]}")
-    if missing:
-        logger.warning("%s: no pooler weights; the pooler starts freshly initialised", path)
-    for key, value in state.items():
-        if value.shape != expected[key].shape:
-            raise ValueError(
-                f"{path}: {key} has shape {tuple(value.shape)}, "
-                f"config.json implies {tuple(expected[key].shape)}"
-            )
-    new = sorted(set(expected) - encoder) if not keep_head else []
-    if new:
+    # The encoder always; the head only when the directory holds this head (else it is
+    # new, and the file's other tensors, e.g. a pretraining export's MLM/NSP heads, are
+    # dropped). A save without a pooler (token classification, QA) leaves it fresh.
+    encoder = {k for k in model.state_dict() if k.startswith("bert.")}
+    hf.load_weights(
+        model,
+        directory / hf.WEIGHTS_NAME,
+        keys=None if same else encoder,
+        drop_unused=True,
+        optional=("bert.pooler.",),
+    )
+    if not same:
+        new = sorted(set(model.state_dict()) - encoder)
         logger.info("new head initialised (normal(0, initializer_range), zero bias): %s", new)
-    return state
-
-
-def _summary(keys: list[str]) -> str:
-    prefixes = sorted({k.split(".")[0] + ".*" for k in keys})
-    return f"{len(keys)} tensors ({', '.join(prefixes)})"
+    return model
