@@ -19,7 +19,8 @@ Schema metadata: ``bert_shard_format_version``, ``bert_shard_vocab_size`` and
 ``bert_shard_max_seq_length`` (ASCII decimals), so the schema is a pure function of
 (vocab_size, max_seq_length) and every shard of a run has the same one.
 
-Check a directory from the shell: ``python -m pipeline.format DIR`` (verifies every shard).
+Check a directory from the shell: ``python -m pipeline validate DIR`` (every shard's files and
+rows; ``python -m pipeline.format DIR`` is an alias).
 """
 
 from __future__ import annotations
@@ -443,20 +444,15 @@ def check_vocab_compat(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m pipeline.format DIR``: verify DIR, print a one-line summary; 1 on failure."""
-    args = sys.argv[1:] if argv is None else list(argv)
-    if len(args) != 1:
-        print("usage: python -m pipeline.format DIR_OR_URI", file=sys.stderr)
-        return 2
-    try:
-        manifest = verify_directory(args[0])
-    except (ShardFormatError, OSError) as err:
-        print(f"FAILED: {err}", file=sys.stderr)
-        return 1
-    print(
-        f"OK: {len(manifest['shards'])} shards, {manifest['num_rows']} rows, {manifest['created_by']}"
-    )
-    return 0
+    """``python -m pipeline.format DIR``: an alias of ``python -m pipeline validate DIR``.
+
+    The same code, output and exit codes (pipeline/inspect_cli.py: files and rows
+    checked; 0 valid, 1 invalid, 2 bad arguments). Imported here only when run, so this
+    module stays a reader that needs nothing of the pipeline package.
+    """
+    from .inspect_cli import validate_main
+
+    return validate_main(sys.argv[1:] if argv is None else list(argv))
 
 
 if __name__ == "__main__":

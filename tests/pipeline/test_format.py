@@ -5,6 +5,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import datasets
@@ -30,7 +31,10 @@ def make_columns(seed: int, num_rows: int, *, vocab_size=VOCAB_SIZE, max_seq=MAX
         split = int(rng.integers(2, length - 2))
         num_masked = int(rng.integers(0, min(20, length - 3) + 1))
         positions = np.sort(rng.choice(np.arange(1, length - 1), num_masked, replace=False))
-        columns["input_ids"].append(rng.integers(0, vocab_size, length).astype(np.int32))
+        input_ids = rng.integers(0, vocab_size, length).astype(np.int32)
+        cls, sep = SPECIAL_IDS["cls"], SPECIAL_IDS["sep"]
+        input_ids[[0, split, length - 1]] = (cls, sep, sep)  # [CLS] A [SEP] B [SEP]
+        columns["input_ids"].append(input_ids)
         columns["segment_ids"].append((np.arange(length) > split).astype(np.int8))
         columns["masked_lm_positions"].append(positions.astype(np.int32))
         columns["masked_lm_ids"].append(rng.integers(0, vocab_size, num_masked).astype(np.int32))
@@ -381,7 +385,7 @@ def test_verify_directory_accepts_a_complete_output(tmp_path, capsys):
     manifest = write_output(tmp_path)
     assert shard_format.verify_directory(tmp_path) == manifest
     assert shard_format.main([str(tmp_path)]) == 0
-    assert "OK: 3 shards, 12 rows" in capsys.readouterr().out
+    assert f"OK: 3 shard(s), 12 rows checked in {tmp_path}" in capsys.readouterr().out
     (tmp_path / "tokenizer.json").write_text('{"changed": true}\n')
     with pytest.raises(shard_format.ShardFormatError, match=r"tokenizer\.json has another sha256"):
         shard_format.verify_directory(tmp_path)
@@ -406,6 +410,39 @@ def test_truncated_shards_are_detected_naming_the_file(tmp_path):
     with pytest.raises(shard_format.ShardFormatError, match="is truncated"):
         shard_format.open_shard(path)
     assert shard_format.main([str(tmp_path)]) == 1
+
+
+def test_python_m_pipeline_format_is_an_alias_of_validate(tmp_path):
+    write_output(tmp_path / "ok")
+    # A row that does not start with [CLS] in a shard whose size and sha256 are the
+    # manifest's: only the row checks of `validate` find it.
+    bad = tmp_path / "bad"
+    manifest = write_output(bad, (9,))
+    columns = make_columns(0, 9)
+    columns["input_ids"][4][0] = SPECIAL_IDS["sep"]
+    schema = shard_format.shard_schema(VOCAB_SIZE, MAX_SEQ)
+    path = bad / manifest["shards"][0]["name"]
+    shard_encode.atomic_write_bytes(path, shard_encode.encode_shard(columns, schema))
+    manifest["shards"][0].update(bytes=path.stat().st_size, sha256=shard_format.sha256_file(path))
+    shard_encode.atomic_write_bytes(bad / "manifest.json", shard_encode.encode_manifest(manifest))
+    root = Path(shard_format.__file__).parents[1]
+    for directory, returncode, expected in (
+        (tmp_path / "ok", 0, "OK: 3 shard(s), 12 rows"),
+        (bad, 1, "row 4 does not start with [CLS]"),
+    ):
+        runs = [
+            subprocess.run(
+                [sys.executable, "-m", *command, str(directory)],
+                cwd=root,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            for command in (["pipeline", "validate"], ["pipeline.format"])
+        ]
+        outputs = [(run.returncode, run.stdout, run.stderr) for run in runs]
+        assert outputs[0] == outputs[1], outputs
+        assert outputs[0][0] == returncode and expected in outputs[0][1] + outputs[0][2], outputs
 
 
 def test_flipped_byte_is_detected_by_sha256(tmp_path):
