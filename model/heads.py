@@ -39,7 +39,7 @@ from . import hf
 from .bert import IGNORE_INDEX, BertModel, init_weights, validate_inputs
 from .config import BertConfig, write_text_atomic
 
-# Re-exported: callers (trainer/finetune.py, model/export_onnx.py) import them from here.
+# Re-exported: callers import them from here as well as from model.hf.
 from .hf import CONFIG_NAME, WEIGHTS_NAME, check_hf_directory, read_hf_config  # noqa: F401
 
 logger = logging.getLogger(__name__)

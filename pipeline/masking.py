@@ -17,17 +17,26 @@ Rules (google-research/bert ``create_masked_lm_predictions``):
   with 0.1, and becomes a uniformly random id in ``[0, vocab_size)`` with 0.1
   (Google draws from the whole vocabulary, special tokens included).
 
-Randomness comes only from the ``numpy.random.Generator`` passed in, so the
-output is a pure function of the rows, the config and the generator's state.
-It is not draw-for-draw compatible with Google's ``random.Random`` calls (the
-distribution is the same): :func:`mask_instances` masks all the rows of a
-document's dupe pass in a few numpy calls instead of per-token Python.
+Two entry points apply these rules; each is a pure function of the rows, the config
+and the randomness passed in, and neither is draw-for-draw compatible with Google's
+``random.Random`` calls (the distribution is the same), as rows are masked in a few
+numpy calls instead of per-token Python:
+
+- :func:`mask_flat`, what ``python -m pipeline build`` uses (pipeline/instances.py):
+  a row's random numbers are a function of its own 64-bit key, the key that also
+  picks its shard and its place in the shard: ``pipeline.rng.shard_keys(seed, doc_id,
+  dupe_index, count)[i]`` for row ``i`` of a document's dupe pass. So the shards'
+  masks are seeded from (seed, document id, dupe index, row index) and a whole
+  bucket is masked in one call.
+- :func:`mask_instances`, with a ``numpy.random.Generator``: the trainer's dynamic
+  re-masking (trainer/data.py, ``numpy_rng(seed, "dynamic", ...)``).
 
 Use (tests: ``python -m pytest tests/pipeline/test_masking.py``):
 
     vocab = MaskingVocab.from_tokens(vocab_tokens)
-    gen = pipeline.rng.numpy_rng(seed, doc_id, dupe_index, "masking")
-    masked = mask_instances([x.input_ids for x in nsp_instances], config, vocab, gen)
+    keys = pipeline.rng.shard_keys(seed, doc_id, dupe_index, len(offsets) - 1)
+    masked, selected = mask_flat(flat, offsets, keys, config, vocab)   # as the pipeline
+    rows = mask_instances([x.input_ids for x in nsp_instances], config, vocab, gen)
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ calls do (shorter ones loop over the cuts, which is cheaper there).
 Use (one document of a bucket, one dupe pass; tests: ``python -m pytest
 tests/pipeline/test_nsp.py``):
 
-    rng = pipeline.rng.python_rng(seed, doc_id, dupe_index)
+    rng = pipeline.rng.python_rng(seed, "nsp", doc_id, dupe_index)  # as pipeline/instances.py
     instances = create_instances_from_document(bucket, index, NspConfig(), rng,
                                                SpecialIds(cls_id=101, sep_id=102))
 """

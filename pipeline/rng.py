@@ -13,12 +13,15 @@ SHA-256:
 
     derive_seed(42, "wiki.txt:17", 3)  # same value on every machine, forever
 
-Use:
+What seeds what (pipeline/instances.py); a document's bucket is
+``derive_seed(seed, "bucket", doc_id) % num_buckets``, then per dupe pass:
 
-    rng = python_rng(seed, doc_id, dupe_index)    # random.Random, for NSP
-    gen = numpy_rng(seed, doc_id, dupe_index, "masking")  # numpy Generator
-    shard = shard_key(seed, doc_id, dupe_index, instance_index) % num_shards
-    keys = shard_keys(seed, doc_id, dupe_index, count)  # the same, vectorised
+    rng = python_rng(seed, "nsp", doc_id, dupe_index)   # random.Random: the NSP pairs
+    keys = shard_keys(seed, doc_id, dupe_index, count)  # uint64, one per row: the row's
+    # shard (keys[i] % num_shards), its place in the shard and its masks (masking.mask_flat)
+    keys[i] == shard_key(seed, doc_id, dupe_index, i)   # one at a time
+
+The trainer tags its own seeds: "shard_order", "window", "dynamic", "dropout", "init".
 """
 
 from __future__ import annotations
@@ -151,8 +154,8 @@ def derive_seed_grid(
 def python_rng(*parts: int | str) -> random.Random:
     """Returns a ``random.Random`` seeded with ``derive_seed(*parts)``.
 
-    This is the generator the NSP step uses, as Google's
-    ``create_pretraining_data.py`` does.
+    The NSP step uses this generator, as Google's ``create_pretraining_data.py``
+    does, seeded with ``(seed, "nsp", doc_id, dupe_index)``.
 
     Args:
         *parts: as for :func:`derive_seed`.
@@ -184,11 +187,12 @@ def numpy_rng(*parts: int | str) -> np.random.Generator:
 def shard_key(seed: int, doc_id: str, dupe_index: int, instance_index: int) -> int:
     """Returns the 64-bit key that places one instance among the shards.
 
-    The pipeline writes the instance to shard ``key % num_shards`` and sorts
-    each shard by key, so instances of one document are scattered over shards
-    and over positions within a shard, identically on every runner. The parts
-    are prefixed with the tag ``"shard_key"`` so the key never equals a seed
-    derived for another purpose from the same values.
+    The pipeline writes the instance to shard ``key % num_shards``, sorts each
+    shard by key and masks the row with randomness drawn from the key
+    (``pipeline.masking.mask_flat``), so instances of one document are scattered
+    over shards and over positions within a shard, identically on every runner.
+    The parts are prefixed with the tag ``"shard_key"`` so the key never equals a
+    seed derived for another purpose from the same values.
 
     Args:
         seed: the run's seed.
