@@ -8,10 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from model import BertConfig, BertForPreTraining, BertForSequenceClassification
-from pipeline.vocab import SPECIAL_TOKENS, write_vocab
-from trainer.finetune import FinetuneConfig, linear_schedule, main, parse_config
-from trainer.finetune_data import (
+from finetune.__main__ import main
+from finetune.config import FinetuneConfig, parse_config
+from finetune.data import (
     DataError,
     check_features,
     encode,
@@ -19,7 +18,10 @@ from trainer.finetune_data import (
     load_examples,
     load_tokenizer,
 )
-from trainer.finetune_metrics import best_span, evaluate, squad_normalize, squad_scores
+from finetune.metrics import best_span, evaluate, squad_normalize, squad_scores
+from finetune.train import linear_schedule
+from model import BertConfig, BertForPreTraining, BertForSequenceClassification
+from pipeline.vocab import SPECIAL_TOKENS, write_vocab
 
 WORDS = [f"w{i}" for i in range(20)]
 DIGITS = [str(i) for i in range(10)]
@@ -245,3 +247,14 @@ def test_config_flags_override_json_and_unknown_keys_fail(tmp_path):
         parse_config(base)
     with pytest.raises(ValueError, match="warmup_ratio"):
         FinetuneConfig(task="qa", init="i", train="t", eval="e", warmup_ratio=1.5)
+
+
+def test_old_command_warns_and_runs_the_new_one(tmp_path, caplog):
+    """``python -m trainer.finetune`` lives one more release: a warning naming the new
+    command, then the same behaviour (here: the same exit 2 on a missing file)."""
+    from trainer.finetune import main as old_main
+
+    argv = ["--task", "classification", "--init", str(tmp_path), "--train", "nope.jsonl"]
+    assert old_main([*argv, "--eval", "nope.jsonl"]) == 2
+    (warning,) = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert "deprecated" in warning.message and "python -m finetune" in warning.message

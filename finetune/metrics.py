@@ -1,6 +1,6 @@
-"""Metrics of ``python -m trainer.finetune``: accuracy, per-word tag F1, SQuAD EM/F1.
+"""Metrics of ``python -m finetune``: accuracy, per-word tag F1, SQuAD EM/F1.
 
-What each task reports is described in the module doc of ``trainer/finetune.py``.
+What each task reports is described in the module doc of ``finetune/__main__.py``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from trainer.finetune_data import IGNORE_INDEX, collate
+from finetune.data import IGNORE_INDEX, collate
 
 MAX_ANSWER_TOKENS = 30  # longest span considered when decoding QA predictions
 OUTSIDE_TAG = "O"
@@ -65,7 +65,7 @@ def _outputs(model, features: list[dict], batch_size: int, pad_id: int):
 
 
 def evaluate(task: str, model, features: list[dict], labels, batch_size: int, pad_id: int) -> dict:
-    """The task's metrics on ``features`` (see ``trainer.finetune``), as fractions in [0, 1]."""
+    """The task's metrics on ``features`` (see ``finetune/__main__.py``), as fractions in [0, 1]."""
     if task == "qa":
         em = f1 = 0.0
         for chunk, batch, out in _outputs(model, features, batch_size, pad_id):

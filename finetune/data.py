@@ -1,9 +1,9 @@
-"""Input side of ``python -m trainer.finetune``: read, validate, encode and collate.
+"""Input side of ``python -m finetune``: read, validate, encode and collate.
 
 JSONL/CSV records become parsed examples (``load_examples``), examples become
 features, token ids and targets (``encode``), whose ids are checked against the model once
 (``check_features``), and lists of features become padded int64 batches (``collate``).
-The file formats are described in the module doc of ``trainer/finetune.py``; every
+The file formats are described in the module doc of ``finetune/__main__.py``; every
 bad record raises ``DataError`` naming the file, the line and the field.
 """
 
@@ -109,7 +109,7 @@ def _strip_answer(text: str, start: int) -> tuple[str, int]:
 
 
 def parse_example(task: str, record: dict, where: str) -> dict[str, Any]:
-    """One record as the task's fields (see ``trainer.finetune``). Raises DataError."""
+    """One record as the task's fields (see ``finetune/__main__.py``). Raises DataError."""
     if task == "classification":
         return {
             "text": str(_field(record, "text", where)),
