@@ -24,9 +24,15 @@ Files are JSONL (``.jsonl``/``.json``, one object per line) or CSV (``.csv``, he
   objects (CSV: JSON in the cell); ``context[answer_start:]`` must begin with the text.
 
 The loop is plain PyTorch: AdamW (weight decay 0.01, none on biases and LayerNorm),
-linear warmup then linear decay, gradient clipping at 1.0, dynamic padding, one
-evaluation per epoch. Defaults are BERT's fine-tuning recipe (lr 3e-5 in 2e-5..5e-5,
-3 epochs, batch 32, warmup 10%). Sequences are truncated to --max-seq-length
+linear warmup (--warmup-ratio of all steps, or --warmup-steps) then linear decay to 0 at
+the last step, gradient clipping at 1.0, dynamic padding, one evaluation per epoch and
+one at --max-steps. Defaults are BERT's fine-tuning recipe (lr 3e-5 in 2e-5..5e-5,
+3 epochs, batch 32, warmup 10%). An optimizer step takes --grad-accum micro batches of
+--batch-size examples. What trains, and how fast (finetune/params.py; L encoder layers,
+l = 0 the lowest): --freeze-layers N keeps the embeddings and layers 0..N-1 fixed;
+--gradual-unfreeze trains in epoch e the head and the top e-1 layers (epoch L+2: the
+embeddings too); --layer-lr-decay D gives layer l lr * D^(L-l), the embeddings
+lr * D^(L+1), the head (and pooler) lr. Sequences are truncated to --max-seq-length
 (QA: the context; no document stride, so an answer cut off is trained as "no
 answer" at [CLS] and scored as a miss).
 

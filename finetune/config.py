@@ -10,12 +10,17 @@ import argparse
 import dataclasses
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 TASKS = ("classification", "qa", "token")
 PATHS = ("task", "init", "train", "eval", "output_dir")  # strings, not typed numbers
+
+
+def _setting(default, help: str):
+    """A field with its ``--help`` line."""
+    return field(default=default, metadata={"help": help})
 
 
 @dataclass(frozen=True)
@@ -27,32 +32,51 @@ class FinetuneConfig:
     train: str
     eval: str
     output_dir: str | None = None  # None: nothing written
-    epochs: int = 3
-    lr: float = 3e-5  # peak learning rate, after warmup
-    batch_size: int = 32
-    max_seq_length: int = 128
-    warmup_ratio: float = 0.1  # fraction of all steps spent warming up linearly
-    weight_decay: float = 0.01
-    seed: int = 42  # head initialisation, dropout and shuffling
+    epochs: int = _setting(3, "passes over --train (unless --max-steps)")
+    max_steps: int = _setting(0, "stop after this many optimizer steps; 0: --epochs decide")
+    lr: float = _setting(3e-5, "peak learning rate, after warmup")
+    batch_size: int = _setting(32, "examples per forward pass (micro batch)")
+    grad_accum: int = _setting(1, "micro batches per optimizer step: batch K * --batch-size")
+    max_seq_length: int = _setting(128, "tokens per sequence, longer inputs truncated")
+    warmup_ratio: float = _setting(0.1, "fraction of all steps warming up linearly")
+    warmup_steps: int = _setting(0, "warmup steps; > 0 overrides --warmup-ratio")
+    weight_decay: float = _setting(0.01, "AdamW weight decay (none on biases, LayerNorm)")
+    freeze_layers: int = _setting(0, "freeze the embeddings and the lowest N encoder layers")
+    gradual_unfreeze: bool = _setting(False, "epoch e trains the head + top e-1 layers")
+    layer_lr_decay: float = _setting(1.0, "layer l learns at lr * D^(L-l); 1: off")
+    seed: int = _setting(42, "head initialisation, dropout and shuffling")
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
             raise ValueError(f"task must be one of {list(TASKS)}, got {self.task!r}")
-        for name in ("epochs", "batch_size", "max_seq_length", "seed"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+        for f in dataclasses.fields(self):
+            value, kind = getattr(self, f.name), {"int": int, "float": (int, float)}.get(f.type)
+            if f.type == "bool" and not isinstance(value, bool):
+                raise ValueError(f"{_name(f.name)} must be true or false, got {value!r}")
+            if kind and (isinstance(value, bool) or not isinstance(value, kind)):
+                raise ValueError(f"{_name(f.name)} must be a number ({f.type}), got {value!r}")
         checks = {
             "epochs": (self.epochs > 0, "> 0"),
+            "max_steps": (self.max_steps >= 0, ">= 0"),
             "batch_size": (self.batch_size > 0, "> 0"),
+            "grad_accum": (self.grad_accum > 0, "> 0"),
             "max_seq_length": (self.max_seq_length >= 8, ">= 8"),
             "lr": (self.lr > 0, "> 0"),
             "weight_decay": (self.weight_decay >= 0, ">= 0"),
             "warmup_ratio": (0 <= self.warmup_ratio < 1, "in [0, 1)"),
+            "warmup_steps": (self.warmup_steps >= 0, ">= 0"),
+            "freeze_layers": (self.freeze_layers >= 0, ">= 0"),
+            "layer_lr_decay": (0 < self.layer_lr_decay <= 1, "in (0, 1]"),
+            "seed": (self.seed >= 0, ">= 0"),
         }
         for name, (ok, rule) in checks.items():
             if not ok:
-                raise ValueError(f"{name} must be {rule}, got {getattr(self, name)!r}")
+                raise ValueError(f"{_name(name)} must be {rule}, got {getattr(self, name)!r}")
+
+
+def _name(key: str) -> str:
+    """How a setting is named in errors: ``"warmup_ratio (--warmup-ratio)"``."""
+    return f"{key} (--{key.replace('_', '-')})"
 
 
 def parse_config(argv: Sequence[str] | None, doc: str = "") -> FinetuneConfig:
@@ -70,10 +94,15 @@ def parse_config(argv: Sequence[str] | None, doc: str = "") -> FinetuneConfig:
     parser.add_argument("--task", choices=TASKS)
     for name in PATHS[1:]:
         parser.add_argument("--" + name.replace("_", "-"), dest=name)
-    for field in dataclasses.fields(FinetuneConfig):
-        if field.name not in PATHS:
-            kind = int if field.type == "int" else float
-            parser.add_argument("--" + field.name.replace("_", "-"), dest=field.name, type=kind)
+    for f in dataclasses.fields(FinetuneConfig):
+        if f.name in PATHS:
+            continue
+        flag, help_ = "--" + f.name.replace("_", "-"), f"{f.metadata['help']} (default {f.default})"
+        if f.type == "bool":
+            parser.add_argument(flag, dest=f.name, action="store_true", default=None, help=help_)
+        else:
+            kind = int if f.type == "int" else float
+            parser.add_argument(flag, dest=f.name, type=kind, help=help_)
     args = vars(parser.parse_args(argv))
     values: dict[str, Any] = {}
     config_path = args.pop("config")

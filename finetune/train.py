@@ -29,6 +29,13 @@ from finetune.data import (
     load_tokenizer,
 )
 from finetune.metrics import evaluate
+from finetune.params import (
+    check_against_model,
+    lowest_trainable_depth,
+    num_layers,
+    param_groups,
+    set_trainable,
+)
 from model.config import write_text_atomic
 from model.heads import (
     BertForQuestionAnswering,
@@ -61,45 +68,67 @@ def linear_schedule(warmup: int, total: int) -> Callable[[int], float]:
     )
 
 
+def train_step(model, optimizer, features: list[dict], micro_batch: int, pad_id: int) -> float:
+    """One optimizer step on ``features``, run ``micro_batch`` at a time (gradient
+    accumulation); returns the loss of the whole batch.
+
+    Each micro batch's mean loss is weighted by its share of the examples, so the
+    gradient is that of one batch of all ``features`` (exactly so for a per-example
+    mean loss: classification, QA; token tasks average over tokens per micro batch).
+    Gradients are clipped to norm 1.0 over the trainable parameters.
+    """
+    total = 0.0
+    for i in range(0, len(features), micro_batch):
+        chunk = features[i : i + micro_batch]
+        loss = model(**collate(chunk, pad_id)).loss * (len(chunk) / len(features))
+        loss.backward()
+        total += loss.item()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return total
+
+
 def train(cfg: FinetuneConfig, model, features: list[dict], evaluate_fn, pad_id: int) -> dict:
-    """AdamW with warmup/decay over ``cfg.epochs``; returns the last evaluation's metrics."""
-    decay = [
-        p for n, p in model.named_parameters() if not n.endswith("bias") and "LayerNorm" not in n
-    ]
-    no_decay = [p for n, p in model.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
-    groups = [
-        {"params": decay, "weight_decay": cfg.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-    optimizer = torch.optim.AdamW(groups, lr=cfg.lr)
-    steps_per_epoch = math.ceil(len(features) / cfg.batch_size)
-    total = cfg.epochs * steps_per_epoch
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, linear_schedule(round(cfg.warmup_ratio * total), total)
-    )
+    """AdamW with warmup and linear decay over ``cfg.epochs`` or ``cfg.max_steps`` optimizer
+    steps of ``batch_size * grad_accum`` examples; the parameter controls of
+    finetune/params.py. Evaluates after every epoch and at the last step; returns the last
+    evaluation's metrics."""
+    optimizer = torch.optim.AdamW(param_groups(model, cfg), lr=cfg.lr)
+    batch = cfg.batch_size * cfg.grad_accum
+    steps_per_epoch = math.ceil(len(features) / batch)
+    total = cfg.max_steps or cfg.epochs * steps_per_epoch
+    warmup = cfg.warmup_steps or round(cfg.warmup_ratio * total)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_schedule(warmup, total))
     generator = torch.Generator().manual_seed(cfg.seed)
+    epochs, step, metrics = math.ceil(total / steps_per_epoch), 0, {}
     model.train()
-    metrics: dict = {}
-    for epoch in range(1, cfg.epochs + 1):
+    for epoch in range(1, epochs + 1):
+        lowest = lowest_trainable_depth(cfg, num_layers(model), epoch)
+        trainable, params = set_trainable(model, lowest)
         start, losses = time.perf_counter(), []
         order = torch.randperm(len(features), generator=generator).tolist()
-        for i in range(0, len(order), cfg.batch_size):
-            batch = collate([features[j] for j in order[i : i + cfg.batch_size]], pad_id)
-            loss = model(**batch).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
+        for i in range(0, len(order), batch):
+            chunk = [features[j] for j in order[i : i + batch]]
+            losses.append(train_step(model, optimizer, chunk, cfg.batch_size, pad_id))
             scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            losses.append(loss.item())
+            step += 1
+            if step == total:
+                break
         seconds = time.perf_counter() - start
         metrics = evaluate_fn(model)
         logger.info(
-            "epoch %d/%d: loss %.4f, %.1f examples/s, eval %s",
+            "epoch %d/%d (step %d/%d, %d of %d parameters trained): loss %.4f, "
+            "%.1f examples/s, eval %s",
             epoch,
-            cfg.epochs,
+            epochs,
+            step,
+            total,
+            trainable,
+            params,
             sum(losses) / len(losses),
-            len(features) / seconds,
+            len(losses) * batch / seconds,
             ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()),
         )
     return metrics
@@ -131,6 +160,7 @@ def run(cfg: FinetuneConfig) -> dict:
     label_names(cfg.task, eval_examples, labels, cfg.eval)  # eval labels must be known
     torch.manual_seed(cfg.seed)
     model = cls.from_hf(cfg.init, labels=labels)
+    check_against_model(cfg, model)
     train_features = encode(cfg.task, tokenizer, train_examples, labels, cfg.max_seq_length)
     eval_features = encode(cfg.task, tokenizer, eval_examples, labels, cfg.max_seq_length)
     for features, examples in ((train_features, train_examples), (eval_features, eval_examples)):
