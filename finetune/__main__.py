@@ -1,4 +1,5 @@
-"""Fine-tune a BERT directory on sentence classification, token classification or QA.
+"""Fine-tune a BERT directory on sentence classification, token classification, QA or
+sentence-pair similarity.
 
     python -m finetune --task classification --init hf/base \\
         --train sst2/train.jsonl --eval sst2/dev.jsonl --output-dir runs/sst2
@@ -6,6 +7,8 @@
         --eval ner/dev.jsonl --epochs 3 --lr 5e-5
     python -m finetune --task qa --init hf/base --train squad/train.jsonl \\
         --eval squad/dev.jsonl --max-seq-length 384 --batch-size 12
+    python -m finetune --task similarity --init hf/base --train stsb/train.jsonl \
+        --eval stsb/dev.jsonl --output-dir runs/stsb
 
 (``bert-finetune`` once installed; ``python -m trainer.finetune`` is the deprecated
 name of this command and goes away in the release after 0.1.0.)
@@ -18,6 +21,8 @@ into one by ``python -m trainer.export CKPT HF_DIR``. The head is the one saved 
 
 Files are JSONL (``.jsonl``/``.json``, one object per line) or CSV (``.csv``, header):
 - classification: ``text``, optional ``text_pair``, ``label`` (str or int);
+- similarity (STS-B style): ``text``, ``text_pair``, ``score`` (a float, e.g. 0..5); the
+  model regresses it from the pair's pooled [CLS] (one output, MSE loss);
 - token: ``tokens`` and ``tags``, lists of equal length (CSV: space-separated);
 - qa (SQuAD v1.1 style, every example answerable): ``question``, ``context``,
   ``answers`` = ``{"text": [...], "answer_start": [...]}`` or a list of such
@@ -36,9 +41,14 @@ lr * D^(L+1), the head (and pooler) lr. Sequences are truncated to --max-seq-len
 (QA: the context; no document stride, so an answer cut off is trained as "no
 answer" at [CLS] and scored as a miss).
 
-Metrics: classification accuracy; token accuracy and micro F1 over
+Metrics: classification accuracy; similarity Pearson and Spearman (ties ranked by their
+average, as scipy) correlation and MSE; token accuracy and micro F1 over
 words whose tag is not ``O`` (a per-word F1, not seqeval's per-entity one; words
 cut by truncation are not scored); QA exact match and token F1 (SQuAD's script).
+
+Sentence embeddings for search, from any directory this writes (or --init):
+``finetune.embed.SentenceEncoder.from_hf(DIR, pooling="mean" | "cls").encode(texts)``, and
+as ONNX ``python -m model.export_onnx DIR OUT --pooling mean``.
 
 Writes to --output-dir: the model (``save_hf``), the tokenizer files of --init,
 ``finetune_config.json`` and ``eval_results.json``. Exit codes: 0 done, 2 a bad

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-TASKS = ("classification", "qa", "token")
+TASKS = ("classification", "qa", "similarity", "token")
 PATHS = ("task", "init", "train", "eval", "output_dir")  # strings, not typed numbers
 
 
@@ -27,7 +27,7 @@ def _setting(default, help: str):
 class FinetuneConfig:
     """One run's settings: defaults < ``--config`` JSON < flags; saved beside the model."""
 
-    task: str  # classification | token | qa
+    task: str  # classification | token | qa | similarity
     init: str  # Hugging Face directory with a tokenizer
     train: str
     eval: str

@@ -50,6 +50,7 @@ MODELS = {
     "classification": BertForSequenceClassification,
     "token": BertForTokenClassification,
     "qa": BertForQuestionAnswering,
+    "similarity": BertForSequenceClassification,  # one output, MSE (model/heads.py)
 }
 TOKENIZER_FILES = (
     "tokenizer.json",

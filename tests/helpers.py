@@ -172,3 +172,20 @@ def find_digit(rng, n):
 def write_jsonl(path: Path, rows) -> str:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return str(path)
+
+
+def same_topic(rng, n, k=4):
+    """Sentence pairs of ``k`` words; the words w0..w9 are one topic, w10..w19 another.
+    ``text`` is on one topic; score: the share of text_pair's words on the same topic,
+    in 0..5 (STS-B's range)."""
+    topics = (FINETUNE_WORDS[:10], FINETUNE_WORDS[10:])
+    rows = []
+    for _ in range(n):
+        topic = rng.randrange(2)
+        same = rng.randint(0, k)
+        text = rng.sample(topics[topic], k)
+        pair = rng.sample(topics[topic], same) + rng.sample(topics[1 - topic], k - same)
+        rng.shuffle(pair)
+        score = 5.0 * same / k
+        rows.append({"text": " ".join(text), "text_pair": " ".join(pair), "score": score})
+    return rows
