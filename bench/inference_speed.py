@@ -8,7 +8,7 @@ outputs) on full-length rows of ``--seq`` tokens; the three runtimes use the sam
 number of intra-op threads and alternate (A B C A B C ...) after warm-ups, and the
 median round gives sequences/s, so machine noise hits all three alike.
 
-Accuracy: a tiny BERT is fine-tuned (``trainer.finetune``) on a synthetic
+Accuracy: a tiny BERT is fine-tuned (``python -m finetune``) on a synthetic
 sentence-pair task (does either segment contain a digit token; rows of 20-120 words)
 and exported (model/export_onnx.py); the eval set is scored by PyTorch, ORT fp32 and
 ORT INT8 (dynamic quantization), with the prediction agreement against PyTorch.
@@ -32,11 +32,12 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from finetune.config import FinetuneConfig
+from finetune.data import collate, encode, load_examples, load_tokenizer
+from finetune.train import run
 from model import BertConfig, BertForPreTraining, BertForSequenceClassification, BertModel
 from model.export_onnx import INPUT_NAMES, OnnxExportable, export_onnx, quantize, session
 from pipeline.vocab import SPECIAL_TOKENS, write_vocab
-from trainer.finetune import FinetuneConfig, run
-from trainer.finetune_data import collate, encode, load_examples, load_tokenizer
 
 logger = logging.getLogger("bench.inference_speed")
 WORDS = [f"w{i}" for i in range(50)]

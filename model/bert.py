@@ -16,7 +16,7 @@ Differences that do not change the numbers:
 
 Inputs: ``forward`` checks shapes and dtypes only. Value ranges (ids < vocab_size, ...)
 are checked where the data enters, on the host: the trainer's ``collate``
-(trainer/data.py), the fine-tuning reader (trainer/finetune_data.py) and
+(trainer/data.py), the fine-tuning reader (finetune/data.py) and
 ``python -m pipeline validate``. Checking them here would cost a device-to-host sync per
 tensor and step (and graph breaks under ``torch.compile``); ``BERT_DEBUG_CHECKS=1`` in the
 environment (or ``model.bert.DEBUG_CHECKS = True``) checks them here too, for code that

@@ -3,6 +3,7 @@
     python -m model.export_onnx hf/base base.onnx                 # encoder
     python -m model.export_onnx runs/sst2/final sst2.onnx         # encoder + classifier
     python -m model.export_onnx runs/sst2/final sst2.int8.onnx --quantize
+    python -m model.export_onnx runs/stsb embed.onnx --pooling mean  # sentence embeddings
 
 DIR is a directory written by ``save_hf`` (ours or transformers'); a DeepSpeed
 checkpoint is converted first with ``python -m trainer.export CKPT DIR``. The graph
@@ -18,7 +19,10 @@ Outputs, fp32, by the directory's ``architectures``:
   ``end_logits`` (batch, sequence);
 - anything else (pretraining export, ``BertModel``): the encoder only,
   ``sequence_output`` (batch, sequence, hidden) and ``pooled_output`` (batch, hidden);
-  the MLM/NSP heads are training-time only and are not exported.
+  the MLM/NSP heads are training-time only and are not exported;
+- with ``--pooling mean|cls``, any directory: ``sentence_embedding`` (batch, hidden), the
+  encoder's mean-pooled (over the attention mask) or ``[CLS]`` vector, L2-normalized
+  (model/embed.py), for search by dot product.
 
 ``--quantize`` applies onnxruntime's dynamic quantization (int8 weights, activations
 quantized per batch at run time) to the exported graph and writes that to OUT; it
@@ -47,6 +51,7 @@ from torch import nn
 
 from .bert import BertForPreTraining
 from .config import BertConfig
+from .embed import POOLINGS, SentenceEmbedding, load_encoder
 from .heads import HEADS, HeadConfig, load_head_model
 from .hf import read_hf_config
 
@@ -80,11 +85,14 @@ class OnnxExportable(nn.Module):
                 return logits[..., 0], logits[..., 1]
             features = pooled_output if pooled_output is not None else sequence_output
             return (self.model.classifier(features),)  # dropout is the identity at inference
-        return self.model(input_ids, segment_ids, attention_mask)
+        out = self.model(input_ids, segment_ids, attention_mask)
+        return out if isinstance(out, tuple) else (out,)  # SentenceEmbedding: one tensor
 
 
 def output_names(model: nn.Module) -> tuple[str, ...]:
     """ONNX output names of a head model or an encoder (see the module doc)."""
+    if isinstance(model, SentenceEmbedding):
+        return ("sentence_embedding",)
     if hasattr(model, "qa_outputs"):
         return ("start_logits", "end_logits")
     if hasattr(model, "classifier"):
@@ -93,7 +101,8 @@ def output_names(model: nn.Module) -> tuple[str, ...]:
 
 
 def bert_config(model: nn.Module) -> BertConfig:
-    """The encoder's config of a head model (``HeadConfig.bert``) or of a ``BertModel``."""
+    """The encoder's config of a head model (``HeadConfig.bert``), a ``BertModel`` or a
+    ``SentenceEmbedding``."""
     return model.config.bert if isinstance(model.config, HeadConfig) else model.config
 
 
@@ -101,13 +110,16 @@ def _needs_external_data(model: nn.Module) -> bool:
     return sum(p.numel() * p.element_size() for p in model.parameters()) > _INLINE_LIMIT_BYTES
 
 
-def load_for_export(directory: str | os.PathLike) -> nn.Module:
-    """The head model the directory holds, else its encoder (a ``BertModel``), in eval mode.
+def load_for_export(directory: str | os.PathLike, pooling: str | None = None) -> nn.Module:
+    """The head model the directory holds, else its encoder (a ``BertModel``), in eval mode;
+    with ``pooling`` ("mean" or "cls"), its encoder as a ``SentenceEmbedding``.
 
     Raises:
         FileNotFoundError: not a Hugging Face directory (a DeepSpeed checkpoint is named).
         ValueError: bad config or weights (file and key named).
     """
+    if pooling is not None:
+        return SentenceEmbedding(load_encoder(directory), pooling).eval()
     _, architecture, _ = read_hf_config(directory)
     if architecture in HEADS:
         return load_head_model(HEADS[architecture], directory).eval()
@@ -215,6 +227,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("directory", help="Hugging Face directory (save_hf or transformers)")
     parser.add_argument("output", help="the .onnx file to write")
     parser.add_argument("--quantize", action="store_true", help="write dynamic INT8 to OUTPUT")
+    parser.add_argument(
+        "--pooling",
+        choices=POOLINGS,
+        help="export sentence embeddings instead: the encoder, mean or [CLS] pooling, "
+        "L2-normalized (output sentence_embedding (batch, hidden))",
+    )
     parser.add_argument("--opset", type=int, default=18)
     return parser.parse_args(argv)
 
@@ -226,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger(name).setLevel(logging.INFO)
     args = _parse(argv)
     try:
-        model = load_for_export(args.directory)
+        model = load_for_export(args.directory, args.pooling)
     except (FileNotFoundError, ValueError) as e:
         logger.error("%s", e)
         return 2

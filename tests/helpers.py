@@ -98,3 +98,94 @@ def records(out: Path, split="train") -> list[dict]:
     """The ``split`` records of a run's metrics.jsonl."""
     lines = (out / "metrics.jsonl").read_text().splitlines()
     return [r for r in map(json.loads, lines) if r["split"] == split]
+
+
+# ----------------------------------------------------------------------------- fine-tuning
+
+FINETUNE_WORDS = [f"w{i}" for i in range(20)]  # a vocabulary of whole words: no word pieces
+DIGITS = [str(i) for i in range(10)]
+
+
+def make_finetune_init(path: Path) -> Path:
+    """A random-init tiny BertForPreTraining HF directory with a vocab.txt, dropout off
+    (hidden 64, 2 layers, seq <= 64), for ``python -m finetune --init``."""
+    import torch
+
+    from model import BertConfig, BertForPreTraining
+    from pipeline.vocab import SPECIAL_TOKENS, write_vocab
+
+    torch.manual_seed(0)
+    vocab = [*SPECIAL_TOKENS, *FINETUNE_WORDS, *DIGITS, "digit", "##w"]
+    config = BertConfig(
+        vocab_size=len(vocab),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    BertForPreTraining(config).save_hf(path)
+    write_vocab(path / "vocab.txt", vocab)
+    return path
+
+
+def has_digit(rng, n):
+    """Sentence pairs; label: is there a digit in either segment (balanced)."""
+    rows = []
+    for i in range(n):
+        words = rng.sample(FINETUNE_WORDS, 8)
+        if i % 2:
+            words[rng.randrange(8)] = rng.choice(DIGITS)
+        label = "yes" if i % 2 else "no"
+        rows.append({"text": " ".join(words[:5]), "text_pair": " ".join(words[5:]), "label": label})
+    return rows
+
+
+def digit_tags(rng, n):
+    """Tag every digit token DIGIT, everything else O."""
+    rows = []
+    for _ in range(n):
+        k = rng.randint(4, 12)
+        tokens = [
+            rng.choice(DIGITS) if rng.random() < 0.3 else rng.choice(FINETUNE_WORDS)
+            for _ in range(k)
+        ]
+        rows.append({"tokens": tokens, "tags": ["DIGIT" if t.isdigit() else "O" for t in tokens]})
+    return rows
+
+
+def find_digit(rng, n):
+    """Question "digit"; the answer is the one digit in a context of 6-13 words."""
+    rows = []
+    for _ in range(n):
+        words = rng.sample(FINETUNE_WORDS, rng.randint(5, 12))
+        at = rng.randrange(len(words) + 1)
+        words.insert(at, rng.choice(DIGITS))
+        start = len(" ".join(words[:at])) + (1 if at else 0)
+        answers = {"text": [words[at]], "answer_start": [start]}
+        rows.append({"question": "digit", "context": " ".join(words), "answers": answers})
+    return rows
+
+
+def write_jsonl(path: Path, rows) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def same_topic(rng, n, k=4):
+    """Sentence pairs of ``k`` words; the words w0..w9 are one topic, w10..w19 another.
+    ``text`` is on one topic; score: the share of text_pair's words on the same topic,
+    in 0..5 (STS-B's range)."""
+    topics = (FINETUNE_WORDS[:10], FINETUNE_WORDS[10:])
+    rows = []
+    for _ in range(n):
+        topic = rng.randrange(2)
+        same = rng.randint(0, k)
+        text = rng.sample(topics[topic], k)
+        pair = rng.sample(topics[topic], same) + rng.sample(topics[1 - topic], k - same)
+        rng.shuffle(pair)
+        score = 5.0 * same / k
+        rows.append({"text": " ".join(text), "text_pair": " ".join(pair), "score": score})
+    return rows

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("pipeline", "model", "trainer", "finetune")
+TRAINING_PACKAGES = PACKAGES[1:]
 # Never on a Beam worker: each is large (torch with CUDA: GBs) and none is used there.
 TRAINING_STACK = ("torch", "deepspeed", "datasets", "matplotlib", "tensorboard", "safetensors",
                   "transformers")  # fmt: skip
@@ -28,11 +30,12 @@ DISTRIBUTIONS = {"apache_beam": "apache-beam", "numpy": "numpy", "pyarrow": "pya
 USED_BY_BEAM = ["google-crc32c"]
 # Imported only inside a function, for an option a worker never runs (`stats --plot`).
 OPTIONAL = {"matplotlib"}
-# Import name -> distribution, for what model/ and trainer/ import beyond the base install:
+# Import name -> distribution, for what model/, trainer/ and finetune/ import beyond the
+# base install:
 # each must be in the `train` extra.
 TRAIN_DISTRIBUTIONS = {"torch": "torch", "deepspeed": "deepspeed", "safetensors": "safetensors",
                        "matplotlib": "matplotlib", "tqdm": "tqdm"}  # fmt: skip
-# Imported by model/ or trainer/ without being in `train`, each for its reason.
+# Imported by model/, trainer/ or finetune/ without being in `train`, each for its reason.
 TRAIN_NOT_DECLARED = {
     "psutil": "DeepSpeed's own dependency; trainer/signals.py falls back without it",
     "pydantic": "DeepSpeed's config classes are pydantic models; dskeys.py inspects them",
@@ -58,7 +61,7 @@ def built(tmp_path_factory):
     src = tmp_path_factory.mktemp("src")
     for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(ROOT / name, src / name)
-    for package in ("pipeline", "model", "trainer"):
+    for package in PACKAGES:
         shutil.copytree(ROOT / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path_factory.mktemp("metadata")
     done = subprocess.run([sys.executable, "-c", BUILD_METADATA, str(out)], cwd=src,
@@ -107,11 +110,12 @@ def test_worker_install_is_the_pipelines_and_no_more(built):
 
 
 def test_training_imports_are_declared(built):
-    """What model/ and trainer/ import comes with the base install or the `train` extra."""
+    """What model/, trainer/ and finetune/ import comes with the base install or the `train`
+    extra."""
     metadata, _ = built
     imported = set()
-    for package in ("model", "trainer"):
-        imported |= third_party_imports(ROOT / package) - {"model", "trainer"}
+    for package in TRAINING_PACKAGES:
+        imported |= third_party_imports(ROOT / package) - set(TRAINING_PACKAGES)
     imported -= set(DISTRIBUTIONS) | set(TRAIN_NOT_DECLARED)
     assert imported <= set(TRAIN_DISTRIBUTIONS), imported - set(TRAIN_DISTRIBUTIONS)  # list it
     declared = set(requirements(metadata, "train"))
@@ -156,6 +160,10 @@ try:
     import trainer
 except ModuleNotFoundError as err:
     print("trainer:", err)
+try:
+    import finetune
+except ModuleNotFoundError as err:
+    print("finetune:", err)
 """
 
 
@@ -175,4 +183,15 @@ def test_pipeline_runs_without_the_training_stack(tmp_path):
     # The trainer's packages say what to install instead of a bare "No module named 'torch'".
     assert "model: model/ needs torch" in done.stdout
     assert "trainer: trainer/ needs torch and deepspeed" in done.stdout
-    assert done.stdout.count("pip install 'bert-pipeline[train]'") == 2
+    assert "finetune: finetune/ needs torch" in done.stdout
+    assert done.stdout.count("pip install 'bert-pipeline[train]'") == 3
+
+
+def test_every_package_is_installed():
+    """pyproject's ``packages.find`` includes each top-level package (a new one: add it)."""
+    text = (ROOT / "pyproject.toml").read_text()
+    include = re.search(r"^include = \[(.*)\]$", text, re.M)[1]
+    patterns = {p.strip().strip('"') for p in include.split(",")}
+    assert patterns == {f"{package}*" for package in PACKAGES}
+    on_disk = {p.parent.name for p in ROOT.glob("*/__init__.py")}
+    assert on_disk == set(PACKAGES), on_disk

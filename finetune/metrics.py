@@ -1,6 +1,7 @@
-"""Metrics of ``python -m trainer.finetune``: accuracy, per-word tag F1, SQuAD EM/F1.
+"""Metrics of ``python -m finetune``: accuracy, per-word tag F1, SQuAD EM/F1, Pearson and
+Spearman correlation.
 
-What each task reports is described in the module doc of ``trainer/finetune.py``.
+What each task reports is described in the module doc of ``finetune/__main__.py``.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import string
 from collections import Counter
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
-from trainer.finetune_data import IGNORE_INDEX, collate
+from finetune.data import IGNORE_INDEX, collate
 
 MAX_ANSWER_TOKENS = 30  # longest span considered when decoding QA predictions
 OUTSIDE_TAG = "O"
@@ -50,6 +52,31 @@ def best_span(start: torch.Tensor, end: torch.Tensor, allowed: torch.Tensor) -> 
     return divmod(flat, len(end))
 
 
+def ranks(x: np.ndarray) -> np.ndarray:
+    """1-based ranks, ties given their average rank: ``[10, 20, 10, 5] -> [2.5, 4, 2.5, 1]``."""
+    x = np.asarray(x, dtype=np.float64)
+    order = np.argsort(x, kind="stable")
+    sorted_x = x[order]
+    # Each run of equal values [i, j) gets the mean of ranks i+1..j, (i + j + 1) / 2.
+    starts = np.flatnonzero(np.r_[True, sorted_x[1:] != sorted_x[:-1]])
+    ends = np.r_[starts[1:], len(x)]
+    out = np.empty(len(x))
+    out[order] = np.repeat((starts + ends + 1) / 2, ends - starts)
+    return out
+
+
+def pearson(x: np.ndarray, y: np.ndarray) -> float:
+    """Pearson's r of two (N,) arrays; 0.0 when either is constant (r is undefined)."""
+    x, y = np.asarray(x, np.float64) - np.mean(x), np.asarray(y, np.float64) - np.mean(y)
+    denominator = math.sqrt(float(x @ x) * float(y @ y))
+    return float(x @ y) / denominator if denominator else 0.0
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman's rho: Pearson's r of the ranks, ties averaged (scipy.stats.spearmanr's)."""
+    return pearson(ranks(x), ranks(y))
+
+
 @torch.no_grad()
 def _outputs(model, features: list[dict], batch_size: int, pad_id: int):
     """Yields (features of a batch, their padded batch, the model's output) in eval mode."""
@@ -65,7 +92,7 @@ def _outputs(model, features: list[dict], batch_size: int, pad_id: int):
 
 
 def evaluate(task: str, model, features: list[dict], labels, batch_size: int, pad_id: int) -> dict:
-    """The task's metrics on ``features`` (see ``trainer.finetune``), as fractions in [0, 1]."""
+    """The task's metrics on ``features`` (see ``finetune/__main__.py``), as fractions in [0, 1]."""
     if task == "qa":
         em = f1 = 0.0
         for chunk, batch, out in _outputs(model, features, batch_size, pad_id):
@@ -77,6 +104,13 @@ def evaluate(task: str, model, features: list[dict], labels, batch_size: int, pa
                 scores = squad_scores(text, [a for a, _ in f["example"]["answers"]])
                 em, f1 = em + scores[0], f1 + scores[1]
         return {"exact_match": em / len(features), "f1": f1 / len(features)}
+    if task == "similarity":
+        pairs = [(out.logits[:, 0].float(), batch["labels"]) for _, batch, out in
+                 _outputs(model, features, batch_size, pad_id)]  # fmt: skip
+        pred = torch.cat([p for p, _ in pairs]).numpy()
+        gold = torch.cat([g for _, g in pairs]).numpy()
+        return {"pearson": pearson(pred, gold), "spearman": spearman(pred, gold),
+                "mse": float(np.mean((pred - gold) ** 2))}  # fmt: skip
     preds, golds = [], []
     for _, batch, out in _outputs(model, features, batch_size, pad_id):
         scored = batch["labels"] != IGNORE_INDEX  # (B,) or (B, T)

@@ -1,9 +1,9 @@
-"""Input side of ``python -m trainer.finetune``: read, validate, encode and collate.
+"""Input side of ``python -m finetune``: read, validate, encode and collate.
 
 JSONL/CSV records become parsed examples (``load_examples``), examples become
 features, token ids and targets (``encode``), whose ids are checked against the model once
 (``check_features``), and lists of features become padded int64 batches (``collate``).
-The file formats are described in the module doc of ``trainer/finetune.py``; every
+The file formats are described in the module doc of ``finetune/__main__.py``; every
 bad record raises ``DataError`` naming the file, the line and the field.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from tokenizers import Tokenizer
 from pipeline.vocab import build_tokenizer, read_vocab
 
 IGNORE_INDEX = -100
+SIMILARITY_LABELS = ("score",)  # the one output of the similarity head
 
 
 class DataError(ValueError):
@@ -108,13 +110,30 @@ def _strip_answer(text: str, start: int) -> tuple[str, int]:
     return stripped.rstrip(), start + len(text) - len(stripped)
 
 
+def _score(value: Any, where: str) -> float:
+    """A finite float (a CSV cell is a str): ``"3.8" -> 3.8``."""
+    try:
+        score = float(value)
+    except (TypeError, ValueError):
+        score = math.nan
+    if isinstance(value, bool) or not math.isfinite(score):
+        raise DataError(f"{where}: 'score' must be a finite number, got {value!r}")
+    return score
+
+
 def parse_example(task: str, record: dict, where: str) -> dict[str, Any]:
-    """One record as the task's fields (see ``trainer.finetune``). Raises DataError."""
+    """One record as the task's fields (see ``finetune/__main__.py``). Raises DataError."""
     if task == "classification":
         return {
             "text": str(_field(record, "text", where)),
             "text_pair": _field(record, "text_pair", where, optional=True),
             "label": str(_field(record, "label", where)),
+        }
+    if task == "similarity":
+        return {
+            "text": str(_field(record, "text", where)),
+            "text_pair": str(_field(record, "text_pair", where)),
+            "score": _score(_field(record, "score", where), where),
         }
     if task == "token":
         tokens = _str_list(_field(record, "tokens", where), "tokens", where)
@@ -159,9 +178,11 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
 
 def label_names(task: str, examples: list[dict], saved: tuple[str, ...] | None, path: str):
     """Label names in id order: ``saved`` (checked to cover the data) or the data's, sorted
-    (numerically when all are integers). None for QA."""
+    (numerically when all are integers). None for QA; ``("score",)`` for similarity."""
     if task == "qa":
         return None
+    if task == "similarity":
+        return SIMILARITY_LABELS
     seen = {e["label"] for e in examples} if task == "classification" else set()
     for e in examples if task == "token" else []:
         seen.update(e["tags"])
@@ -185,7 +206,7 @@ def encode(task: str, tokenizer: Tokenizer, examples: list[dict], labels, max_le
     strategy = "only_second" if task == "qa" else "longest_first"
     tokenizer.enable_truncation(max_len, strategy=strategy)
     try:
-        if task == "classification":
+        if task in ("classification", "similarity"):
             inputs = [
                 (e["text"], e["text_pair"]) if e["text_pair"] else e["text"] for e in examples
             ]
@@ -205,6 +226,8 @@ def encode(task: str, tokenizer: Tokenizer, examples: list[dict], labels, max_le
         f = {"input_ids": enc.ids, "segment_ids": enc.type_ids}
         if task == "classification":
             f["labels"] = label_id[e["label"]]
+        elif task == "similarity":
+            f["labels"] = e["score"]  # float: the head's MSE target
         elif task == "token":
             words = enc.word_ids
             f["labels"] = [
@@ -247,7 +270,8 @@ def check_features(
 
 
 def collate(features: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
-    """Pad to the batch's longest row: int64 (B, T) tensors and (B,) / (B, T) targets."""
+    """Pad to the batch's longest row: int64 (B, T) tensors and (B,) / (B, T) targets
+    (int64; similarity's (B,) scores fp32)."""
     width = max(len(f["input_ids"]) for f in features)
 
     def pad(key: str, value: int) -> torch.Tensor:
@@ -259,7 +283,7 @@ def collate(features: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
     ).long()
     for key in ("labels", "start_positions", "end_positions"):
         if key in features[0]:
-            scalar = isinstance(features[0][key], int)
+            scalar = isinstance(features[0][key], (int, float))
             batch[key] = (
                 torch.tensor([f[key] for f in features]) if scalar else pad(key, IGNORE_INDEX)
             )

@@ -1,0 +1,16 @@
+"""Fine-tuning of a BERT export on downstream tasks, in plain PyTorch (``python -m finetune``).
+
+Modules: config (``FinetuneConfig``: defaults < JSON < flags), data (read, validate, encode,
+collate), train (optimizer, schedule, loop, ``run``), metrics (each task's scores),
+__main__ (the command). It shares nothing with the DeepSpeed pretraining of trainer/ and
+needs torch but not DeepSpeed.
+"""
+
+import importlib.util
+
+if importlib.util.find_spec("torch") is None:  # the base install is the pipeline's only
+    raise ModuleNotFoundError(
+        "finetune/ needs torch, which the base install (the data pipeline's) leaves out: "
+        "pip install 'bert-pipeline[train]' (in a clone: pip install -e '.[train]')",
+        name="torch",
+    )

@@ -1,0 +1,121 @@
+"""The settings of one ``python -m finetune`` run: defaults < ``--config`` JSON < flags.
+
+``FinetuneConfig`` validates every value where it is built (an unknown JSON key or a bad
+value raises ValueError naming it) and is saved as ``finetune_config.json`` beside the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+TASKS = ("classification", "qa", "similarity", "token")
+PATHS = ("task", "init", "train", "eval", "output_dir")  # strings, not typed numbers
+
+
+def _setting(default, help: str):
+    """A field with its ``--help`` line."""
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    """One run's settings: defaults < ``--config`` JSON < flags; saved beside the model."""
+
+    task: str  # classification | token | qa | similarity
+    init: str  # Hugging Face directory with a tokenizer
+    train: str
+    eval: str
+    output_dir: str | None = None  # None: nothing written
+    epochs: int = _setting(3, "passes over --train (unless --max-steps)")
+    max_steps: int = _setting(0, "stop after this many optimizer steps; 0: --epochs decide")
+    lr: float = _setting(3e-5, "peak learning rate, after warmup")
+    batch_size: int = _setting(32, "examples per forward pass (micro batch)")
+    grad_accum: int = _setting(1, "micro batches per optimizer step: batch K * --batch-size")
+    max_seq_length: int = _setting(128, "tokens per sequence, longer inputs truncated")
+    warmup_ratio: float = _setting(0.1, "fraction of all steps warming up linearly")
+    warmup_steps: int = _setting(0, "warmup steps; > 0 overrides --warmup-ratio")
+    weight_decay: float = _setting(0.01, "AdamW weight decay (none on biases, LayerNorm)")
+    freeze_layers: int = _setting(0, "freeze the embeddings and the lowest N encoder layers")
+    gradual_unfreeze: bool = _setting(False, "epoch e trains the head + top e-1 layers")
+    layer_lr_decay: float = _setting(1.0, "layer l learns at lr * D^(L-l); 1: off")
+    seed: int = _setting(42, "head initialisation, dropout and shuffling")
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {list(TASKS)}, got {self.task!r}")
+        for f in dataclasses.fields(self):
+            value, kind = getattr(self, f.name), {"int": int, "float": (int, float)}.get(f.type)
+            if f.type == "bool" and not isinstance(value, bool):
+                raise ValueError(f"{_name(f.name)} must be true or false, got {value!r}")
+            if kind and (isinstance(value, bool) or not isinstance(value, kind)):
+                raise ValueError(f"{_name(f.name)} must be a number ({f.type}), got {value!r}")
+        checks = {
+            "epochs": (self.epochs > 0, "> 0"),
+            "max_steps": (self.max_steps >= 0, ">= 0"),
+            "batch_size": (self.batch_size > 0, "> 0"),
+            "grad_accum": (self.grad_accum > 0, "> 0"),
+            "max_seq_length": (self.max_seq_length >= 8, ">= 8"),
+            "lr": (self.lr > 0, "> 0"),
+            "weight_decay": (self.weight_decay >= 0, ">= 0"),
+            "warmup_ratio": (0 <= self.warmup_ratio < 1, "in [0, 1)"),
+            "warmup_steps": (self.warmup_steps >= 0, ">= 0"),
+            "freeze_layers": (self.freeze_layers >= 0, ">= 0"),
+            "layer_lr_decay": (0 < self.layer_lr_decay <= 1, "in (0, 1]"),
+            "seed": (self.seed >= 0, ">= 0"),
+        }
+        for name, (ok, rule) in checks.items():
+            if not ok:
+                raise ValueError(f"{_name(name)} must be {rule}, got {getattr(self, name)!r}")
+
+
+def _name(key: str) -> str:
+    """How a setting is named in errors: ``"warmup_ratio (--warmup-ratio)"``."""
+    return f"{key} (--{key.replace('_', '-')})"
+
+
+def parse_config(argv: Sequence[str] | None, doc: str = "") -> FinetuneConfig:
+    """Flags over ``--config`` JSON over defaults; ``doc`` is the ``--help`` text.
+
+    Raises:
+        ValueError: an unreadable ``--config``, an unknown key (named) or a bad value.
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m finetune",
+        description=doc,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--config", help="JSON file with any of the settings below")
+    parser.add_argument("--task", choices=TASKS)
+    for name in PATHS[1:]:
+        parser.add_argument("--" + name.replace("_", "-"), dest=name)
+    for f in dataclasses.fields(FinetuneConfig):
+        if f.name in PATHS:
+            continue
+        flag, help_ = "--" + f.name.replace("_", "-"), f"{f.metadata['help']} (default {f.default})"
+        if f.type == "bool":
+            parser.add_argument(flag, dest=f.name, action="store_true", default=None, help=help_)
+        else:
+            kind = int if f.type == "int" else float
+            parser.add_argument(flag, dest=f.name, type=kind, help=help_)
+    args = vars(parser.parse_args(argv))
+    values: dict[str, Any] = {}
+    config_path = args.pop("config")
+    if config_path:
+        try:
+            values = json.loads(Path(config_path).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"cannot read {config_path}: {e}") from e
+        known = {f.name for f in dataclasses.fields(FinetuneConfig)}
+        if not isinstance(values, dict) or set(values) - known:
+            raise ValueError(f"{config_path}: unknown key(s) {sorted(set(values) - known)}")
+    values.update({k: v for k, v in args.items() if v is not None})
+    missing = [k for k in ("task", "init", "train", "eval") if k not in values]
+    if missing:
+        raise ValueError(f"missing setting(s) {missing} (flags --task --init --train --eval)")
+    return FinetuneConfig(**values)
