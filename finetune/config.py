@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +38,7 @@ class FinetuneConfig:
     lr: float = _setting(3e-5, "peak learning rate, after warmup")
     batch_size: int = _setting(32, "examples per forward pass (micro batch)")
     grad_accum: int = _setting(1, "micro batches per optimizer step: batch K * --batch-size")
-    max_seq_length: int = _setting(128, "tokens per sequence, longer inputs truncated")
+    max_seq_length: int = _setting(0, "tokens per sequence (0: qa 384, else 128); see --doc-stride")
     warmup_ratio: float = _setting(0.1, "fraction of all steps warming up linearly")
     warmup_steps: int = _setting(0, "warmup steps; > 0 overrides --warmup-ratio")
     weight_decay: float = _setting(0.01, "AdamW weight decay (none on biases, LayerNorm)")
@@ -45,10 +46,20 @@ class FinetuneConfig:
     gradual_unfreeze: bool = _setting(False, "epoch e trains the head + top e-1 layers")
     layer_lr_decay: float = _setting(1.0, "layer l learns at lr * D^(L-l); 1: off")
     seed: int = _setting(42, "head initialisation, dropout and shuffling")
+    # QA only (Google's run_squad.py names and defaults; finetune/qa.py, finetune/squad.py).
+    max_query_length: int = _setting(64, "qa: question tokens kept (the rest cut)")
+    doc_stride: int = _setting(128, "qa: tokens between the starts of a context's windows")
+    max_answer_length: int = _setting(30, "qa: longest answer predicted, in tokens")
+    n_best_size: int = _setting(20, "qa: top start and end logits paired per window")
+    null_score_diff_threshold: float = _setting(
+        0.0, "qa: predict no answer when null score - best span score > this"
+    )
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
             raise ValueError(f"task must be one of {list(TASKS)}, got {self.task!r}")
+        if self.max_seq_length == 0:  # the task's default, resolved so that it is saved
+            object.__setattr__(self, "max_seq_length", 384 if self.task == "qa" else 128)
         for f in dataclasses.fields(self):
             value, kind = getattr(self, f.name), {"int": int, "float": (int, float)}.get(f.type)
             if f.type == "bool" and not isinstance(value, bool):
@@ -68,6 +79,11 @@ class FinetuneConfig:
             "freeze_layers": (self.freeze_layers >= 0, ">= 0"),
             "layer_lr_decay": (0 < self.layer_lr_decay <= 1, "in (0, 1]"),
             "seed": (self.seed >= 0, ">= 0"),
+            "max_query_length": (self.max_query_length > 0, "> 0"),
+            "doc_stride": (self.doc_stride > 0, "> 0"),
+            "max_answer_length": (self.max_answer_length > 0, "> 0"),
+            "n_best_size": (self.n_best_size > 0, "> 0"),
+            "null_score_diff_threshold": (math.isfinite(self.null_score_diff_threshold), "finite"),
         }
         for name, (ok, rule) in checks.items():
             if not ok:

@@ -84,7 +84,10 @@ def _str_list(value: Any, name: str, where: str) -> list[str]:
 
 
 def _answers(record: dict, where: str) -> list[tuple[str, int]]:
-    value = _field(record, "answers", where)
+    """``[(text, answer_start), ...]``; ``[]`` for a SQuAD 2.0 unanswerable question
+    (``is_impossible`` true, or empty ``answers``)."""
+    impossible = _flag(record.get("is_impossible", False), "is_impossible", where)
+    value = _field(record, "answers", where, optional=impossible) or []
     try:
         value = json.loads(value) if isinstance(value, str) else value
         if isinstance(value, dict):
@@ -99,9 +102,19 @@ def _answers(record: dict, where: str) -> list[tuple[str, int]]:
     for text, start in answers:
         if not text or context[start : start + len(text)] != text:
             raise DataError(f"{where}: answer {text!r} is not at context[{start}:]")
-    if not answers:
-        raise DataError(f"{where}: no answers (SQuAD v1.1 style: every question has one)")
+    if impossible and answers:
+        raise DataError(f"{where}: is_impossible is true but 'answers' has {len(answers)}")
     return answers
+
+
+def _flag(value: Any, name: str, where: str) -> bool:
+    """A JSON bool or a CSV cell: ``"true" -> True``, ``"" -> False``."""
+    flags = {"true": True, "1": True, "false": False, "0": False, "": False}
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (str, int)) and str(value).strip().lower() in flags:
+        return flags[str(value).strip().lower()]
+    raise DataError(f"{where}: {name!r} must be true or false, got {value!r}")
 
 
 def _strip_answer(text: str, start: int) -> tuple[str, int]:
@@ -199,24 +212,23 @@ def label_names(task: str, examples: list[dict], saved: tuple[str, ...] | None, 
 
 
 def encode(task: str, tokenizer: Tokenizer, examples: list[dict], labels, max_len: int):
-    """Features: dicts of ``input_ids``, ``segment_ids`` (lists of int) and the targets
-    (``labels``: int or per-token list with -100; QA ``start_positions``/``end_positions``
-    plus ``offsets`` and ``context`` for decoding)."""
+    """Features of a classification, similarity or token task (QA: ``finetune.qa.encode_qa``):
+    dicts of ``input_ids``, ``segment_ids`` (lists of int) and ``labels`` (int, float or a
+    per-token list with -100), inputs truncated to ``max_len`` tokens."""
+    if task not in ("classification", "similarity", "token"):
+        raise ValueError(f"encode takes no {task!r} task (qa: finetune.qa.encode_qa)")
     label_id = {name: i for i, name in enumerate(labels or ())}
-    strategy = "only_second" if task == "qa" else "longest_first"
-    tokenizer.enable_truncation(max_len, strategy=strategy)
+    tokenizer.enable_truncation(max_len, strategy="longest_first")
     try:
         if task in ("classification", "similarity"):
             inputs = [
                 (e["text"], e["text_pair"]) if e["text_pair"] else e["text"] for e in examples
             ]
             encodings = tokenizer.encode_batch(inputs)
-        elif task == "token":
+        else:
             encodings = tokenizer.encode_batch(
                 [e["tokens"] for e in examples], is_pretokenized=True
             )
-        else:
-            encodings = tokenizer.encode_batch([(e["question"], e["context"]) for e in examples])
     except Exception as e:  # tokenizers raises a bare Exception on impossible truncation
         raise DataError(
             f"{examples[0]['where'].rsplit(':', 1)[0]}: {e}; raise --max-seq-length"
@@ -228,7 +240,7 @@ def encode(task: str, tokenizer: Tokenizer, examples: list[dict], labels, max_le
             f["labels"] = label_id[e["label"]]
         elif task == "similarity":
             f["labels"] = e["score"]  # float: the head's MSE target
-        elif task == "token":
+        else:
             words = enc.word_ids
             f["labels"] = [
                 label_id[e["tags"][w]]
@@ -236,13 +248,6 @@ def encode(task: str, tokenizer: Tokenizer, examples: list[dict], labels, max_le
                 else IGNORE_INDEX
                 for i, w in enumerate(words)
             ]
-        else:
-            text, start = e["answers"][0]
-            first, last = enc.char_to_token(start, 1), enc.char_to_token(start + len(text) - 1, 1)
-            cut = first is None or last is None  # the answer was truncated away: [CLS]
-            f["start_positions"], f["end_positions"] = (0, 0) if cut else (first, last)
-            context_mask = [int(s == 1) for s in enc.sequence_ids]  # no question, no specials
-            f.update(offsets=enc.offsets, context_mask=context_mask, example=e)
         features.append(f)
     return features
 
@@ -251,15 +256,16 @@ def check_features(
     features: list[dict], examples: list[dict], vocab_size: int, type_vocab_size: int
 ) -> None:
     """The features' ids within the model's tables, checked once where the data enters (the
-    model checks only shapes and dtypes in forward: model/bert.py). Features and examples
-    are parallel lists, as :func:`encode` takes and returns them.
+    model checks only shapes and dtypes in forward: model/bert.py). Feature i is of example
+    i (as :func:`encode` returns them) or of ``examples[feature["example_index"]]`` (QA).
 
     Raises:
         DataError: names the example's file and line, the field and the bad value.
     """
     limits = (("input_ids", vocab_size, "the tokenizer's ids exceed the model's vocab_size"),
               ("segment_ids", type_vocab_size, "the model's type_vocab_size"))  # fmt: skip
-    for feature, example in zip(features, examples, strict=True):
+    for i, feature in enumerate(features):
+        example = examples[feature.get("example_index", i)]
         for name, upper, why in limits:
             values = feature[name]
             if values and (min(values) < 0 or max(values) >= upper):

@@ -1,5 +1,5 @@
-"""Metrics of ``python -m finetune``: accuracy, per-word tag F1, SQuAD EM/F1, Pearson and
-Spearman correlation.
+"""Metrics of ``python -m finetune``: accuracy, per-word tag F1, SQuAD EM/F1 (decoded and
+scored in finetune/squad.py), Pearson and Spearman correlation.
 
 What each task reports is described in the module doc of ``finetune/__main__.py``.
 """
@@ -7,49 +7,19 @@ What each task reports is described in the module doc of ``finetune/__main__.py`
 from __future__ import annotations
 
 import math
-import re
-import string
-from collections import Counter
-from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from finetune.data import IGNORE_INDEX, collate
+from finetune.squad import Decoding, evaluate_qa
 
-MAX_ANSWER_TOKENS = 30  # longest span considered when decoding QA predictions
 OUTSIDE_TAG = "O"
 
 
 def f1_score(tp: int, n_pred: int, n_gold: int) -> float:
     """Harmonic mean of precision tp/n_pred and recall tp/n_gold; 0 when either is 0."""
     return 2 * tp / (n_pred + n_gold) if tp else 0.0
-
-
-def squad_normalize(text: str) -> str:
-    """SQuAD's answer normalisation: ``"The  Cat!"`` -> ``"cat"``."""
-    text = "".join(c for c in text.lower() if c not in set(string.punctuation))
-    return " ".join(re.sub(r"\b(a|an|the)\b", " ", text).split())
-
-
-def squad_scores(prediction: str, answers: Sequence[str]) -> tuple[float, float]:
-    """(exact match, token F1), each the best over the gold ``answers``."""
-    pred = squad_normalize(prediction).split()
-    best = (0.0, 0.0)
-    for answer in answers:
-        gold = squad_normalize(answer).split()
-        common = sum((Counter(pred) & Counter(gold)).values())
-        best = max(best, (float(pred == gold), f1_score(common, len(pred), len(gold))))
-    return best
-
-
-def best_span(start: torch.Tensor, end: torch.Tensor, allowed: torch.Tensor) -> tuple[int, int]:
-    """argmax of start[s] + end[e] over allowed s <= e < s + MAX_ANSWER_TOKENS; all (T,)."""
-    scores = start[:, None] + end[None, :]  # (T, T)
-    s, e = torch.meshgrid(torch.arange(len(start)), torch.arange(len(end)), indexing="ij")
-    ok = (e >= s) & (e - s < MAX_ANSWER_TOKENS) & allowed[:, None] & allowed[None, :]
-    flat = int(scores.masked_fill(~ok, -math.inf).argmax())
-    return divmod(flat, len(end))
 
 
 def ranks(x: np.ndarray) -> np.ndarray:
@@ -91,19 +61,18 @@ def _outputs(model, features: list[dict], batch_size: int, pad_id: int):
         model.train()
 
 
-def evaluate(task: str, model, features: list[dict], labels, batch_size: int, pad_id: int) -> dict:
-    """The task's metrics on ``features`` (see ``finetune/__main__.py``), as fractions in [0, 1]."""
+def evaluate(task: str, model, features: list[dict], labels, batch_size: int, pad_id: int,
+             decoding: Decoding | None = None) -> dict:  # fmt: skip
+    """The task's metrics on ``features`` (see ``finetune/__main__.py``), as fractions in
+    [0, 1]; QA decodes with ``decoding`` (default: ``Decoding()``)."""
     if task == "qa":
-        em = f1 = 0.0
-        for chunk, batch, out in _outputs(model, features, batch_size, pad_id):
-            width = batch["input_ids"].shape[1]
+        logits = []
+        for chunk, _, out in _outputs(model, features, batch_size, pad_id):
             for j, f in enumerate(chunk):
-                mask = f["context_mask"] + [0] * (width - len(f["context_mask"]))
-                s, e = best_span(out.start_logits[j], out.end_logits[j], torch.tensor(mask).bool())
-                text = f["example"]["context"][f["offsets"][s][0] : f["offsets"][e][1]]
-                scores = squad_scores(text, [a for a, _ in f["example"]["answers"]])
-                em, f1 = em + scores[0], f1 + scores[1]
-        return {"exact_match": em / len(features), "f1": f1 / len(features)}
+                n = len(f["input_ids"])
+                logits.append((out.start_logits[j, :n].float().numpy(),
+                               out.end_logits[j, :n].float().numpy()))  # fmt: skip
+        return evaluate_qa(features, logits, decoding or Decoding())
     if task == "similarity":
         pairs = [(out.logits[:, 0].float(), batch["labels"]) for _, batch, out in
                  _outputs(model, features, batch_size, pad_id)]  # fmt: skip

@@ -36,6 +36,8 @@ from finetune.params import (
     param_groups,
     set_trainable,
 )
+from finetune.qa import encode_qa
+from finetune.squad import Decoding
 from model.config import write_text_atomic
 from model.heads import (
     BertForQuestionAnswering,
@@ -135,6 +137,32 @@ def train(cfg: FinetuneConfig, model, features: list[dict], evaluate_fn, pad_id:
     return metrics
 
 
+def _encode(cfg: FinetuneConfig, tokenizer, examples: list[dict], labels) -> list[dict]:
+    """Features of ``examples``: QA's windows (finetune/qa.py) or one per example."""
+    if cfg.task == "qa":
+        return encode_qa(tokenizer, examples, cfg)
+    return encode(cfg.task, tokenizer, examples, labels, cfg.max_seq_length)
+
+
+def _decoding(cfg: FinetuneConfig, train_examples: list[dict]) -> Decoding | None:
+    """QA's decoding: "" may be predicted when training had unanswerable questions."""
+    if cfg.task != "qa":
+        return None
+    unanswerable = sum(not e["answers"] for e in train_examples)
+    logger.info(
+        "qa: %d of %d training questions unanswerable: null answers %s",
+        unanswerable,
+        len(train_examples),
+        "predicted (SQuAD 2.0)" if unanswerable else "not predicted (SQuAD 1.1)",
+    )
+    return Decoding(
+        n_best_size=cfg.n_best_size,
+        max_answer_length=cfg.max_answer_length,
+        null_score_diff_threshold=cfg.null_score_diff_threshold,
+        predict_null=unanswerable > 0,
+    )
+
+
 def run(cfg: FinetuneConfig) -> dict:
     """Load, fine-tune, evaluate and save; returns the final eval metrics.
 
@@ -162,20 +190,25 @@ def run(cfg: FinetuneConfig) -> dict:
     torch.manual_seed(cfg.seed)
     model = cls.from_hf(cfg.init, labels=labels)
     check_against_model(cfg, model)
-    train_features = encode(cfg.task, tokenizer, train_examples, labels, cfg.max_seq_length)
-    eval_features = encode(cfg.task, tokenizer, eval_examples, labels, cfg.max_seq_length)
+    train_features = _encode(cfg, tokenizer, train_examples, labels)
+    eval_features = _encode(cfg, tokenizer, eval_examples, labels)
     for features, examples in ((train_features, train_examples), (eval_features, eval_examples)):
         check_features(features, examples, bert.vocab_size, bert.type_vocab_size)
     logger.info(
-        "%s: %d train / %d eval examples, labels %s",
+        "%s: %d train / %d eval examples (%d / %d features), labels %s",
         cfg.task,
+        len(train_examples),
+        len(eval_examples),
         len(train_features),
         len(eval_features),
         labels,
     )
+    decoding = _decoding(cfg, train_examples)
 
     def evaluate_fn(m):
-        return evaluate(cfg.task, m, eval_features, labels, cfg.batch_size, bert.pad_token_id)
+        return evaluate(
+            cfg.task, m, eval_features, labels, cfg.batch_size, bert.pad_token_id, decoding
+        )
 
     metrics = train(cfg, model, train_features, evaluate_fn, bert.pad_token_id)
     if cfg.output_dir is None:

@@ -5,7 +5,6 @@ import random
 import re
 
 import pytest
-import torch
 
 from finetune.__main__ import main
 from finetune.config import FinetuneConfig, parse_config
@@ -17,7 +16,8 @@ from finetune.data import (
     load_examples,
     load_tokenizer,
 )
-from finetune.metrics import best_span, evaluate, squad_normalize, squad_scores
+from finetune.metrics import evaluate
+from finetune.squad import squad_normalize, squad_scores
 from finetune.train import linear_schedule
 from model import BertForSequenceClassification
 from tests.helpers import digit_tags, find_digit, has_digit, write_jsonl
@@ -147,11 +147,6 @@ def test_squad_metrics_known_answers():
     assert squad_scores("the cat", ["Cat"]) == (1.0, 1.0)
     em, f1 = squad_scores("black cat sat", ["a black cat", "dog"])
     assert em == 0.0 and f1 == pytest.approx(0.8)  # P 2/3, R 1
-    start = torch.tensor([0.0, 5.0, 1.0, 9.0])
-    end = torch.tensor([0.0, 1.0, 6.0, 0.0])
-    allowed = torch.tensor([False, True, True, True])
-    assert best_span(start, end, allowed) == (1, 2)  # 11 beats 9 + 0 (3, 3); e < s is barred
-    assert best_span(start, end, torch.tensor([False, False, False, True])) == (3, 3)
 
 
 def test_schedule_warms_up_then_decays_to_zero():
