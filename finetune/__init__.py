@@ -1,8 +1,9 @@
 """Fine-tuning of a BERT export on downstream tasks, in plain PyTorch (``python -m finetune``).
 
 Modules: config (``FinetuneConfig``: defaults < JSON < flags), data (read, validate, encode,
-collate), train (optimizer, schedule, loop, ``run``), metrics (each task's scores),
-__main__ (the command). It shares nothing with the DeepSpeed pretraining of trainer/ and
+collate), qa (QA features: windows with a document stride), train (optimizer, schedule,
+loop, ``run``), metrics (each task's scores), squad (QA answers from the windows' logits,
+SQuAD 1.1/2.0 scores), params, embed, __main__ (the command). It shares nothing with the DeepSpeed pretraining of trainer/ and
 needs torch but not DeepSpeed.
 """
 

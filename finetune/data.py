@@ -1,8 +1,9 @@
 """Input side of ``python -m finetune``: read, validate, encode and collate.
 
 JSONL/CSV records become parsed examples (``load_examples``), examples become
-features, token ids and targets (``encode``), whose ids are checked against the model once
-(``check_features``), and lists of features become padded int64 batches (``collate``).
+features, token ids and targets (``encode``; QA's windows: ``finetune.qa.encode_qa``),
+whose ids are checked against the model once (``check_features``), and lists of
+features become padded int64 batches (``collate``).
 The file formats are described in the module doc of ``finetune/__main__.py``; every
 bad record raises ``DataError`` naming the file, the line and the field.
 """
