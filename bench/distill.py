@@ -1,29 +1,34 @@
 """Does distillation pay on this corpus? A distilled student against the same student from scratch.
 
-    python bench/distill.py                                 # ~45 min on 2 cores
-    python bench/distill.py --run-dir runs/distill --steps 1500 --teacher-minutes 10
-    python bench/distill.py --stop-after teacher            # shards and teacher only
+    python bench/distill.py                                  # ~50 min on 2 cores
+    python bench/distill.py --run-dir runs/distill --steps 600 --teacher-minutes 15
+    python bench/distill.py --teacher-preset mini --teacher-layers 0 --student-preset tiny
+    python bench/distill.py --stop-after teacher             # shards and teacher only
 
 Stages (each skipped when its output exists in ``--run-dir``, so a rerun reuses them):
 
 1. ``shards``: the main job's data (scripts/quickstart.sh): Python's docstrings and language
    reference, files 0-8 -> training shards (vocab 8,000, dupe 5, seq 128), file 9 -> held-out
    shards with the same vocab.
-2. ``teacher``: ``--teacher-preset`` (mini) trained by the main job's recipe (deploy/cpu.json,
-   dropout 0, ``--teacher-minutes`` time budget, two CPU ranks), exported to ``teacher/hf``.
-3. For each student (``tiny``: another width, so random init; ``2L``: the teacher's width with
-   2 layers, initialised from teacher layers [0, L-1] as DistilBERT does): ``--steps`` steps
-   distilled from the teacher (trainer/distillation.py, its default loss weights) and the same
-   student, seed, data order, batch and schedule trained from scratch on the hard MLM + NSP
-   loss (``--max-steps``, so the schedule is the same step for step).
+2. ``teacher``: ``--teacher-preset`` with ``--teacher-layers`` (default: ``tiny``'s width,
+   4 layers) trained by the main job's recipe (deploy/cpu.json, dropout 0, a
+   ``--teacher-minutes`` time budget, two CPU ranks), exported to ``teacher/hf``. (``mini``
+   for 10 minutes stayed on the unigram plateau on this machine under load.)
+3. The student, the teacher's width with ``--student-layers`` (default 2: ``tiny``), for
+   ``--steps`` steps: distilled (trainer/distillation.py, DistilBERT's loss weights and
+   init from teacher layers) and from scratch on the hard MLM + NSP loss, with the same seed,
+   data order, batch and schedule (``--max-steps``: the same rate step for step). With
+   ``--ablations 1`` also: distilled from a random init (with and without the cosine term),
+   and initialised from the teacher but trained on the hard loss alone, to tell the two
+   halves of DistilBERT's recipe apart. ``--student-preset``: a student of another width
+   too, distilled (random init, no cosine: the widths differ) and from scratch.
 4. Each run ends with held-out MLM/NSP accuracy (trainer/evaluate.py); the table prints them
    beside the teacher's and beside the trivial baselines of the same held-out rows.
 5. Inference speed: teacher and students (``BertForPreTraining`` forward with the MLM head at
-   the masked positions, as evaluation runs it) on the held-out rows, fp32, the same threads,
-   alternating rounds; the median round gives rows/s and the teacher/student ratio.
+   the masked positions, as evaluation runs it) on 8 batches of 32 held-out rows, fp32, the
+   same threads, alternating rounds; the median round gives rows/s and the speed-up.
 
-Results: the console and ``RUN_DIR/results.json``. The logs of every stage are in
-``RUN_DIR/logs/``.
+Results: the console and ``RUN_DIR/results.json``; every stage's log in ``RUN_DIR/logs/``.
 """
 
 from __future__ import annotations
@@ -165,17 +170,16 @@ def table(results: dict) -> str:
         f"held-out: {e0['rows']} rows; baselines: MLM most-frequent-token "
         f"{e0['mlm_baseline_accuracy']:.3f}, NSP majority {e0['nsp_baseline_accuracy']:.3f}, "
         f"MLM unigram loss {e0['mlm_unigram_loss']:.3f}",
-        f"{'run':<24}{'steps':>7}{'train s':>9}{'MLM acc':>9}{'NSP acc':>9}{'MLM loss':>10}"
+        f"{'run':<34}{'steps':>7}{'train s':>9}{'MLM acc':>9}{'NSP acc':>9}{'MLM loss':>10}"
         f"{'rows/s inf':>12}{'speed-up':>10}",
     ]
     speed = results["inference_rows_per_s"]
     for name, r in results["runs"].items():
         e, t = r["eval"], r["train"]
-        model = "teacher" if name == "teacher" else name.split("-distilled")[0].split("-scratch")[0]
-        rate = speed.get(model)
+        rate = speed.get("teacher" if name == "teacher" else r["model"])
         ratio = f"{rate / speed['teacher']:.2f}x" if rate else ""
         lines.append(
-            f"{name:<24}{t['step']:>7}{t['train_seconds']:>9.0f}{e['mlm_accuracy']:>9.3f}"
+            f"{name:<34}{t['step']:>7}{t['train_seconds']:>9.0f}{e['mlm_accuracy']:>9.3f}"
             f"{e['nsp_accuracy']:>9.3f}{e['mlm_loss']:>10.3f}"
             f"{(f'{rate:.0f}' if rate else ''):>12}{ratio:>10}"
         )
@@ -190,8 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--teacher-minutes", type=float, default=15.0)
     p.add_argument("--student-layers", type=int, default=2, help="of the teacher's width")
     p.add_argument("--student-preset", help="a student of another width too (random init)")
-    p.add_argument("--random-init-run", type=int, default=1,
-                   help="1: also distil the same-width student from a random init")  # fmt: skip
+    p.add_argument("--ablations", type=int, default=1,
+                   help="1: also the same-width student distilled from a random init, and "
+                   "initialised from the teacher but trained on the hard loss alone")  # fmt: skip
     p.add_argument("--steps", type=int, default=600, help="student optimizer steps")
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--workers", type=int, default=2, help="Beam DirectRunner workers")
@@ -215,19 +220,30 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     teacher = ["--teacher", str(run_dir / "teacher" / "hf")]
     students = [model_json(run_dir, args.teacher_preset, args.student_layers)]
-    if args.student_preset:
+    if args.student_preset and args.student_preset != students[0][0]:
         students.append((args.student_preset, args.student_preset))
     models = {"teacher": run_dir / "teacher" / "hf"}
     for i, (name, model) in enumerate(students):
         steps = ["--model", model, "--max-steps", str(args.steps)]
         runs[f"{name}-distilled"] = train(f"{name}-distilled", run_dir, args, *steps, *teacher)
         runs[f"{name}-scratch"] = train(f"{name}-scratch", run_dir, args, *steps)
-        if i == 0 and args.random_init_run:
+        if i == 0 and args.ablations:  # which half of DistilBERT's recipe does the work
             runs[f"{name}-distilled-random-init"] = train(
                 f"{name}-distilled-random-init", run_dir, args, *steps, *teacher,
                 "--distill-init", "random",
             )  # fmt: skip
+            runs[f"{name}-distilled-random-init-no-cos"] = train(
+                f"{name}-distilled-random-init-no-cos", run_dir, args, *steps, *teacher,
+                "--distill-init", "random", "--distill-cos-weight", "0",
+            )  # fmt: skip
+            runs[f"{name}-teacher-init-hard-loss"] = train(
+                f"{name}-teacher-init-hard-loss", run_dir, args, *steps, *teacher,
+                "--distill-kl-weight", "0", "--distill-cos-weight", "0",
+                "--distill-hard-weight", "1",
+            )  # fmt: skip
         models[name] = run_dir / f"{name}-distilled" / "hf"
+        for key in runs:
+            runs[key].setdefault("model", name)
     log("inference speed ...")
     speed = inference_speed(run_dir, models, args.rounds, args.threads)
     results = {

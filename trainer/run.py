@@ -12,7 +12,8 @@ One node, 8 GPUs; several nodes (hostfile: deploy/hostfile.example; SLURM: deplo
     deepspeed --hostfile deploy/hostfile trainer/run.py --ds-config deploy/zero2.json ...
 
 Two CPU ranks: ``DS_ACCELERATOR=cpu deepspeed --num_gpus 2 trainer/run.py ...``. Resume:
-``--resume auto`` (the latest checkpoint of --output-dir, if any). Export at any time:
+``--resume auto`` (the latest checkpoint of --output-dir, if any). Knowledge distillation into the
+--model from a frozen teacher: ``--teacher HF_DIR`` (trainer/distillation.py). Export at any time:
 ``python -m trainer.export runs/large hf/large``. Every option: ``--help``.
 
 Console: our lines only (stages, one progress line per ``--log-every``, evaluations; warnings
