@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 MASKING = ("static", "dynamic")
+TEACHER_DTYPES = ("auto", "fp32", "bf16")
+DISTILL_INITS = ("auto", "teacher", "random")
 DEFAULT_MAX_STEPS = 1000
 
 
@@ -61,10 +63,24 @@ class TrainConfig:
     # Seconds a scheduler allows between SIGTERM and SIGKILL (trainer/signals.py): a warning
     # at the first checkpoint when a step plus a save take longer. 0: no check.
     signal_grace: float = 30.0
+    # Knowledge distillation (trainer/distillation.py): the --model is the student.
+    teacher: str | None = None  # a Hugging Face BertForPreTraining directory; None: pretraining
+    teacher_dtype: str = "auto"  # auto: bf16 on a CUDA device with bf16, else fp32
+    distill_temperature: float = 2.0  # T of the soft targets (DistilBERT's)
+    distill_kl_weight: float = 5.0  # soft-target KL, times T² (DistilBERT's alpha_ce)
+    distill_hard_weight: float = 2.0  # MLM (+ NSP) loss on the shards' labels (alpha_mlm)
+    # Cosine loss between the last hidden states (alpha_cos); needs equal hidden sizes.
+    # None: 1.0 when the teacher's and student's hidden sizes match, else 0.
+    distill_cos_weight: float | None = None
+    distill_nsp: bool = True  # false: NSP leaves the loss (soft and hard), as in DistilBERT
+    # Student initialisation: teacher = its embeddings, evenly spaced layers and heads (needs
+    # the same widths); random = the usual init; auto = teacher when the widths match (and
+    # no --init-from-hf), else random.
+    distill_init: str = "auto"
 
     def __post_init__(self) -> None:
         """Raises ValueError naming the flag of the first invalid value."""
-        for name in ("ds_config", "data", "output_dir", "model", "eval_data", "resume"):
+        for name in ("ds_config", "data", "output_dir", "model", "eval_data", "resume", "teacher"):
             value = getattr(self, name)
             if (value is not None or name in ("ds_config", "data", "output_dir")) and (
                 not isinstance(value, str) or not value
@@ -93,9 +109,41 @@ class TrainConfig:
             isinstance(self.max_minutes, (int, float)) and self.max_minutes > 0
         ):
             raise ValueError(f"--max-minutes must be > 0, got {self.max_minutes!r}")
-        for name in ("skip_corrupt", "verify_shards", "unpad", "export_hf", "record_samples"):
+        for name in ("skip_corrupt", "verify_shards", "unpad", "export_hf", "record_samples",
+                     "distill_nsp"):  # fmt: skip
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"--{_flag(name)} must be true or false")
+        self._check_distillation()
+
+    def _check_distillation(self) -> None:
+        """Raises ValueError naming the flag: a bad distillation value, or one without --teacher."""
+        if self.teacher is None:
+            given = [f"--{_flag(f.name)}" for f in dataclasses.fields(self)
+                     if f.name.startswith(("distill_", "teacher_"))
+                     and getattr(self, f.name) != f.default]  # fmt: skip
+            if given:
+                raise ValueError(f"{' '.join(given)} only apply with --teacher")
+            return
+        if self.teacher_dtype not in TEACHER_DTYPES:
+            raise ValueError(f"--teacher-dtype must be one of {TEACHER_DTYPES}")
+        if self.distill_init not in DISTILL_INITS:
+            raise ValueError(f"--distill-init must be one of {DISTILL_INITS}")
+        if self.distill_init == "teacher" and self.init_from_hf is not None:
+            raise ValueError("--distill-init teacher and --init-from-hf both set the student")
+        if not (
+            isinstance(self.distill_temperature, (int, float)) and self.distill_temperature > 0
+        ):
+            raise ValueError(f"--distill-temperature must be > 0, got {self.distill_temperature!r}")
+        weights = ("distill_kl_weight", "distill_hard_weight", "distill_cos_weight")
+        for name in weights:
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and value >= 0):
+                raise ValueError(f"--{_flag(name)} must be >= 0, got {value!r}")
+        if not any(getattr(self, name) for name in weights[:2]):
+            raise ValueError(
+                "--distill-kl-weight and --distill-hard-weight are both 0: nothing would train "
+                "the MLM head"
+            )
 
     @property
     def step_limit(self) -> int | None:
@@ -152,6 +200,17 @@ _HELP = {
     "unpad": "run the encoder on real tokens only (false: the padded reference path)",
     "export_hf": "write a Hugging Face export to OUTPUT_DIR/hf at the end",
     "record_samples": "append each rank's trained row ids to OUTPUT_DIR/samples-rankN.txt",
+    "teacher": "distil from this Hugging Face BertForPreTraining directory (the --model is the "
+    "student; trainer/distillation.py)",
+    "teacher_dtype": "teacher's precision: auto (bf16 on CUDA with bf16, else fp32), fp32, bf16",
+    "distill_temperature": "temperature T of the soft targets",
+    "distill_kl_weight": "weight of the soft-target KL (times T²) of the MLM and NSP heads",
+    "distill_hard_weight": "weight of the MLM + NSP loss on the shards' labels",
+    "distill_cos_weight": "weight of the cosine loss between last hidden states (needs equal "
+    "hidden sizes; default: 1 when they are equal, else 0)",
+    "distill_nsp": "distil NSP too (false: no NSP loss at all, as in DistilBERT)",
+    "distill_init": "student init: teacher (embeddings, evenly spaced layers, heads; same "
+    "widths), random, or auto (teacher when the widths match)",
     "signal_grace": "seconds a scheduler allows between SIGTERM and SIGKILL (SLURM KillWait, "
     "Kubernetes terminationGracePeriodSeconds): warn at the first checkpoint when a step plus "
     "a save take longer (0: no check)",
@@ -183,7 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
         kind = types[field.name]
         convert = {"int": int, "int | None": int, "bool": _bool, "float | None": float,
                    "float": float}.get(str(kind), str)  # fmt: skip
-        extra = {"choices": MASKING} if field.name == "masking" else {}
+        choices = {"masking": MASKING, "teacher_dtype": TEACHER_DTYPES,
+                   "distill_init": DISTILL_INITS}.get(field.name)  # fmt: skip
+        extra = {"choices": choices} if choices else {}
         shown = field.default not in (dataclasses.MISSING, None)
         default = f" (default: {field.default})" if shown else ""
         p.add_argument(

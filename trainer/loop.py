@@ -21,6 +21,10 @@ last checkpoint stays the one to resume from (lower the learning rate, or check 
 around the logged stream position). Skipping the step instead would hide a diverging run.
 With fp16 DeepSpeed's loss scaler still skips steps whose *gradients* overflow, as usual.
 
+Distillation (``--teacher``, trainer/distillation.py): the same run with a frozen teacher
+beside the engine; its forward and the distillation loss replace the engine's loss, its
+identity is saved in the trainer state and checked on resume.
+
 SIGINT / SIGTERM (trainer/signals.py): a rank's "stop requested" flag rides in the same
 all-reduce, so every rank finishes the same step, skips evaluation, saves a checkpoint
 (position and RNG states: the resumed run is the uninterrupted one) and exits 130 / 143.
@@ -45,6 +49,7 @@ from pipeline.rng import derive_seed
 from . import checkpoint, distributed, metrics, ops, prepare, universal
 from .config import TrainConfig
 from .data import PretrainingStream, StreamSpec, make_loader
+from .distillation import Distiller, check_resumed_teacher
 from .dsconfig import load_ds_config, precision, resolve_ds_config
 from .dskeys import check_keys
 from .schedule import time_budget_scheduler
@@ -127,6 +132,9 @@ class Trainer:
             else None
         )
         self.model_config = prepare.model_config(config, self.shards.manifest)
+        self.distiller = None  # --teacher: trainer/distillation.py
+        if config.teacher is not None:
+            self.distiller = Distiller(config, self.model_config, self.shards)
         if self.eval_shards is not None:
             prepare.check_fit(self.model_config, self.eval_shards.manifest)
         self.fingerprint = prepare.data_fingerprint(self.shards)
@@ -167,6 +175,8 @@ class Trainer:
         import deepspeed
 
         model = prepare.build_model(self.config, self.model_config)
+        if self.distiller is not None:  # outside DeepSpeed: no optimizer, checkpoint, ZeRO
+            self.distiller.prepare(model, self.info.device, fresh=self.resume is None)
         ops.announce_optimizer(self.ds)  # its op may be compiled first: say so
         with _without_scheduler_start_warning():
             self.engine, *_ = deepspeed.initialize(
@@ -188,6 +198,8 @@ class Trainer:
             return
         saved = checkpoint.load(self.engine, *resume)
         prepare.check_resumed_data(self.config, self.fingerprint, saved, "/".join(resume))
+        teacher = None if self.distiller is None else self.distiller.identity
+        check_resumed_teacher(saved.get("teacher"), teacher, f"{resume[0]}/{resume[1]}")
         self.state.step, self.state.position = saved["step"], saved["position"]
         self.state.last_saved = saved["step"]
         self.state.clock_base = self.state.train_s = float(saved.get("train_seconds", 0.0))
@@ -261,9 +273,11 @@ class Trainer:
             if samples is not None:
                 samples.write(f"{s.step + 1} {' '.join(map(str, row_ids.tolist()))}\n")
             host = metrics.host_counts(batch, self.model_config)
+            if self.distiller is not None:
+                host[metrics.HOST_COUNTS.index("flops")] += self.distiller.forward_flops(batch)
             s.host = [a + b for a, b in zip(s.host, host, strict=True)]
             batch = {k: batch[k].to(self.info.device, non_blocking=True) for k in MODEL_INPUTS}
-            out = engine(**batch)
+            out = engine(**batch) if self.distiller is None else self.distiller(engine, batch)
             bad |= ~torch.isfinite(out.loss.detach())
             engine.backward(out.loss)
             if micro == self.sizes.accumulation - 1:
@@ -310,7 +324,10 @@ class Trainer:
         totals = distributed.all_reduce_sum(totals).cpu()
         seconds = time.perf_counter() - s.window_start
         record = {"step": s.step, "split": "train"}
-        record.update(metrics.summarize(totals, seconds, self.info.world_size, self.peak))
+        distill = self.distiller is not None
+        record.update(
+            metrics.summarize(totals, seconds, self.info.world_size, self.peak, distill=distill)
+        )
         lr = self.engine.get_lr()
         norm = s.grad_norm if self.own_grad_norm else self.engine.get_global_grad_norm()
         record.update(
@@ -357,6 +374,7 @@ class Trainer:
             "data_fingerprint": self.fingerprint,
             "train_seconds": s.train_s,
             "skipped_shards": self.shards.skipped,
+            "teacher": None if self.distiller is None else self.distiller.identity,
         }  # fmt: skip
         files = {
             "config.json": self.model_config.to_dict(),

@@ -7,7 +7,10 @@ compact line with the ETA otherwise; evaluations as a line beside their baseline
 Record keys: ``step``, ``loss``, ``mlm_loss``, ``mlm_accuracy``, ``nsp_loss``,
 ``nsp_accuracy``, ``lr``, ``grad_norm``, ``sequences_per_s``, ``tokens_per_s`` (real,
 non-padding tokens), ``tflops_per_s``, ``mfu`` (null without a known peak), ``epoch``,
-``samples`` (stream position); evaluation records have ``split: "eval"``.
+``samples`` (stream position); evaluation records have ``split: "eval"``. Distillation runs
+(trainer/distillation.py) add ``kl_loss`` and ``cos_loss``; their ``loss`` is the
+distillation objective, ``mlm_loss`` / ``nsp_loss`` the hard losses, and FLOPs include the
+teacher's forward pass.
 
 Model FLOPs (:func:`model_flops`) count the matmuls BERT must do for the real tokens of a
 batch, times 3 for forward + backward: per row of n tokens, L x (2n(4H² + 2HI) + 4n²H)
@@ -46,6 +49,7 @@ PEAK_TFLOPS = (
 # tensors, read once per log step), the others from the batch on the host.
 DEVICE_COUNTS = (
     "loss", "mlm_loss", "nsp_loss", "mlm_correct", "mlm_total", "nsp_correct", "nsp_total",
+    "kl_loss", "cos_loss",  # distillation only (trainer/distillation.py); 0 otherwise
 )  # fmt: skip
 HOST_COUNTS = ("sequences", "tokens", "flops", "micro_steps")
 COUNTS = DEVICE_COUNTS + HOST_COUNTS
@@ -103,6 +107,10 @@ def batch_counts(out, batch: dict[str, torch.Tensor]) -> torch.Tensor:
             nsp_correct.double(),
             nsp_valid.sum().double(),
         ]
+        for name in ("kl_loss", "cos_loss"):
+            value = getattr(out, name, None)
+            values.append(out.loss.new_zeros(()) if value is None else value.detach())
+        values = [v.double() for v in values]
         return torch.stack(values)
 
 
@@ -114,12 +122,20 @@ def host_counts(batch: dict[str, torch.Tensor], config: BertConfig) -> list[floa
     return [float(mask.shape[0]), float(mask.sum()), flops, 1.0]
 
 
-def summarize(totals: torch.Tensor, seconds: float, world_size: int, peak: float | None) -> dict:
-    """Metrics from counts summed over ranks and micro-steps; losses are means per micro-step."""
+def summarize(
+    totals: torch.Tensor, seconds: float, world_size: int, peak: float | None, *,
+    distill: bool = False,
+) -> dict:  # fmt: skip
+    """Metrics from counts summed over ranks and micro-steps; losses are means per micro-step.
+
+    ``distill``: add kl_loss and cos_loss (trainer/distillation.py; cos_loss 0 when unused).
+    """
     c = dict(zip(COUNTS, totals.tolist(), strict=True))
     steps = max(c["micro_steps"], 1.0)
     tflops = c["flops"] / seconds / 1e12 if seconds > 0 else 0.0
+    extra = {k: c[k] / steps for k in ("kl_loss", "cos_loss")} if distill else {}
     return {
+        **extra,
         "loss": c["loss"] / steps,
         "mlm_loss": c["mlm_loss"] / steps,
         "mlm_accuracy": c["mlm_correct"] / max(c["mlm_total"], 1.0),

@@ -16,7 +16,9 @@ SLURM: deploy/slurm.sbatch; with ssh between the nodes, the first one starts the
 
 Two CPU ranks: ``DS_ACCELERATOR=cpu deepspeed --num_gpus 2 trainer/run.py ...``. Resume:
 ``--resume auto`` (the latest checkpoint of --output-dir, if any; on another number of
-ranks it is converted to a universal checkpoint first, trainer/universal.py). Export at any time:
+ranks it is converted to a universal checkpoint first, trainer/universal.py). Knowledge
+distillation into the --model from a frozen teacher: ``--teacher HF_DIR``
+(trainer/distillation.py). Export at any time:
 ``python -m trainer.export runs/large hf/large``. Every option: ``--help``.
 
 Console: our lines only (stages, one progress line per ``--log-every``, evaluations; warnings
