@@ -117,7 +117,7 @@ def model_json(run_dir: Path, preset: str, layers: int) -> tuple[str, str]:
     """(name, --model): ``preset`` with ``layers`` layers as a config.json in RUN_DIR (the
     shards' vocab), or the preset's name when ``layers`` is its own depth or 0."""
     from model import PRESETS, BertConfig
-    from pipeline.format import read_manifest
+    from pipeline.shard_format import read_manifest
 
     if layers in (0, PRESETS[preset][0]):
         return preset, preset

@@ -12,7 +12,7 @@ ones: deflate's speed depends on them, synthetic uniform ids would understate it
 Each round runs, in turn on the same page-cached shards (so machine noise hits all alike):
 
 - ``read``, the peer: what a trainer's map-style dataset does, every row's columns into
-  numpy through the reference reader (``pipeline.format.open_shard`` + ``iter_rows``:
+  numpy through the reference reader (``pipeline.shard_format.open_shard`` + ``iter_rows``:
   memory-mapped, each row's four lists and its label as int64 arrays);
 - ``hdf5`` and ``tfrecord``: ``pipeline.export.export_shard`` per shard, exactly the
   job's per-shard work (verify size and sha256 against the manifest, pad, encode, write
@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from pipeline import export as job  # noqa: E402
 from pipeline import export_formats as formats  # noqa: E402
-from pipeline import format as shard_format  # noqa: E402
+from pipeline import shard_format  # noqa: E402
 from pipeline.corpus import write_corpus  # noqa: E402
 
 

@@ -8,7 +8,7 @@ Measures what one rank's process gets: trainer.data.PretrainingStream through a
 torch DataLoader, i.e. the shuffled stream order, memory-mapped row reads, dynamic padding
 to int64 tensors (and re-masking with ``--masking dynamic``). Without ``--data`` it writes
 synthetic shards shaped like the pipeline's (90% of rows 128 tokens, the rest shorter,
-round(0.15 n) masks up to 20) to a temporary directory with pipeline.format. Target:
+round(0.15 n) masks up to 20) to a temporary directory with pipeline.shard_writer. Target:
 50,000 rows/s per process, enough for one core to feed eight GPUs training BERT-Large at
 seq 128. Prints one JSON line per configuration.
 """
@@ -26,8 +26,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from pipeline import encode as shard_encode
-from pipeline import format as shard_format
+from pipeline import shard_format, shard_writer
 from trainer.data import DynamicMasker, PretrainingStream, StreamSpec, make_loader
 from trainer.shards import ShardSet
 
@@ -63,9 +62,9 @@ def write_synthetic(directory: Path, rows: int, shards: int, seq: int, max_pred:
     schema = shard_format.shard_schema(VOCAB, seq)
     entries = []
     for index in range(shards):
-        data = shard_encode.encode_shard(synthetic_rows(rows // shards, seq, max_pred, gen), schema)
+        data = shard_writer.encode_shard(synthetic_rows(rows // shards, seq, max_pred, gen), schema)
         name = shard_format.shard_name(index, shards)
-        shard_encode.atomic_write_bytes(directory / name, data)
+        shard_writer.atomic_write_bytes(directory / name, data)
         entries.append({"name": name, "rows": rows // shards, "bytes": len(data),
                         "sha256": __import__("hashlib").sha256(data).hexdigest()})  # fmt: skip
     (directory / "vocab.txt").write_text("".join(f"t{i}\n" for i in range(VOCAB)))
@@ -73,11 +72,11 @@ def write_synthetic(directory: Path, rows: int, shards: int, seq: int, max_pred:
              "size": VOCAB, "do_lower_case": True, "special_ids": SPECIAL}  # fmt: skip
     params = {"max_seq_length": seq, "max_predictions_per_seq": max_pred, "masked_lm_prob": 0.15,
               "random_seed": 0, "do_whole_word_mask": False}  # fmt: skip
-    manifest = shard_encode.build_manifest(
+    manifest = shard_writer.build_manifest(
         shards=entries, vocab=vocab, params=params, stats={}, skipped={}
     )
-    shard_encode.atomic_write_bytes(
-        directory / shard_format.MANIFEST_NAME, shard_encode.encode_manifest(manifest)
+    shard_writer.atomic_write_bytes(
+        directory / shard_format.MANIFEST_NAME, shard_writer.encode_manifest(manifest)
     )
 
 

@@ -252,7 +252,7 @@ def _build(argv: Sequence[str], log_file: str | None, verbose: bool,
 
     from .build import build_graph, make_plan, prepare_output
     from .config import parse_build_args
-    from .format import read_manifest
+    from .shard_format import read_manifest
 
     try:
         config, beam_args = parse_build_args(argv)

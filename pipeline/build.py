@@ -29,8 +29,7 @@ from typing import NamedTuple
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from . import encode as shard_encode
-from . import format as shard_format
+from . import shard_format, shard_writer
 from .config import OUTPUT_BYTES_PER_INPUT_BYTE, TARGET_SHARD_BYTES, BuildConfig
 from .documents import (
     CountWords,
@@ -183,12 +182,12 @@ def write_manifest(shards: list[dict], vocab: list[str], vocab_info: dict, count
     stats = {**summary_stats(merge_stats(s["stats"] for s in shards), documents),
              "buckets": buckets, "input": dict(sorted(noticed.items()))}  # fmt: skip
     params = {**config.params(), "num_shards": num_shards}
-    manifest = shard_encode.build_manifest(
+    manifest = shard_writer.build_manifest(
         shards=[s["entry"] for s in shards], vocab=vocab_info, params=params, stats=stats,
         skipped=dict(sorted(skipped.items())),
     )  # fmt: skip
     path = FileSystems.join(config.output, shard_format.MANIFEST_NAME)
-    write_atomic(path, shard_encode.encode_manifest(manifest))
+    write_atomic(path, shard_writer.encode_manifest(manifest))
     return manifest
 
 

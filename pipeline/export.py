@@ -33,8 +33,8 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from . import export_formats as formats
-from . import format as shard_format
-from .encode import created_by, encode_manifest
+from . import shard_format
+from .shard_writer import created_by, encode_manifest
 from .writing import write_atomic
 
 logger = logging.getLogger(__name__)

@@ -24,8 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from . import encode as shard_encode
-from . import format as shard_format
+from . import shard_format, shard_writer
 
 
 def check_rows(table, manifest: dict, where: str) -> None:
@@ -37,7 +36,7 @@ def check_rows(table, manifest: dict, where: str) -> None:
     vocab_size = manifest["schema"]["vocab_size"]
     max_seq = manifest["schema"]["max_seq_length"]
     try:
-        flat = shard_encode.check_table_rows(table, vocab_size, max_seq)
+        flat = shard_writer.check_table_rows(table, vocab_size, max_seq)
     except ValueError as err:
         raise shard_format.ShardFormatError(f"{where}: {err}") from None
     ids, offsets = flat["input_ids"]

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow.compute as pc
 
-from . import format as shard_format
-from .encode import atomic_write_bytes
+from . import shard_format
+from .shard_writer import atomic_write_bytes
 
 logger = logging.getLogger(__name__)
 

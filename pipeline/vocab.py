@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-from .encode import atomic_write_bytes
+from .shard_writer import atomic_write_bytes
 from .wordpiece import (
     MAX_INPUT_CHARS_PER_WORD,
     PREFIX,

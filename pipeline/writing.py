@@ -18,8 +18,7 @@ import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from . import encode as shard_encode
-from . import format as shard_format
+from . import shard_format, shard_writer
 from .config import BuildConfig
 from .rows import RowBlock
 
@@ -113,7 +112,7 @@ class JoinParts(beam.DoFn):
         schema = shard_format.shard_schema(len(vocab), self._config.max_seq_length)
         name = shard_format.shard_name(shard, self._num_shards)
         # One part in memory at a time: header, the parts' bodies in key order, end marker.
-        chunks = shard_encode.shard_chunks(map(_read, (p["path"] for p in parts)), schema)
+        chunks = shard_writer.shard_chunks(map(_read, (p["path"] for p in parts)), schema)
         size, sha256 = write_atomic(FileSystems.join(self._config.output, name), chunks)
         stats = merge_stats(part["stats"] for part in parts)
         yield {"entry": {"name": name, "rows": stats["rows"], "bytes": size, "sha256": sha256},
@@ -141,7 +140,7 @@ def write_sorted(path: str, block: RowBlock, vocab: list[str], config: BuildConf
     False) the body of one part. Returns size, sha256 and the rows' statistics."""
     block = block.sorted_by_key()
     schema = shard_format.shard_schema(len(vocab), config.max_seq_length)
-    encode = shard_encode.encode_shard if whole else shard_encode.encode_shard_body
+    encode = shard_writer.encode_shard if whole else shard_writer.encode_shard_body
     size, sha256 = write_atomic(path, encode(block.columns(), schema))
     return size, sha256, block_stats(block, vocab.index("[MASK]"), config.max_seq_length)
 

@@ -58,7 +58,7 @@ import torch.nn.functional as F
 
 from model import BertConfig, BertForPreTraining, BertPreTrainingOutput, load_hf
 from model.hf import CONFIG_NAME, WEIGHTS_NAME
-from pipeline.format import VOCAB_NAME
+from pipeline.shard_format import VOCAB_NAME
 from pipeline.vocab import parse_vocab
 
 from .config import TrainConfig

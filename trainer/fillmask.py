@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import format as shard_format
+from pipeline import shard_format
 from pipeline.text import split_sentences
 
 from .hf_tokenizer import TOKENIZER_CONFIG_NAME, read_shard_vocab
@@ -48,7 +48,7 @@ def restore_masked(row: Mapping[str, np.ndarray]) -> np.ndarray:
     Example: input_ids [2, 4, 9, 3], masked_lm_positions [1], masked_lm_ids [7] -> [2, 7, 9, 3].
 
     Args:
-        row: a shard row (pipeline.format.iter_rows): int arrays ``input_ids`` (L,),
+        row: a shard row (pipeline.shard_format.iter_rows): int arrays ``input_ids`` (L,),
             ``masked_lm_positions`` (P,), ``masked_lm_ids`` (P,).
     """
     ids = np.array(row["input_ids"], dtype=np.int64)  # a copy: rows may be read-only views

@@ -22,8 +22,8 @@ import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline import format as shard_format
-from pipeline.encode import atomic_write_bytes
+from pipeline import shard_format
+from pipeline.shard_writer import atomic_write_bytes
 from pipeline.vocab import build_tokenizer, parse_vocab, vocab_text
 
 TOKENIZER_CONFIG_NAME = "tokenizer_config.json"

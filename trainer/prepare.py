@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from model import PRESETS, BertConfig, BertForPreTraining, load_hf
-from pipeline import format as shard_format
+from pipeline import shard_format
 from pipeline.rng import derive_seed
 from pipeline.vocab import parse_vocab
 

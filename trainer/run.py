@@ -48,7 +48,7 @@ if __package__ in (None, ""):  # run as a file (deepspeed trainer/run.py): make 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline import console
-from pipeline.format import ShardFormatError
+from pipeline.shard_format import ShardFormatError
 from trainer.checkpoint import NonFiniteError
 from trainer.config import parse_args
 

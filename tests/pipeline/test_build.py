@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import format as shard_format
+from pipeline import shard_format
 from pipeline.__main__ import check_beam_options, main
 from pipeline.documents import TokenizedBatch
 from pipeline.stats import compute_stats

@@ -310,8 +310,7 @@ def test_rows_survive_many_record_batches_and_a_reused_message(tmp_path):
     and shards): every field of every row as the consumers read it."""
     from tfrecord import example_pb2
 
-    from pipeline import encode, export_formats
-    from pipeline import format as shard_format
+    from pipeline import export_formats, shard_format, shard_writer
 
     rng = np.random.default_rng(0)
     seq, pred = 12, 4
@@ -328,8 +327,8 @@ def test_rows_survive_many_record_batches_and_a_reused_message(tmp_path):
                          "masked_lm_positions": [int(p) for p in positions],
                          "masked_lm_ids": rng.integers(5, 50, len(positions)).tolist(),
                          "next_sentence_label": int(rng.integers(0, 2))})  # fmt: skip
-        columns = encode.rows_to_columns(rows)
-        data = encode.encode_shard(columns, shard_format.shard_schema(50, seq), batch_size=3)
+        columns = shard_writer.rows_to_columns(rows)
+        data = shard_writer.encode_shard(columns, shard_format.shard_schema(50, seq), batch_size=3)
         table = pa.ipc.open_stream(data).read_all()
         assert table.num_rows == 20 and len(table.to_batches()) == 7
         path = tmp_path / f"{shard}.tfrecord"
@@ -355,11 +354,10 @@ def test_rows_survive_many_record_batches_and_a_reused_message(tmp_path):
 
 
 def test_an_empty_shard_exports_to_empty_files(tmp_path):
-    from pipeline import encode, export_formats
-    from pipeline import format as shard_format
+    from pipeline import export_formats, shard_format, shard_writer
 
     columns = {name: [] for name in shard_format.COLUMNS}
-    data = encode.encode_shard(columns, shard_format.shard_schema(50, 12))
+    data = shard_writer.encode_shard(columns, shard_format.shard_schema(50, 12))
     table = pa.ipc.open_stream(data).read_all()
     (tmp_path / "empty.hdf5").write_bytes(export_formats.hdf5_bytes(table, 12, 4))
     with h5py.File(tmp_path / "empty.hdf5", "r") as f:

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import format as shard_format
+from pipeline import shard_format
 from pipeline.__main__ import main
-from pipeline.encode import encode_manifest
+from pipeline.shard_writer import encode_manifest
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "golden"
 PINNED_WITH = "Python 3.11, numpy 2.4.6, pyarrow 25.0.1, tokenizers 0.23.3, apache-beam 2.77.0"
@@ -41,7 +41,7 @@ BUILDS = {
                          "--masked_lm_prob", "0.2", "--short_seq_prob", "0.3",
                          "--num_shards", "3", "--bucket_size", "3", "--random_seed", "12"],
 }  # fmt: skip
-# Made with format_version 1, algorithm_version 1 (pipeline/format.py).
+# Made with format_version 1, algorithm_version 1 (pipeline/shard_format.py).
 VERSIONS = {"format_version": 1, "algorithm_version": 1}
 GOLDEN = {
     "google": {
@@ -65,7 +65,7 @@ build of the same input and seed now gives other bytes than before this change.
 
 If that is what you meant (a change to vocab learning, NSP pairs, masking, bucketing,
 sharding, row order or the shard layout):
-  1. bump ALGORITHM_VERSION in pipeline/format.py (FORMAT_VERSION too if readers must
+  1. bump ALGORITHM_VERSION in pipeline/shard_format.py (FORMAT_VERSION too if readers must
      change: it makes every reader refuse older shards);
   2. say what changed in pipeline/FORMAT.md (the algorithm_version list) and in
      CHANGELOG.md under [Unreleased];

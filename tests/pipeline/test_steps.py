@@ -8,8 +8,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipeline import encode as shard_encode
-from pipeline import format as shard_format
+from pipeline import shard_format, shard_writer
 from pipeline.config import BuildConfig
 from pipeline.documents import (
     CountWords,
@@ -147,7 +146,7 @@ def test_buckets_and_writers_on_a_test_pipeline(tmp_path):
     total = 0
     for i in range(num_shards):
         table = shard_format.open_shard(str(tmp_path / "out" / shard_format.shard_name(i, 2)))
-        shard_encode.check_table_rows(table, len(VOCAB), 16)
+        shard_writer.check_table_rows(table, len(VOCAB), 16)
         total += table.num_rows
         assert table.num_rows > 0 and isinstance(table, pa.Table)
     assert total >= 30 * 2

@@ -1,4 +1,4 @@
-"""Writing shards and manifests in the format ``pipeline/format.py`` reads.
+"""Writing shards and manifests in the format ``pipeline/shard_format.py`` reads.
 
 ``encode_shard`` turns rows into the bytes of one shard (checking every value
 first), ``encode_shard_body``/``join_shard_bodies`` do the same in parts that
@@ -19,7 +19,7 @@ from importlib import metadata
 import numpy as np
 import pyarrow as pa
 
-from .format import (
+from .shard_format import (
     _EOS,
     _IPC_OPTIONS,
     _MAX_LIST_VALUES,

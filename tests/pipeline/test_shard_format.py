@@ -1,4 +1,4 @@
-"""Tests for pipeline/format.py and the snippets of pipeline/FORMAT.md."""
+"""Tests for pipeline/shard_format.py and the snippets of pipeline/FORMAT.md."""
 
 import json
 import os
@@ -14,8 +14,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from pipeline import encode as shard_encode
-from pipeline import format as shard_format
+from pipeline import shard_format, shard_writer
 
 VOCAB_SIZE, MAX_SEQ = 30522, 128
 SPECIAL_IDS = {"pad": 0, "unk": 100, "cls": 101, "sep": 102, "mask": 103}
@@ -49,8 +48,8 @@ def write_output(directory: Path, rows_per_shard=(5, 0, 7), *, seed=0) -> dict:
     entries = []
     for index, num_rows in enumerate(rows_per_shard):
         name = shard_format.shard_name(index, len(rows_per_shard))
-        data = shard_encode.encode_shard(make_columns(seed + index, num_rows), schema, batch_size=4)
-        shard_encode.atomic_write_bytes(directory / name, data)
+        data = shard_writer.encode_shard(make_columns(seed + index, num_rows), schema, batch_size=4)
+        shard_writer.atomic_write_bytes(directory / name, data)
         digest = shard_format.sha256_file(directory / name)
         entries.append({"name": name, "rows": num_rows, "bytes": len(data), "sha256": digest})
     (directory / "vocab.txt").write_text("".join(f"tok{i}\n" for i in range(VOCAB_SIZE)))
@@ -58,15 +57,15 @@ def write_output(directory: Path, rows_per_shard=(5, 0, 7), *, seed=0) -> dict:
     vocab = vocab_entry(shard_format.sha256_file(directory / "vocab.txt"))
     vocab["tokenizer_file"] = "tokenizer.json"
     vocab["tokenizer_sha256"] = shard_format.sha256_file(directory / "tokenizer.json")
-    manifest = shard_encode.build_manifest(
+    manifest = shard_writer.build_manifest(
         shards=entries,
         vocab=vocab,
         params={"max_seq_length": MAX_SEQ, "seed": seed, "masked_lm_prob": 0.15},
         stats={"num_documents": np.int64(3), "mean_length": np.float32(0.5)},
         skipped={"empty_document": 1},
     )
-    shard_encode.atomic_write_bytes(
-        directory / "manifest.json", shard_encode.encode_manifest(manifest)
+    shard_writer.atomic_write_bytes(
+        directory / "manifest.json", shard_writer.encode_manifest(manifest)
     )
     return manifest
 
@@ -145,7 +144,7 @@ def test_round_trip_keeps_values_and_exact_types(tmp_path):
     columns = make_columns(0, 23)
     schema = shard_format.shard_schema(VOCAB_SIZE, MAX_SEQ)
     path = tmp_path / shard_format.shard_name(0, 1)
-    shard_encode.atomic_write_bytes(path, shard_encode.encode_shard(columns, schema, batch_size=10))
+    shard_writer.atomic_write_bytes(path, shard_writer.encode_shard(columns, schema, batch_size=10))
     table = shard_format.open_shard(path)
     assert table.schema.equals(schema, check_metadata=True)
     assert [len(batch) for batch in table.to_batches()] == [10, 10, 3]
@@ -178,16 +177,16 @@ def test_encode_is_byte_deterministic_for_any_integer_input():
     as_int64 = {
         name: [np.asarray(v, dtype=np.int64) for v in values] for name, values in columns.items()
     }
-    first = shard_encode.encode_shard(columns, schema, batch_size=16)
-    assert shard_encode.encode_shard(make_columns(1, 50), schema, batch_size=16) == first
-    assert shard_encode.encode_shard(as_int64, schema, batch_size=16) == first
-    assert shard_encode.encode_shard(as_lists(columns), schema, batch_size=16) == first
-    assert shard_encode.encode_shard(columns, schema, batch_size=17) != first
+    first = shard_writer.encode_shard(columns, schema, batch_size=16)
+    assert shard_writer.encode_shard(make_columns(1, 50), schema, batch_size=16) == first
+    assert shard_writer.encode_shard(as_int64, schema, batch_size=16) == first
+    assert shard_writer.encode_shard(as_lists(columns), schema, batch_size=16) == first
+    assert shard_writer.encode_shard(columns, schema, batch_size=17) != first
     rows = [
         dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)
     ]
     assert (
-        shard_encode.encode_shard(shard_encode.rows_to_columns(rows), schema, batch_size=16)
+        shard_writer.encode_shard(shard_writer.rows_to_columns(rows), schema, batch_size=16)
         == first
     )
 
@@ -196,7 +195,7 @@ def test_wide_types_round_trip():
     schema = shard_format.shard_schema(70000, 512)
     columns = make_columns(2, 9, vocab_size=70000, max_seq=512)
     columns["input_ids"][0][1] = 69999
-    table = pa.ipc.open_stream(shard_encode.encode_shard(columns, schema)).read_all()
+    table = pa.ipc.open_stream(shard_writer.encode_shard(columns, schema)).read_all()
     assert table.schema.field("input_ids").type == pa.list_(pa.uint32())
     assert table.column("input_ids").to_pylist()[0][1] == 69999
     assert table.to_pydict()["masked_lm_positions"] == as_lists(columns)["masked_lm_positions"]
@@ -252,7 +251,7 @@ def test_encode_rejects_bad_rows_naming_column_and_row(mutate, message):
     columns = make_columns(3, 6)
     mutate(columns)
     with pytest.raises(ValueError, match=message):
-        shard_encode.encode_shard(columns, shard_format.shard_schema(VOCAB_SIZE, MAX_SEQ))
+        shard_writer.encode_shard(columns, shard_format.shard_schema(VOCAB_SIZE, MAX_SEQ))
 
 
 def test_encode_rejects_bad_values_in_valid_shapes():
@@ -285,23 +284,23 @@ def test_encode_rejects_bad_values_in_valid_shapes():
     ]
     for column, value, message in cases:
         with pytest.raises(ValueError, match=message):
-            shard_encode.encode_shard({**base, column: value}, schema)
+            shard_writer.encode_shard({**base, column: value}, schema)
     with pytest.raises(ValueError, match="columns must be exactly"):
-        shard_encode.encode_shard({**base, "input_mask": base["segment_ids"]}, schema)
+        shard_writer.encode_shard({**base, "input_mask": base["segment_ids"]}, schema)
     with pytest.raises(ValueError, match="same number of rows"):
-        shard_encode.encode_shard({**base, "next_sentence_label": [0, 1]}, schema)
+        shard_writer.encode_shard({**base, "next_sentence_label": [0, 1]}, schema)
     with pytest.raises(ValueError, match=r"batch_size must be an int in \[1, inf\], got 0"):
-        shard_encode.encode_shard(base, schema, batch_size=0)
+        shard_writer.encode_shard(base, schema, batch_size=0)
     # Positions restart at each row: row 1 may start below where row 0 ended.
     two = {name: values * 2 for name, values in base.items()}
     two["masked_lm_positions"] = [np.array([3, 4]), np.array([1, 2])]
-    assert shard_encode.encode_shard(two, schema)
+    assert shard_writer.encode_shard(two, schema)
 
 
 def test_empty_shard_reads_as_zero_rows(tmp_path):
     schema = shard_format.shard_schema(VOCAB_SIZE, MAX_SEQ)
     path = tmp_path / shard_format.shard_name(0, 1)
-    shard_encode.atomic_write_bytes(path, shard_encode.encode_shard(make_columns(0, 0), schema))
+    shard_writer.atomic_write_bytes(path, shard_writer.encode_shard(make_columns(0, 0), schema))
     assert [batch.num_rows for batch in pa.ipc.open_stream(path.read_bytes())] == [0]
     assert shard_format.open_shard(path).num_rows == 0
     assert list(shard_format.iter_rows(shard_format.open_shard(path))) == []
@@ -313,8 +312,8 @@ def test_empty_shard_reads_as_zero_rows(tmp_path):
 
 def test_atomic_write_replaces_and_leaves_no_temp_files(tmp_path):
     path = tmp_path / "file.bin"
-    shard_encode.atomic_write_bytes(path, b"one")
-    shard_encode.atomic_write_bytes(path, b"two")
+    shard_writer.atomic_write_bytes(path, b"one")
+    shard_writer.atomic_write_bytes(path, b"two")
     assert path.read_bytes() == b"two"
     assert os.listdir(tmp_path) == ["file.bin"]
     assert (
@@ -325,16 +324,16 @@ def test_atomic_write_replaces_and_leaves_no_temp_files(tmp_path):
 @pytest.mark.parametrize("failing", ["fsync", "replace"])
 def test_failed_atomic_write_keeps_old_file_and_removes_temp(tmp_path, monkeypatch, failing):
     path = tmp_path / "file.bin"
-    shard_encode.atomic_write_bytes(path, b"old")
+    shard_writer.atomic_write_bytes(path, b"old")
 
     def fail(*args):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(shard_format.os, failing, fail)
     with pytest.raises(OSError, match="No space left"):
-        shard_encode.atomic_write_bytes(path, b"new" * 1000)
+        shard_writer.atomic_write_bytes(path, b"new" * 1000)
     with pytest.raises(OSError, match="No space left"):
-        shard_encode.atomic_write_bytes(tmp_path / "new.bin", b"data")
+        shard_writer.atomic_write_bytes(tmp_path / "new.bin", b"data")
     monkeypatch.undo()
     assert path.read_bytes() == b"old"
     assert os.listdir(tmp_path) == ["file.bin"]
@@ -412,7 +411,7 @@ def test_truncated_shards_are_detected_naming_the_file(tmp_path):
     assert shard_format.main([str(tmp_path)]) == 1
 
 
-def test_python_m_pipeline_format_is_an_alias_of_validate(tmp_path):
+def test_python_m_pipeline_shard_format_is_an_alias_of_validate(tmp_path):
     write_output(tmp_path / "ok")
     # A row that does not start with [CLS] in a shard whose size and sha256 are the
     # manifest's: only the row checks of `validate` find it.
@@ -422,9 +421,9 @@ def test_python_m_pipeline_format_is_an_alias_of_validate(tmp_path):
     columns["input_ids"][4][0] = SPECIAL_IDS["sep"]
     schema = shard_format.shard_schema(VOCAB_SIZE, MAX_SEQ)
     path = bad / manifest["shards"][0]["name"]
-    shard_encode.atomic_write_bytes(path, shard_encode.encode_shard(columns, schema))
+    shard_writer.atomic_write_bytes(path, shard_writer.encode_shard(columns, schema))
     manifest["shards"][0].update(bytes=path.stat().st_size, sha256=shard_format.sha256_file(path))
-    shard_encode.atomic_write_bytes(bad / "manifest.json", shard_encode.encode_manifest(manifest))
+    shard_writer.atomic_write_bytes(bad / "manifest.json", shard_writer.encode_manifest(manifest))
     root = Path(shard_format.__file__).parents[1]
     for directory, returncode, expected in (
         (tmp_path / "ok", 0, "OK: 3 shard(s), 12 rows"),
@@ -438,7 +437,10 @@ def test_python_m_pipeline_format_is_an_alias_of_validate(tmp_path):
                 text=True,
                 timeout=120,
             )
-            for command in (["pipeline", "validate"], ["pipeline.format"])
+            for command in (
+                ["pipeline", "validate"],
+                ["pipeline.shard_format"],
+            )
         ]
         outputs = [(run.returncode, run.stdout, run.stderr) for run in runs]
         assert outputs[0] == outputs[1], outputs
@@ -472,8 +474,8 @@ def test_row_count_mismatch_is_detected(tmp_path):
 
 
 def test_manifest_bytes_are_deterministic_and_hold_no_paths(tmp_path):
-    first = shard_encode.encode_manifest(write_output(tmp_path / "a"))
-    second = shard_encode.encode_manifest(write_output(tmp_path / "b"))
+    first = shard_writer.encode_manifest(write_output(tmp_path / "a"))
+    second = shard_writer.encode_manifest(write_output(tmp_path / "b"))
     assert first == second == (tmp_path / "a" / "manifest.json").read_bytes()
     assert first.endswith(b"}\n") and str(tmp_path).encode() not in first
     text = first.decode()
@@ -491,36 +493,36 @@ def test_build_manifest_sorts_shards_and_rejects_bad_input():
         for i in (1, 0)
     ]
     kwargs = {"vocab": vocab_entry(), "params": {"max_seq_length": 128}, "stats": {}, "skipped": {}}
-    manifest = shard_encode.build_manifest(shards=entries, **kwargs)
+    manifest = shard_writer.build_manifest(shards=entries, **kwargs)
     assert [entry["name"] for entry in manifest["shards"]] == [
         "shard-00000-of-00002.arrow",
         "shard-00001-of-00002.arrow",
     ]
     assert manifest["num_rows"] == 2
     with pytest.raises(ValueError, match="shards must be shard-00000-of-N"):
-        shard_encode.build_manifest(shards=entries[:1], **kwargs)
+        shard_writer.build_manifest(shards=entries[:1], **kwargs)
     with pytest.raises(ValueError, match=r"shards\[0\] has unknown key\(s\) \['tokens'\]"):
-        shard_encode.build_manifest(shards=[{**entries[0], "tokens": 5}, entries[1]], **kwargs)
+        shard_writer.build_manifest(shards=[{**entries[0], "tokens": 5}, entries[1]], **kwargs)
     with pytest.raises(ValueError, match=r"vocab has unknown key\(s\) \['lower'\]"):
-        shard_encode.build_manifest(
+        shard_writer.build_manifest(
             shards=entries, **{**kwargs, "vocab": {**vocab_entry(), "lower": True}}
         )
     with pytest.raises(ValueError, match=r"vocab\.special_ids lacks key 'mask'"):
         special = {key: value for key, value in SPECIAL_IDS.items() if key != "mask"}
-        shard_encode.build_manifest(
+        shard_writer.build_manifest(
             shards=entries, **{**kwargs, "vocab": {**vocab_entry(), "special_ids": special}}
         )
     with pytest.raises(ValueError, match=r"params\.max_seq_length and vocab\.size are required"):
-        shard_encode.build_manifest(shards=entries, **{**kwargs, "params": {}})
+        shard_writer.build_manifest(shards=entries, **{**kwargs, "params": {}})
     with pytest.raises(ValueError, match=r"skipped.bad_utf8 must be a non-negative int, got -1"):
-        shard_encode.build_manifest(shards=entries, **{**kwargs, "skipped": {"bad_utf8": -1}})
+        shard_writer.build_manifest(shards=entries, **{**kwargs, "skipped": {"bad_utf8": -1}})
     with pytest.raises(ValueError, match="Out of range float values are not JSON compliant"):
-        shard_encode.build_manifest(shards=entries, **{**kwargs, "stats": {"ratio": float("nan")}})
+        shard_writer.build_manifest(shards=entries, **{**kwargs, "stats": {"ratio": float("nan")}})
 
 
 def write_manifest(directory: Path, manifest: dict) -> None:
     directory.mkdir(exist_ok=True)
-    (directory / "manifest.json").write_bytes(shard_encode.encode_manifest(manifest))
+    (directory / "manifest.json").write_bytes(shard_writer.encode_manifest(manifest))
 
 
 def test_read_manifest_explains_version_and_key_errors(tmp_path):
@@ -585,7 +587,7 @@ def _code_blocks(language: str) -> list[str]:
 
 def test_format_md_manifest_example_is_valid(tmp_path):
     example = _code_blocks("json")[0]  # the shards' manifest (the export's, abridged, follows)
-    assert shard_encode.encode_manifest(json.loads(example)).decode() == example.lstrip("\n")
+    assert shard_writer.encode_manifest(json.loads(example)).decode() == example.lstrip("\n")
     write_manifest(tmp_path, json.loads(example))
     assert shard_format.read_manifest(tmp_path)["num_rows"] == 2
     assert (
@@ -636,8 +638,8 @@ def test_format_md_shell_check_passes_and_catches_corruption(tmp_path):
 
 def test_shard_bodies_join_into_a_readable_shard():
     schema = shard_format.shard_schema(100, 16)
-    encode_body, join = shard_encode.encode_shard_body, shard_encode.join_shard_bodies
-    to_columns = shard_encode.rows_to_columns
+    encode_body, join = shard_writer.encode_shard_body, shard_writer.join_shard_bodies
+    to_columns = shard_writer.rows_to_columns
     rows = [
         {"input_ids": [2, 5 + i, 3], "segment_ids": [0, 0, 1], "masked_lm_positions": [1],
          "masked_lm_ids": [7], "next_sentence_label": i % 2}
@@ -650,7 +652,7 @@ def test_shard_bodies_join_into_a_readable_shard():
     assert table.column("input_ids").to_pylist() == [r["input_ids"] for r in rows]
     assert table.column("next_sentence_label").to_pylist() == [i % 2 for i in range(5)]
     # One part: the same bytes as writing the shard at once.
-    whole = shard_encode.encode_shard(to_columns(rows), schema)
+    whole = shard_writer.encode_shard(to_columns(rows), schema)
     assert join([encode_body(to_columns(rows), schema)], schema) == whole
     empty = pa.ipc.open_stream(join([], schema)).read_all()
     assert empty.num_rows == 0 and empty.schema.equals(schema, check_metadata=True)
