@@ -411,7 +411,7 @@ def test_truncated_shards_are_detected_naming_the_file(tmp_path):
     assert shard_format.main([str(tmp_path)]) == 1
 
 
-def test_python_m_pipeline_shard_format_is_an_alias_of_validate(tmp_path):
+def test_python_m_pipeline_shard_format_and_format_are_aliases_of_validate(tmp_path):
     write_output(tmp_path / "ok")
     # A row that does not start with [CLS] in a shard whose size and sha256 are the
     # manifest's: only the row checks of `validate` find it.
@@ -440,11 +440,27 @@ def test_python_m_pipeline_shard_format_is_an_alias_of_validate(tmp_path):
             for command in (
                 ["pipeline", "validate"],
                 ["pipeline.shard_format"],
+                ["pipeline.format"],
             )
         ]
         outputs = [(run.returncode, run.stdout, run.stderr) for run in runs]
-        assert outputs[0] == outputs[1], outputs
+        assert outputs[0] == outputs[1] == outputs[2], outputs
         assert outputs[0][0] == returncode and expected in outputs[0][1] + outputs[0][2], outputs
+
+
+def test_old_module_name_pipeline_format_reexports_the_reader():
+    from pipeline import format as old_name
+
+    public = {
+        name
+        for name, value in vars(shard_format).items()
+        if not name.startswith("_") and getattr(value, "__module__", "") == shard_format.__name__
+    }
+    constants = {name for name in vars(shard_format) if name.isupper() and not name.startswith("_")}
+    assert set(shard_format.__all__) == public | constants
+    assert old_name.__all__ == shard_format.__all__
+    for name in shard_format.__all__:
+        assert getattr(old_name, name) is getattr(shard_format, name), name
 
 
 def test_flipped_byte_is_detected_by_sha256(tmp_path):
