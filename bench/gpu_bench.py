@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loader_speed import write_synthetic
 
 from model import BertConfig
+from pipeline.options import parse_bool
 
 WARMUP_STEPS = 10  # of WarmupDecayLR: short runs still reach the peak lr and decay
 
@@ -140,12 +141,6 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _bool(text: str) -> bool:
-    if text not in ("true", "false"):
-        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-    return text == "true"
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -160,7 +155,7 @@ def main(argv=None) -> int:
     d.add_argument("out", type=Path)
     d.add_argument("--micro", type=int, required=True)
     d.add_argument("--gpus", type=int, required=True)
-    d.add_argument("--torch-adam", type=_bool, default=True)
+    d.add_argument("--torch-adam", type=parse_bool, default=True)
     c = sub.add_parser("model-config", help="a preset's config.json with another attention dropout")
     c.add_argument("preset")
     c.add_argument("out", type=Path)
@@ -169,7 +164,7 @@ def main(argv=None) -> int:
     m.add_argument("metrics", type=Path)
     m.add_argument("--preset", required=True)
     m.add_argument("--seq", type=int, required=True)
-    m.add_argument("--unpad", type=_bool, required=True)
+    m.add_argument("--unpad", type=parse_bool, required=True)
     m.add_argument("--micro", type=int, required=True)
     m.add_argument("--gpus", type=int, required=True)
     m.add_argument(

@@ -1,5 +1,7 @@
 """The settings of one ``python -m finetune`` run: defaults < ``--config`` JSON < flags.
 
+Each setting is declared once, as a ``FinetuneConfig`` field with its help
+(pipeline/options.py: the flags, ``--help`` and the ``--config`` JSON keys come from it).
 ``FinetuneConfig`` validates every value where it is built (an unknown JSON key or a bad
 value raises ValueError naming it) and is saved as ``finetune_config.json`` beside the model.
 """
@@ -8,50 +10,44 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
+import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
+
+from pipeline.options import add_options, option, parse_options
 
 TASKS = ("classification", "qa", "similarity", "token")
-PATHS = ("task", "init", "train", "eval", "output_dir")  # strings, not typed numbers
-
-
-def _setting(default, help: str):
-    """A field with its ``--help`` line."""
-    return field(default=default, metadata={"help": help})
 
 
 @dataclass(frozen=True)
 class FinetuneConfig:
     """One run's settings: defaults < ``--config`` JSON < flags; saved beside the model."""
 
-    task: str  # classification | token | qa | similarity
-    init: str  # Hugging Face directory with a tokenizer
-    train: str
-    eval: str
-    output_dir: str | None = None  # None: nothing written
-    epochs: int = _setting(3, "passes over --train (unless --max-steps)")
-    max_steps: int = _setting(0, "stop after this many optimizer steps; 0: --epochs decide")
-    lr: float = _setting(3e-5, "peak learning rate, after warmup")
-    batch_size: int = _setting(32, "examples per forward pass (micro batch)")
-    grad_accum: int = _setting(1, "micro batches per optimizer step: batch K * --batch-size")
-    max_seq_length: int = _setting(0, "tokens per sequence (0: qa 384, else 128); see --doc-stride")
-    warmup_ratio: float = _setting(0.1, "fraction of all steps warming up linearly")
-    warmup_steps: int = _setting(0, "warmup steps; > 0 overrides --warmup-ratio")
-    weight_decay: float = _setting(0.01, "AdamW weight decay (none on biases, LayerNorm)")
-    freeze_layers: int = _setting(0, "freeze the embeddings and the lowest N encoder layers")
-    gradual_unfreeze: bool = _setting(False, "epoch e trains the head + top e-1 layers")
-    layer_lr_decay: float = _setting(1.0, "layer l learns at lr * D^(L-l); 1: off")
-    seed: int = _setting(42, "head initialisation, dropout and shuffling")
+    task: str = option(help="what the head learns (file formats: see above)", choices=TASKS)
+    init: str = option(help="Hugging Face directory with a tokenizer: the weights to start from")
+    train: str = option(help="training file (.jsonl/.json or .csv)")
+    eval: str = option(help="evaluation file (.jsonl/.json or .csv), after every epoch")
+    output_dir: str | None = option(None, "write the model, tokenizer and results here")
+    epochs: int = option(3, "passes over --train (unless --max-steps)")
+    max_steps: int = option(0, "stop after this many optimizer steps; 0: --epochs decide")
+    lr: float = option(3e-5, "peak learning rate, after warmup")
+    batch_size: int = option(32, "examples per forward pass (micro batch)")
+    grad_accum: int = option(1, "micro batches per optimizer step: batch K * --batch-size")
+    max_seq_length: int = option(0, "tokens per sequence (0: qa 384, else 128); see --doc-stride")
+    warmup_ratio: float = option(0.1, "fraction of all steps warming up linearly")
+    warmup_steps: int = option(0, "warmup steps; > 0 overrides --warmup-ratio")
+    weight_decay: float = option(0.01, "AdamW weight decay (none on biases, LayerNorm)")
+    freeze_layers: int = option(0, "freeze the embeddings and the lowest N encoder layers")
+    gradual_unfreeze: bool = option(False, "epoch e trains the head + top e-1 layers")
+    layer_lr_decay: float = option(1.0, "layer l learns at lr * D^(L-l); 1: off")
+    seed: int = option(42, "head initialisation, dropout and shuffling")
     # QA only (Google's run_squad.py names and defaults; finetune/qa.py, finetune/squad.py).
-    max_query_length: int = _setting(64, "qa: question tokens kept (the rest cut)")
-    doc_stride: int = _setting(128, "qa: tokens between the starts of a context's windows")
-    max_answer_length: int = _setting(30, "qa: longest answer predicted, in tokens")
-    n_best_size: int = _setting(20, "qa: top start and end logits paired per window")
-    null_score_diff_threshold: float = _setting(
+    max_query_length: int = option(64, "qa: question tokens kept (the rest cut)")
+    doc_stride: int = option(128, "qa: tokens between the starts of a context's windows")
+    max_answer_length: int = option(30, "qa: longest answer predicted, in tokens")
+    n_best_size: int = option(20, "qa: top start and end logits paired per window")
+    null_score_diff_threshold: float = option(
         0.0, "qa: predict no answer when null score - best span score > this"
     )
 
@@ -106,32 +102,7 @@ def parse_config(argv: Sequence[str] | None, doc: str = "") -> FinetuneConfig:
         description=doc,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--config", help="JSON file with any of the settings below")
-    parser.add_argument("--task", choices=TASKS)
-    for name in PATHS[1:]:
-        parser.add_argument("--" + name.replace("_", "-"), dest=name)
-    for f in dataclasses.fields(FinetuneConfig):
-        if f.name in PATHS:
-            continue
-        flag, help_ = "--" + f.name.replace("_", "-"), f"{f.metadata['help']} (default {f.default})"
-        if f.type == "bool":
-            parser.add_argument(flag, dest=f.name, action="store_true", default=None, help=help_)
-        else:
-            kind = int if f.type == "int" else float
-            parser.add_argument(flag, dest=f.name, type=kind, help=help_)
-    args = vars(parser.parse_args(argv))
-    values: dict[str, Any] = {}
-    config_path = args.pop("config")
-    if config_path:
-        try:
-            values = json.loads(Path(config_path).read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ValueError(f"cannot read {config_path}: {e}") from e
-        known = {f.name for f in dataclasses.fields(FinetuneConfig)}
-        if not isinstance(values, dict) or set(values) - known:
-            raise ValueError(f"{config_path}: unknown key(s) {sorted(set(values) - known)}")
-    values.update({k: v for k, v in args.items() if v is not None})
-    missing = [k for k in ("task", "init", "train", "eval") if k not in values]
-    if missing:
-        raise ValueError(f"missing setting(s) {missing} (flags --task --init --train --eval)")
-    return FinetuneConfig(**values)
+    add_options(parser, FinetuneConfig, sep="-")
+    argv = sys.argv[1:] if argv is None else argv
+    config, _ = parse_options(parser, FinetuneConfig, argv, sep="-")
+    return config

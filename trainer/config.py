@@ -7,19 +7,21 @@ optimizer and schedule belong to the DeepSpeed JSON (``--ds-config``, see traine
         --output-dir runs/tiny --max-steps 100
     python trainer/run.py --config my_run.json --max-steps 200   # flags override the file
 
+Each option is declared once, as a TrainConfig field with its help (pipeline/options.py).
 A ``--config`` file is a JSON object whose keys are the flag names with underscores
-(``{"max_steps": 200, "log_every": 5}``); an unknown key is an error naming the key and file.
+(``{"max_steps": 200, "log_every": 5}``); an unknown key is an error naming the file, the
+key and the closest known one.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
+
+from pipeline.options import add_options, flag, option, parse_options
 
 MASKING = ("static", "dynamic")
 TEACHER_DTYPES = ("auto", "fp32", "bf16")
@@ -31,52 +33,114 @@ DEFAULT_MAX_STEPS = 1000
 class TrainConfig:
     """Everything ``trainer/run.py`` takes besides the DeepSpeed JSON (saved with each checkpoint)."""
 
-    ds_config: str  # DeepSpeed JSON (deploy/zero2.json, deploy/cpu.json, ...)
-    data: str  # shard directory with manifest.json: local path or gs:// s3:// URI
-    output_dir: str  # checkpoints/, tensorboard/, metrics.jsonl, hf/ go here
+    # deploy/zero2.json, deploy/cpu.json, ... (trainer/dsconfig.py)
+    ds_config: str = option(
+        help="DeepSpeed JSON: precision, ZeRO, batch sizes, optimizer, schedule"
+    )
+    data: str = option(help="shard directory (manifest.json + shard-*.arrow); local or gs:// s3://")
+    output_dir: str = option(
+        help="checkpoints/, tensorboard/, metrics.jsonl and hf/ are written here"
+    )
     # A preset name (tiny ... large; vocab_size and pad id taken from the shards' manifest)
     # or a Hugging Face style config.json (used as is, and checked against the manifest).
     # None: "base", or the config of --init-from-hf when that is given.
-    model: str | None = None
+    model: str | None = option(
+        None, "preset (tiny mini small medium base large) or a config.json [base]"
+    )
     # Optimizer steps (not micro-batches). None: 1000, or no step limit with --max-minutes.
-    max_steps: int | None = None
+    max_steps: int | None = option(
+        None,
+        "optimizer steps to train for, counting those before a resume "
+        f"(default: {DEFAULT_MAX_STEPS}, or no limit with --max-minutes)",
+    )
     # A time budget in minutes of training (trainer/schedule.py): WarmupDecayLR decays over
     # it and the run stops when it is spent. With --max-steps too, whichever comes first.
-    max_minutes: float | None = None
-    save_every: int = 1000  # checkpoint cadence in optimizer steps; 0: only at the end
-    log_every: int = 10
-    eval_data: str | None = None  # held-out shard directory, read once per evaluation
-    eval_every: int = 0  # 0: evaluate only at the end (when eval_data is set)
-    resume: str | None = None  # "auto": latest checkpoint in output_dir if any; or a path
-    init_from_hf: str | None = None  # start from these weights (e.g. phase 1 -> phase 2)
-    dropout: float | None = None  # hidden and attention dropout; None: the model config's
-    seed: int = 42
-    masking: str = "static"  # static: the shards' masks; dynamic: re-mask every epoch
-    num_workers: int = 2  # DataLoader worker processes per rank
-    shuffle_window: int = 65536  # rows shuffled together within an epoch
-    skip_corrupt: bool = False  # skip (and count) shards failing the start-up check
-    verify_shards: bool = False  # also check every shard's sha256 at start-up (reads all)
-    peak_tflops: float | None = None  # device peak for MFU; None: a table of known GPUs
-    unpad: bool = True  # encoder on real tokens only (model/unpad.py); false: padded path
-    export_hf: bool = True  # write output_dir/hf (Hugging Face format) at the end
-    record_samples: bool = False  # append the row ids each rank trains on to samples-rankN.txt
-    # Seconds a scheduler allows between SIGTERM and SIGKILL (trainer/signals.py): a warning
-    # at the first checkpoint when a step plus a save take longer. 0: no check.
-    signal_grace: float = 30.0
+    max_minutes: float | None = option(
+        None,
+        "time budget: train this many minutes (counting those before a resume), "
+        "WarmupDecayLR decaying over them; the first of this and --max-steps ends the run",
+    )
+    save_every: int = option(1000, "checkpoint every N steps (0: only at the end)")
+    log_every: int = option(10, "metrics every N steps")
+    # Read once per evaluation.
+    eval_data: str | None = option(None, "held-out shard directory for MLM/NSP accuracy")
+    eval_every: int = option(0, "evaluate every N steps (0: only at the end)")
+    resume: str | None = option(
+        None, "'auto' (latest checkpoint of --output-dir, if any) or a checkpoint path"
+    )
+    # E.g. phase 1 -> phase 2.
+    init_from_hf: str | None = option(
+        None, "initial weights from a Hugging Face BertForPreTraining directory"
+    )
+    dropout: float | None = option(
+        None, "hidden and attention dropout (default: the model config's; 0 suits short runs)"
+    )
+    seed: int = option(42, "seed of data order, dynamic masks, dropout and initialisation")
+    masking: str = option(
+        "static",
+        "static: the shards' masks; dynamic: re-mask each epoch (RoBERTa-style)",
+        choices=MASKING,
+    )
+    num_workers: int = option(2, "DataLoader worker processes per rank")
+    shuffle_window: int = option(65536, "rows shuffled together within an epoch")
+    skip_corrupt: bool = option(
+        False, "skip and count shards that fail the start-up check instead of failing"
+    )
+    verify_shards: bool = option(
+        False, "check every shard's sha256 at start-up (reads the whole dataset once)"
+    )
+    peak_tflops: float | None = option(
+        None, "peak TFLOP/s of one device for MFU (default: known GPUs; none on CPU)"
+    )
+    # model/unpad.py
+    unpad: bool = option(
+        True, "run the encoder on real tokens only (false: the padded reference path)"
+    )
+    export_hf: bool = option(True, "write a Hugging Face export to OUTPUT_DIR/hf at the end")
+    record_samples: bool = option(
+        False, "append each rank's trained row ids to OUTPUT_DIR/samples-rankN.txt"
+    )
+    # trainer/signals.py
+    signal_grace: float = option(
+        30.0,
+        "seconds a scheduler allows between SIGTERM and SIGKILL (SLURM KillWait, "
+        "Kubernetes terminationGracePeriodSeconds): warn at the first checkpoint when a step "
+        "plus a save take longer (0: no check)",
+    )
     # Knowledge distillation (trainer/distillation.py): the --model is the student.
-    teacher: str | None = None  # a Hugging Face BertForPreTraining directory; None: pretraining
-    teacher_dtype: str = "auto"  # auto: bf16 on a CUDA device with bf16, else fp32
-    distill_temperature: float = 2.0  # T of the soft targets (DistilBERT's)
-    distill_kl_weight: float = 5.0  # soft-target KL, times T² (DistilBERT's alpha_ce)
-    distill_hard_weight: float = 2.0  # MLM (+ NSP) loss on the shards' labels (alpha_mlm)
-    # Cosine loss between the last hidden states (alpha_cos); needs equal hidden sizes.
-    # None: 1.0 when the teacher's and student's hidden sizes match, else 0.
-    distill_cos_weight: float | None = None
-    distill_nsp: bool = True  # false: NSP leaves the loss (soft and hard), as in DistilBERT
-    # Student initialisation: teacher = its embeddings, evenly spaced layers and heads (needs
-    # the same widths); random = the usual init; auto = teacher when the widths match (and
-    # no --init-from-hf), else random.
-    distill_init: str = "auto"
+    # None: pretraining.
+    teacher: str | None = option(
+        None,
+        "distil from this Hugging Face BertForPreTraining directory (the --model is the "
+        "student; trainer/distillation.py)",
+    )
+    teacher_dtype: str = option(
+        "auto",
+        "teacher's precision: auto (bf16 on CUDA with bf16, else fp32), fp32, bf16",
+        choices=TEACHER_DTYPES,
+    )
+    # DistilBERT's.
+    distill_temperature: float = option(2.0, "temperature T of the soft targets")
+    # DistilBERT's alpha_ce.
+    distill_kl_weight: float = option(
+        5.0, "weight of the soft-target KL (times T²) of the MLM and NSP heads"
+    )
+    # DistilBERT's alpha_mlm.
+    distill_hard_weight: float = option(2.0, "weight of the MLM + NSP loss on the shards' labels")
+    # DistilBERT's alpha_cos. None: 1.0 when the hidden sizes match, else 0.
+    distill_cos_weight: float | None = option(
+        None,
+        "weight of the cosine loss between last hidden states (needs equal hidden sizes; "
+        "default: 1 when they are equal, else 0)",
+    )
+    distill_nsp: bool = option(True, "distil NSP too (false: no NSP loss at all, as in DistilBERT)")
+    # auto: teacher when the widths match and no --init-from-hf, else random.
+    distill_init: str = option(
+        "auto",
+        "student init: teacher (embeddings, evenly spaced layers, heads; same "
+        "widths), random, or auto (teacher when the widths match)",
+        choices=DISTILL_INITS,
+    )
 
     def __post_init__(self) -> None:
         """Raises ValueError naming the flag of the first invalid value."""
@@ -162,59 +226,8 @@ class TrainConfig:
 
 
 def _flag(name: str) -> str:
-    return name.replace("_", "-")
+    return flag(name, "-")[2:]
 
-
-def _bool(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
-
-
-_HELP = {
-    "ds_config": "DeepSpeed JSON: precision, ZeRO, batch sizes, optimizer, schedule",
-    "data": "shard directory (manifest.json + shard-*.arrow); local or gs:// s3://",
-    "output_dir": "checkpoints/, tensorboard/, metrics.jsonl and hf/ are written here",
-    "model": "preset (tiny mini small medium base large) or a config.json [base]",
-    "max_steps": "optimizer steps to train for, counting those before a resume "
-    f"(default: {DEFAULT_MAX_STEPS}, or no limit with --max-minutes)",
-    "max_minutes": "time budget: train this many minutes (counting those before a resume), "
-    "WarmupDecayLR decaying over them; the first of this and --max-steps ends the run",
-    "save_every": "checkpoint every N steps (0: only at the end)",
-    "log_every": "metrics every N steps",
-    "eval_data": "held-out shard directory for MLM/NSP accuracy",
-    "eval_every": "evaluate every N steps (0: only at the end)",
-    "resume": "'auto' (latest checkpoint of --output-dir, if any) or a checkpoint path",
-    "init_from_hf": "initial weights from a Hugging Face BertForPreTraining directory",
-    "dropout": "hidden and attention dropout (default: the model config's; 0 suits short runs)",
-    "seed": "seed of data order, dynamic masks, dropout and initialisation",
-    "masking": "static: the shards' masks; dynamic: re-mask each epoch (RoBERTa-style)",
-    "num_workers": "DataLoader worker processes per rank",
-    "shuffle_window": "rows shuffled together within an epoch",
-    "skip_corrupt": "skip and count shards that fail the start-up check instead of failing",
-    "verify_shards": "check every shard's sha256 at start-up (reads the whole dataset once)",
-    "peak_tflops": "peak TFLOP/s of one device for MFU (default: known GPUs; none on CPU)",
-    "unpad": "run the encoder on real tokens only (false: the padded reference path)",
-    "export_hf": "write a Hugging Face export to OUTPUT_DIR/hf at the end",
-    "record_samples": "append each rank's trained row ids to OUTPUT_DIR/samples-rankN.txt",
-    "teacher": "distil from this Hugging Face BertForPreTraining directory (the --model is the "
-    "student; trainer/distillation.py)",
-    "teacher_dtype": "teacher's precision: auto (bf16 on CUDA with bf16, else fp32), fp32, bf16",
-    "distill_temperature": "temperature T of the soft targets",
-    "distill_kl_weight": "weight of the soft-target KL (times T²) of the MLM and NSP heads",
-    "distill_hard_weight": "weight of the MLM + NSP loss on the shards' labels",
-    "distill_cos_weight": "weight of the cosine loss between last hidden states (needs equal "
-    "hidden sizes; default: 1 when they are equal, else 0)",
-    "distill_nsp": "distil NSP too (false: no NSP loss at all, as in DistilBERT)",
-    "distill_init": "student init: teacher (embeddings, evenly spaced layers, heads; same "
-    "widths), random, or auto (teacher when the widths match)",
-    "signal_grace": "seconds a scheduler allows between SIGTERM and SIGKILL (SLURM KillWait, "
-    "Kubernetes terminationGracePeriodSeconds): warn at the first checkpoint when a step plus "
-    "a save take longer (0: no check)",
-}
 
 EPILOG = """\
 Ctrl-C (SIGINT) or SIGTERM: every rank finishes the optimizer step in progress and saves a
@@ -227,68 +240,25 @@ exit codes: 0 done; 2 bad arguments, configuration or data; 3 non-finite loss or
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Flags of every TrainConfig field; defaults are SUPPRESSed so only given flags override."""
+    """``--config FILE`` and one flag per TrainConfig field, dashed (``--max-steps``)."""
     p = argparse.ArgumentParser(
         prog="trainer/run.py",
         description="Pretrain BERT (MLM + NSP) on pipeline shards with DeepSpeed.",
-        argument_default=argparse.SUPPRESS,
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--config", help="JSON file of defaults for these flags (flags win)")
+    # The deepspeed launcher passes it; we read LOCAL_RANK.
     p.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)
-    types = {f.name: f.type for f in dataclasses.fields(TrainConfig)}
-    for field in dataclasses.fields(TrainConfig):
-        kind = types[field.name]
-        convert = {"int": int, "int | None": int, "bool": _bool, "float | None": float,
-                   "float": float}.get(str(kind), str)  # fmt: skip
-        choices = {"masking": MASKING, "teacher_dtype": TEACHER_DTYPES,
-                   "distill_init": DISTILL_INITS}.get(field.name)  # fmt: skip
-        extra = {"choices": choices} if choices else {}
-        shown = field.default not in (dataclasses.MISSING, None)
-        default = f" (default: {field.default})" if shown else ""
-        p.add_argument(
-            f"--{_flag(field.name)}",
-            dest=field.name,
-            type=convert,
-            help=_HELP[field.name] + default,
-            **extra,
-        )
+    add_options(p, TrainConfig, sep="-")
     return p
-
-
-def load_json_defaults(path: str) -> dict[str, Any]:
-    """Read a ``--config`` file.
-
-    Raises:
-        ValueError: unreadable, not a JSON object, or an unknown key (names the file and key).
-    """
-    try:
-        values = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"--config {path}: cannot read: {err}") from err
-    if not isinstance(values, dict):
-        raise ValueError(f"--config {path}: expected a JSON object")
-    known = {f.name for f in dataclasses.fields(TrainConfig)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ValueError(f"--config {path}: unknown key(s) {unknown}; known: {sorted(known)}")
-    return values
 
 
 def parse_args(argv: Sequence[str]) -> TrainConfig:
     """Defaults < ``--config`` JSON < flags -> TrainConfig.
 
     Raises:
-        ValueError: a missing required option, an unknown key or an invalid value.
+        ValueError: a bad ``--config`` file, a missing required option or an invalid value.
         SystemExit: from argparse for an unknown flag or ``--help``.
     """
-    args = vars(build_parser().parse_args(list(argv)))
-    args.pop("local_rank", None)  # the deepspeed launcher passes it; we read LOCAL_RANK
-    config_file = args.pop("config", None)
-    values = load_json_defaults(config_file) if config_file else {}
-    values.update(args)
-    missing = [f"--{_flag(n)}" for n in ("ds_config", "data", "output_dir") if n not in values]
-    if missing:
-        raise ValueError(f"missing required option(s): {' '.join(missing)}")
-    return TrainConfig(**values)
+    config, _ = parse_options(build_parser(), TrainConfig, argv, sep="-")
+    return config

@@ -160,8 +160,18 @@ def test_config_flags_override_json_and_unknown_keys_fail(tmp_path):
     cfg = parse_config([*base, "--epochs", "4"])
     assert (cfg.task, cfg.lr, cfg.epochs, cfg.warmup_ratio) == ("qa", 5e-5, 4, 0.1)
     (tmp_path / "c.json").write_text(json.dumps({"task": "qa", "learning_rate": 1}))
-    with pytest.raises(ValueError, match=r"unknown key\(s\) \['learning_rate'\]"):
+    with pytest.raises(ValueError, match=r"c.json: unknown key\(s\) \['learning_rate'\]"):
         parse_config(base)
+    (tmp_path / "c.json").write_text(json.dumps({"task": "qa", "epoch": 1}))
+    with pytest.raises(ValueError, match=r"\['epoch'\] \(did you mean 'epochs'\?\)"):
+        parse_config(base)
+    (tmp_path / "c.json").write_text("task: qa")
+    with pytest.raises(ValueError, match=r"--config .*c.json: not valid JSON"):
+        parse_config(base)
+    (tmp_path / "c.json").write_text(json.dumps({"task": "qa", "gradual_unfreeze": True}))
+    assert parse_config(base).gradual_unfreeze
+    assert not parse_config([*base, "--gradual-unfreeze", "false"]).gradual_unfreeze
+    assert parse_config([*base[:-2], "--task", "token", "--gradual-unfreeze"]).gradual_unfreeze
     with pytest.raises(ValueError, match="warmup_ratio"):
         FinetuneConfig(task="qa", init="i", train="t", eval="e", warmup_ratio=1.5)
 

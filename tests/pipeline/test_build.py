@@ -457,3 +457,30 @@ def test_a_misspelt_beam_option_stops_the_build(corpus, tmp_path, capfd):
     pytest.importorskip("distributed")
     check_beam_options(["--runner=apache_beam.runners.dask.dask_runner.DaskRunner",
                         "--dask_client_address=localhost:8786"])  # fmt: skip
+
+
+def test_config_file_gives_options_flags_override_it(corpus, tmp_path, capfd):
+    from pipeline.config import parse_build_args
+
+    path = tmp_path / "build.json"
+    path.write_text(json.dumps({"input": [corpus], "output": "o", "dupe_factor": 4,
+                                "do_whole_word_mask": True, "num_shards": 2}))  # fmt: skip
+    config, beam_args = parse_build_args(["--config", str(path), "--num_shards", "5",
+                                          "--runner=DirectRunner"])  # fmt: skip
+    assert (config.input, config.output, config.dupe_factor) == ((corpus,), "o", 4)
+    assert config.do_whole_word_mask and config.num_shards == 5
+    assert beam_args == ["--runner=DirectRunner"]
+    out = tmp_path / "out"
+    for content, says in [
+        ('{"dupe_factr": 3}', "unknown key(s) ['dupe_factr'] (did you mean 'dupe_factor'?)"),
+        ('{"dupe_factor": 3', "not valid JSON"),
+        ('{"masked_lm_prob": 0}', "--masked_lm_prob: invalid value 0"),
+    ]:
+        path.write_text(content)
+        capfd.readouterr()
+        assert main(["build", "--config", str(path), "--input", corpus, "--output", str(out)]) == 2
+        err = capfd.readouterr().err
+        assert says in err and "Traceback" not in err, err
+        assert str(path) in err or "masked_lm_prob" in content
+    assert main(["build", "--input", corpus]) == 2
+    assert "missing required option(s) --output" in capfd.readouterr().err

@@ -18,12 +18,32 @@ def test_defaults_json_file_then_flags(tmp_path):
     config = parse_args([*REQUIRED, "--config", str(config_file), "--max-steps", "300"])
     assert (config.max_steps, config.log_every, config.masking) == (300, 5, "dynamic")
     assert parse_args([*REQUIRED, "--local_rank=1", "--skip-corrupt", "true"]).skip_corrupt
+    assert parse_args([*REQUIRED, "--skip-corrupt"]).skip_corrupt  # a bare bool flag is true
+    assert not parse_args([*REQUIRED, "--unpad", "off"]).unpad
+    # Everything, the required options and bools included, can come from the file.
+    config_file.write_text(json.dumps({"ds_config": "ds.json", "data": "d", "output_dir": "o",
+                                       "unpad": False, "max_steps": 7}))  # fmt: skip
+    config = parse_args(["--config", str(config_file), "--data", "shards"])
+    assert (config.data, config.output_dir, config.unpad, config.max_steps) == ("shards", "o",
+                                                                                False, 7)  # fmt: skip
+
+
+def test_bad_flag_values_exit_2_naming_the_flag(capsys):
+    for flag, value in [("--unpad", "maybe"), ("--max-steps", "x"), ("--masking", "random")]:
+        with pytest.raises(SystemExit) as exit_:
+            parse_args([*REQUIRED, flag, value])
+        assert exit_.value.code == 2
+        assert f"argument {flag}" in capsys.readouterr().err
 
 
 def test_unknown_key_missing_option_and_bad_value_are_named(tmp_path):
     config_file = tmp_path / "run.json"
     config_file.write_text(json.dumps({"max_stpes": 200}))
-    with pytest.raises(ValueError, match=r"run.json: unknown key\(s\) \['max_stpes'\]"):
+    with pytest.raises(ValueError, match=r"run.json: unknown key\(s\) \['max_stpes'\] "
+                       r"\(did you mean 'max_steps'\?\)"):  # fmt: skip
+        parse_args([*REQUIRED, "--config", str(config_file)])
+    config_file.write_text('{"max_steps": 200,}')
+    with pytest.raises(ValueError, match=r"--config .*run.json: not valid JSON"):
         parse_args([*REQUIRED, "--config", str(config_file)])
     with pytest.raises(ValueError, match="--output-dir"):
         parse_args(REQUIRED[:4])
