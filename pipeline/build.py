@@ -129,7 +129,8 @@ def prepare_output(config: BuildConfig) -> None:
 
 
 def summary_stats(stats: dict, documents: int) -> dict:
-    """Totals plus the shares a practitioner checks against Google's (see DESIGN.md)."""
+    """Totals plus the shares a practitioner checks against Google's: random-next about 0.5,
+    short rows about short_seq_prob, masks about masked_lm_prob of the real tokens, 80% [MASK]."""
     rows, masked = max(stats.get("rows", 0), 1), max(stats.get("masked", 0), 1)
     real = max(stats.get("tokens", 0) - 3 * stats.get("rows", 0), 1)
     return {
