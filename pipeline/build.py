@@ -39,7 +39,7 @@ from .documents import (
     learn_vocab,
     split_skips,
 )
-from .instances import MakeInstances, bucket_summary, split_into_buckets
+from .instances import MakeInstances, SummariseBuckets, split_into_buckets
 from .rows import RowBlock
 from .sources import HEAD_BYTES, check_format, format_from_name, sniff_format
 from .vocab import (
@@ -314,8 +314,7 @@ def build_graph(p: beam.Pipeline, config: BuildConfig, plan: Plan) -> beam.PColl
         | "DocumentsPerBucket" >> beam.Map(lambda kv: (kv[0], len(kv[1].doc_ids)))
         | "SumPerBucket" >> beam.CombinePerKey(sum)
         | "BucketSizes" >> beam.Values()
-        | "CollectBucketSizes" >> beam.combiners.ToList()
-        | "SummariseBuckets" >> beam.Map(bucket_summary)
+        | "SummariseBuckets" >> beam.CombineGlobally(SummariseBuckets())
     )
     rows = (
         buckets
