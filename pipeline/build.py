@@ -289,7 +289,7 @@ def build_graph(p: beam.Pipeline, config: BuildConfig, plan: Plan) -> beam.PColl
     else:
         vocab = (
             documents
-            | "CountWords" >> beam.CombineGlobally(CountWords(config.do_lower_case))
+            | "CountWords" >> CountWords(config.do_lower_case)
             | "LearnVocab" >> beam.Map(learn_vocab, config)
         )
     vocab_side = beam.pvalue.AsSingleton(vocab)
