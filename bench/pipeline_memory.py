@@ -16,10 +16,11 @@ Each build is ``python -m pipeline build --vocab_file ... --dupe_factor 5`` on
 
 psutil samples the resident set size (RSS) of every process of the build's tree and of
 the cluster every ``--interval`` seconds; the table gives each process's peak, when it
-peaked, and the peak of their sum. Without ``--input`` the corpus is Python's own
-reference documentation and docstrings (``pipeline.corpus``, English prose), repeated to
-``--mb`` MB in ``--files`` files, and the vocab is learned once from 8 MB of it (not
-measured). ``--timeline DIR`` writes every sample as CSV, one file per build.
+peaked, and the peak of their sum. Without ``--input`` the corpus is English prose
+from Python's own documentation (``pipeline.corpus``, all four sources: docstrings, the
+language reference, test docstrings, prose comments), repeated to ``--mb`` MB in
+``--files`` files, and without ``--vocab_file`` a vocab is learned once from 8 MB of
+it (not measured). ``--timeline DIR`` writes every sample as CSV, one file per build.
 """
 
 from __future__ import annotations
