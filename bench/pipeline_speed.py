@@ -17,9 +17,9 @@ measured in the same run. Targets on prose, 2 workers: >= 0.35 x the floor at 8 
 The tokenizer's threads per worker are automatic (``--tokenizer_threads 0``): the
 cores divided by the workers, so the 1-worker job tokenizes on every core and the
 2-worker job on one per worker. The 1-worker job also runs with one tokenizer thread
-("1w-1t"), which isolates how the Beam job itself scales. ``fixed`` is a job on a
-few documents (Beam's imports, runner and worker start-up, stopping): what every job
-pays whatever its size.
+("1w-1t"), which isolates how the Beam job itself scales. ``fixed`` is a job on 10 kB
+of prose (Beam's imports, runner and worker start-up, stopping): what every job pays
+whatever its size.
 
 ``--profile`` then runs the build's steps on the first corpus as plain function calls
 in this process, on one core, without Beam (pipeline/documents.py, instances.py,
@@ -96,14 +96,10 @@ def tokenizer_floor(sentences: list[str], vocab: list[str], repeats: int = 3) ->
     return best
 
 
-def first_documents(inputs: str, directory: Path, count: int = 20) -> str:
-    """A corpus of the first ``count`` documents of the first file (txt), for ``fixed``."""
-    path = sorted(glob.glob(inputs))[0]
-    with open(path, encoding="utf-8") as f:
-        text = "\n\n".join(f.read().split("\n\n")[:count]) + "\n"
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "head.txt").write_text(text, encoding="utf-8")
-    return str(directory / "head.txt")
+def tiny_corpus(directory: Path) -> str:
+    """About 10 kB of prose (txt), for ``fixed``: what a job costs whatever its input."""
+    write_corpus(directory, max_bytes=10_000, sources=["docstrings"])
+    return str(directory / "*.txt")
 
 
 @contextlib.contextmanager
@@ -223,9 +219,9 @@ def main(argv=None) -> int:
     vocab = read_vocab(vocab_file)
     given = ["--vocab_file", vocab_file]
     two = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
-    fixed_s = build(first_documents(runs[0][1], work / "head"), work / "shards-head",
-                    [*given, *two], args.dupe_factor)  # fmt: skip
-    print(f"fixed: a job of 20 documents, 2 workers: {fixed_s:.1f} s", flush=True)
+    fixed_s = build(tiny_corpus(work / "tiny"), work / "shards-tiny", [*given, *two],
+                    args.dupe_factor)  # fmt: skip
+    print(f"fixed: a job of 10 kB, 2 workers: {fixed_s:.1f} s", flush=True)
     results = []
     for mb, inputs in runs:
         sentences = job_sentences(sorted(glob.glob(inputs)))
@@ -264,8 +260,10 @@ def main(argv=None) -> int:
                   f"of which fixed ~{fixed_s:.1f}")  # fmt: skip
         results[0]["profile_s"] = {k: round(v, 2) for k, v in steps.items()}
         job = work / f"shards-{mb:g}-{args.workers[0]}w"
-        same = all(filecmp.cmp(shard, job / shard.name, shallow=False)
-                   for shard in (work / "profile-out").glob("shard-*.arrow"))  # fmt: skip
+        shards = sorted((work / "profile-out").glob("shard-*.arrow"))
+        same = bool(shards) and all(
+            filecmp.cmp(shard, job / shard.name, shallow=False) for shard in shards
+        )
         print(f"  the profile's shards are the job's bytes: {same}")
     print(json.dumps(results))
     return 0
