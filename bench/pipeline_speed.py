@@ -1,41 +1,63 @@
-"""Throughput of the whole pipeline job against the tokenizer floor, on real English.
+"""Throughput of the whole pipeline job against the tokenizer floor, on any corpus.
 
-    python bench/pipeline_speed.py                 # 8 MB, dupe factor 5, 1 and 2 workers
-    python bench/pipeline_speed.py --mb 32 --workers 1 2
+    python bench/pipeline_speed.py                       # 8 MB of English prose, 1 and 2 workers
+    python bench/pipeline_speed.py --mb 8 64 --workers 2 --profile
+    python bench/pipeline_speed.py --input 'corpus/*.jsonl' --vocab_file vocab.txt
 
-The corpus is the Python standard library's docstrings and language reference
-(``pipeline.corpus``), repeated to ``--mb``, in 8 files. A vocab is learned
-once beforehand (not timed). Each job runs ``python -m pipeline build`` on the
-DirectRunner (multi-processing, N workers) with ``--vocab_file`` and prints
-input MB/s, wall clock included. The floor is the ``tokenizers`` library's batch
-encoding of the same lines with the same vocab on the same cores, measured in
-the same run. Targets: the 2-worker job at >= 0.25 x the floor, and 2 workers
->= 1.7 x faster than 1.
+The corpus is ``--input`` (any format the build reads), or the Python standard
+library's docstrings and language reference (``pipeline.corpus``, English prose)
+repeated to each ``--mb`` size in 8 files. Without ``--vocab_file`` a vocab is learned
+once beforehand from the first corpus (not timed). Each job runs ``python -m pipeline
+build`` on the DirectRunner (multi-processing, N workers) with ``--vocab_file`` and
+prints input MB/s, wall clock included. The floor is the ``tokenizers`` library's
+batch encoding (on every core) of the sentences the job tokenizes, with the same vocab,
+measured in the same run. Targets on prose, 2 workers: >= 0.35 x the floor at 8 MB and
+>= 0.5 x at 64 MB; and 2 workers >= 1.7 x faster than 1.
 
-The tokenizer's threads per worker are automatic (``--tokenizer_threads 0``):
-the cores divided by the workers, so the 1-worker job tokenizes on every core
-and the 2-worker job on one per worker. The 1-worker job also runs with one
-tokenizer thread ("1w-1t"), which isolates how the Beam job itself scales.
-Beam's fixed cost (imports, starting the worker processes: about 2 s here)
-weighs on both ratios at a few MB; ``--mb`` shows how they move with size.
+The tokenizer's threads per worker are automatic (``--tokenizer_threads 0``): the
+cores divided by the workers, so the 1-worker job tokenizes on every core and the
+2-worker job on one per worker. The 1-worker job also runs with one tokenizer thread
+("1w-1t"), which isolates how the Beam job itself scales. ``fixed`` is a job on 10 kB
+of prose (Beam's imports, runner and worker start-up, stopping): what every job pays
+whatever its size.
+
+``--profile`` then runs the build's steps on the first corpus as plain function calls
+in this process, on one core, without Beam (pipeline/documents.py, instances.py,
+writing.py: read, tokenize, bucket, NSP planning, masking, grouping rows by shard,
+writing), and sets their seconds against the 1w-1t job's wall clock: the rest is
+Beam's (fixed cost, moving and shuffling the elements between steps).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
+import filecmp
+import glob
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from apache_beam.io.filesystems import FileSystems  # noqa: E402
+
+import pipeline.instances  # noqa: E402
+from pipeline.build import make_plan, prepare_output, resolve_input_format  # noqa: E402
+from pipeline.config import parse_build_args  # noqa: E402
 from pipeline.corpus import write_corpus  # noqa: E402
+from pipeline.documents import DocumentBatch, ReadDocuments, Tokenize, TokenizedBatch  # noqa: E402
+from pipeline.instances import MakeInstances, split_into_buckets  # noqa: E402
+from pipeline.sources import read_documents  # noqa: E402
 from pipeline.vocab import build_tokenizer, read_vocab  # noqa: E402
+from pipeline.writing import JoinParts, WriteShard, parts_per_shard  # noqa: E402
 
 
 def build(inputs: str, out: Path, extra: list[str], dupe: int) -> float:
@@ -49,76 +71,201 @@ def build(inputs: str, out: Path, extra: list[str], dupe: int) -> float:
     return elapsed
 
 
-def tokenizer_floor(files: list[Path], vocab: list[str], repeats: int = 3) -> float:
-    """Seconds for the tokenizers library to batch-encode every line (best of ``repeats``)."""
+def job_sentences(files: list[str]) -> list[str]:
+    """Every sentence the build tokenizes, read as the build reads the files."""
+    input_format, _ = resolve_input_format("auto", files)
+    sentences = []
+    for path in files:
+        with FileSystems.open(path) as f:
+            for document, reason in read_documents(f, input_format=input_format,
+                                                   text_field="text", path=path):  # fmt: skip
+                if reason is None:
+                    sentences.extend(document)
+    return sentences
+
+
+def tokenizer_floor(sentences: list[str], vocab: list[str], repeats: int = 3) -> float:
+    """Seconds for the tokenizers library to batch-encode ``sentences`` on every core
+    (best of ``repeats``)."""
     tokenizer = build_tokenizer(vocab, do_lower_case=True)
-    lines = [line for f in files for line in f.read_text(encoding="utf-8").splitlines() if line]
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        tokenizer.encode_batch(lines, add_special_tokens=False)
+        tokenizer.encode_batch(sentences, add_special_tokens=False)
         best = min(best, time.perf_counter() - start)
     return best
+
+
+def tiny_corpus(directory: Path) -> str:
+    """About 10 kB of prose (txt), for ``fixed``: what a job costs whatever its input."""
+    write_corpus(directory, max_bytes=10_000, sources=["docstrings"])
+    return str(directory / "*.txt")
+
+
+@contextlib.contextmanager
+def timed(seconds: dict[str, float], step: str):
+    start = time.perf_counter()
+    yield
+    seconds[step] = seconds.get(step, 0.0) + time.perf_counter() - start
+
+
+def timing(seconds: dict[str, float], step: str, fn):
+    """``fn`` that adds its own time to ``seconds[step]``."""
+
+    def wrapper(*args, **kwargs):
+        with timed(seconds, step):
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def profile_steps(inputs: str, vocab_file: str, dupe: int, out: Path) -> dict[str, float]:
+    """The build's steps as plain calls on one core, without Beam: seconds per step."""
+    config, _ = parse_build_args(["--input", inputs, "--output", str(out), "--vocab_file",
+                                  vocab_file, "--dupe_factor", str(dupe), "--overwrite",
+                                  "--tokenizer_threads", "1"])  # fmt: skip
+    plan = make_plan(config)
+    config = dataclasses.replace(config, input_format=plan.input_format)
+    prepare_output(config)
+    vocab, s = plan.vocab, {}
+    with timed(s, "read"):
+        reader = ReadDocuments(config, plan.root, plan.format_origin)
+        batches = [b for path in plan.files for b in reader.process(path)
+                   if isinstance(b, DocumentBatch)]  # fmt: skip
+    tokenize = Tokenize(config.do_lower_case, threads=1)
+    environ = dict(os.environ)
+    tokenize.setup()  # sets TOKENIZERS_PARALLELISM for this process: restored below
+    with timed(s, "tokenize"):
+        tokenized = [t for b in batches for t in tokenize.process(b, vocab)
+                     if isinstance(t, TokenizedBatch)]  # fmt: skip
+    os.environ.clear()
+    os.environ.update(environ)
+    with timed(s, "buckets"):
+        num_docs = sum(len(t.doc_ids) for t in tokenized)
+        buckets = defaultdict(list)
+        for t in tokenized:
+            for bucket, part in split_into_buckets(t, num_docs, config):
+                buckets[bucket].append(part)
+    make = MakeInstances(config, plan.num_shards)
+    make._masked_block = timing(s, "masking", make._masked_block)
+    real_plan = pipeline.instances.plan_document
+    pipeline.instances.plan_document = timing(s, "nsp plan", real_plan)
+    try:
+        with timed(s, "instances"):
+            groups = defaultdict(list)
+            for bucket in sorted(buckets):
+                for group, data in make.process((bucket, buckets[bucket]), vocab):
+                    groups[group].append(data)
+    finally:
+        pipeline.instances.plan_document = real_plan
+    # MakeInstances beyond planning and masking: seeds, the bucket's concat and sort,
+    # the rows' shard keys and grouping, their bytes.
+    s["seeds, keys, row bytes"] = s.pop("instances") - s["nsp plan"] - s["masking"]
+    with timed(s, "write"):
+        writer, parts = WriteShard(config, plan.num_shards), defaultdict(list)
+        for group in sorted(groups):
+            for result in writer.process((group, groups[group]), vocab):
+                if parts_per_shard(plan.num_shards) > 1:
+                    parts[result[0]].append(result[1])
+        joiner = JoinParts(config, plan.num_shards)
+        for shard in sorted(parts):
+            list(joiner.process((shard, parts[shard]), vocab))
+    return s
+
+
+def corpora(args, work: Path) -> list[tuple[float, str]]:
+    """(MB, glob) of each corpus to run."""
+    if args.input:
+        files = sorted(glob.glob(args.input))
+        if not files:
+            sys.exit(f"--input {args.input!r} matched no file")
+        return [(sum(os.path.getsize(f) for f in files) / 1e6, args.input)]
+    found = []
+    for mb in args.mb:
+        directory = work / f"corpus-{mb:g}mb"
+        if not directory.exists():
+            write_corpus(directory, max_bytes=int(mb * 1e6), files=8, repeat=True,
+                         sources=["docstrings", "reference"])  # fmt: skip
+        found.append((mb, str(directory / "*.txt")))
+    return found
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--mb", type=float, default=8.0, help="corpus size in MB (default: 8)")
+    p.add_argument("--mb", type=float, nargs="+", default=[8.0], help="prose corpus sizes in MB")
+    p.add_argument("--input", default=None, help="a corpus (glob) instead of --mb of prose")
+    p.add_argument("--vocab_file", default=None, help="default: learned from the first corpus")
     p.add_argument("--dupe_factor", type=int, default=5, help="dupe factor (default: 5)")
     p.add_argument(
         "--workers", type=int, nargs="+", default=[1, 2], help="worker counts (default: 1 2)"
     )
-    p.add_argument(
-        "--vocab_size", type=int, default=30522, help="learned vocab size (default: 30522)"
-    )
-    p.add_argument("--keep", default=None, help="keep the outputs in this directory")
+    p.add_argument("--vocab_size", type=int, default=30522, help="learned vocab size")
+    p.add_argument("--profile", action="store_true", help="time each step without Beam")
+    p.add_argument("--keep", default=None, help="keep corpora and outputs here (reused)")
     args = p.parse_args(argv)
 
     work = Path(args.keep or tempfile.mkdtemp(prefix="pipeline-bench-"))
-    files = write_corpus(work / "corpus", max_bytes=int(args.mb * 1e6), files=8, repeat=True)
-    inputs = str(work / "corpus" / "*.txt")
-    mb = sum(f.stat().st_size for f in files) / 1e6
-    print(f"corpus: {mb:.2f} MB in {len(files)} files; cpus: {os.cpu_count()}", flush=True)
-
-    vocab_dir = work / "vocab-run"
-    learn_s = build(
-        inputs, vocab_dir, ["--vocab_size", str(args.vocab_size), "--num_shards", "1"], 1
-    )
-    vocab = read_vocab(vocab_dir / "vocab.txt")
-    print(
-        f"vocab: {len(vocab)} tokens learned in a dupe-1 job of {learn_s:.1f} s (not timed below)"
-    )
-
-    floor_s = tokenizer_floor(files, vocab)
-    floor = mb / floor_s
-    print(f"floor: tokenizers encode_batch {floor:.2f} MB/s", flush=True)
-    results = {"corpus_mb": round(mb, 3), "dupe_factor": args.dupe_factor,
-               "floor_mb_s": round(floor, 3)}  # fmt: skip
-    runs = [(n, "auto") for n in args.workers]
-    if 1 in args.workers:
-        runs.insert(1, (1, "1"))
-    for n, threads in runs:
-        name = f"{n}w" if threads == "auto" else f"{n}w-{threads}t"
-        out = work / f"shards-{name}"
-        runner = [f"--direct_num_workers={n}", "--direct_running_mode=multi_processing"]
-        extra = ["--vocab_file", str(vocab_dir / "vocab.txt"), *runner]
-        if threads != "auto":
-            extra += ["--tokenizer_threads", threads]
-        seconds = build(inputs, out, extra, args.dupe_factor)
-        results[f"job_{name}_mb_s"] = round(mb / seconds, 3)
-        results[f"job_{name}_vs_floor"] = round(mb / seconds / floor, 3)
-        print(f"job, {name}: {seconds:.1f} s, {mb / seconds:.2f} MB/s, "
-              f"{mb / seconds / floor:.2f} x floor", flush=True)  # fmt: skip
-    if 1 in args.workers and 2 in args.workers:
-        results["speedup_2w_over_1w"] = round(results["job_2w_mb_s"] / results["job_1w_mb_s"], 3)
-        results["speedup_2w_over_1w_1t"] = round(
-            results["job_2w_mb_s"] / results["job_1w-1t_mb_s"], 3
+    runs = corpora(args, work)
+    print(f"cpus: {os.cpu_count()}; load average at start: {os.getloadavg()}", flush=True)
+    vocab_file = args.vocab_file
+    if vocab_file is None:
+        vocab_dir = work / "vocab-run"
+        learn = ["--vocab_size", str(args.vocab_size), "--num_shards", "1"]
+        learn_s = build(runs[0][1], vocab_dir, learn, 1)
+        vocab_file = str(vocab_dir / "vocab.txt")
+        print(f"vocab: learned in a dupe-1 job of {learn_s:.1f} s (not timed below)")
+    vocab = read_vocab(vocab_file)
+    given = ["--vocab_file", vocab_file]
+    two = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
+    fixed_s = build(tiny_corpus(work / "tiny"), work / "shards-tiny", [*given, *two],
+                    args.dupe_factor)  # fmt: skip
+    print(f"fixed: a job of 10 kB, 2 workers: {fixed_s:.1f} s", flush=True)
+    results = []
+    for mb, inputs in runs:
+        sentences = job_sentences(sorted(glob.glob(inputs)))
+        floor = mb / tokenizer_floor(sentences, vocab)
+        result = {"corpus_mb": round(mb, 3), "dupe_factor": args.dupe_factor,
+                  "floor_mb_s": round(floor, 3), "fixed_s": round(fixed_s, 2)}  # fmt: skip
+        print(f"{mb:.1f} MB: floor (tokenizers encode_batch) {floor:.2f} MB/s", flush=True)
+        jobs = [(n, "auto") for n in args.workers]
+        if 1 in args.workers:
+            jobs.insert(1, (1, "1"))
+        for n, threads in jobs:
+            name = f"{n}w" if threads == "auto" else f"{n}w-{threads}t"
+            runner = [f"--direct_num_workers={n}", "--direct_running_mode=multi_processing"]
+            extra = [*given, *runner] + (["--tokenizer_threads", threads] if threads != "auto"
+                                         else [])  # fmt: skip
+            seconds = build(inputs, work / f"shards-{mb:g}-{name}", extra, args.dupe_factor)
+            result[f"job_{name}_s"] = round(seconds, 2)
+            result[f"job_{name}_mb_s"] = round(mb / seconds, 3)
+            result[f"job_{name}_vs_floor"] = round(mb / seconds / floor, 3)
+            print(f"  job, {name}: {seconds:.1f} s, {mb / seconds:.2f} MB/s, "
+                  f"{mb / seconds / floor:.2f} x floor", flush=True)  # fmt: skip
+        if 1 in args.workers and 2 in args.workers:
+            result["speedup_2w_over_1w"] = round(result["job_2w_mb_s"] / result["job_1w_mb_s"], 3)
+        results.append(result)
+    if args.profile:
+        mb, inputs = runs[0]
+        steps = profile_steps(inputs, vocab_file, args.dupe_factor, work / "profile-out")
+        print(f"profile, {mb:.1f} MB on one core without Beam (s, s/MB):")
+        for step, seconds in steps.items():
+            print(f"  {step:24s} {seconds:7.2f} {seconds / mb:7.3f}")
+        ours = sum(steps.values())
+        print(f"  {'sum of our steps':24s} {ours:7.2f} {ours / mb:7.3f}")
+        if "job_1w-1t_s" in results[0]:
+            rest = results[0]["job_1w-1t_s"] - ours
+            print(f"  {'Beam (1w-1t job - sum)':24s} {rest:7.2f} {rest / mb:7.3f}  "
+                  f"of which fixed ~{fixed_s:.1f}")  # fmt: skip
+        results[0]["profile_s"] = {k: round(v, 2) for k, v in steps.items()}
+        job = work / f"shards-{mb:g}-{args.workers[0]}w"
+        shards = sorted((work / "profile-out").glob("shard-*.arrow"))
+        same = bool(shards) and all(
+            filecmp.cmp(shard, job / shard.name, shallow=False) for shard in shards
         )
+        print(f"  the profile's shards are the job's bytes: {same}")
     print(json.dumps(results))
-    last = work / f"shards-{args.workers[-1]}w"
-    subprocess.run([sys.executable, "-m", "pipeline", "stats", str(last)], cwd=ROOT, check=True)
     return 0
 
 

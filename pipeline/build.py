@@ -38,7 +38,7 @@ from .documents import (
     learn_vocab,
     split_skips,
 )
-from .instances import MakeInstances, bucket_summary, split_into_buckets
+from .instances import MakeInstances, SummariseBuckets, split_into_buckets
 from .rows import RowBlock
 from .sources import HEAD_BYTES, check_format, format_from_name, sniff_format
 from .vocab import (
@@ -52,7 +52,7 @@ from .writing import (
     WriteShard,
     merge_stats,
     parts_per_shard,
-    remove_part_files,
+    remove_leftovers,
     write_atomic,
     write_shard,
 )
@@ -118,7 +118,7 @@ def prepare_output(config: BuildConfig) -> None:
             f"{out} already holds {len(existing)} shard/manifest file(s) from an earlier build; "
             "pass --overwrite to replace them or choose another --output"
         )
-    remove_part_files(out)  # an interrupted build's parts are never output
+    remove_leftovers(out)  # an interrupted build's parts and temporaries are never output
     # The manifest goes first, so an interrupted clean-up never leaves a manifest
     # that lists deleted shards.
     existing.sort(key=lambda p: not p.endswith(shard_format.MANIFEST_NAME))
@@ -172,8 +172,8 @@ def write_manifest(shards: list[dict], vocab: list[str], vocab_info: dict, count
                    num_shards: int) -> dict:  # fmt: skip
     """Write the shards no row landed in (empty, so the set of files is always
     complete), remove the part files (only now: a retried join still finds its
-    parts), then write the manifest, last."""
-    remove_part_files(config.output)
+    parts) and killed writers' temporary files, then write the manifest, last."""
+    remove_leftovers(config.output)
     written = {s["entry"]["name"] for s in shards}
     for index in range(num_shards):
         if shard_format.shard_name(index, num_shards) not in written:
@@ -289,7 +289,7 @@ def build_graph(p: beam.Pipeline, config: BuildConfig, plan: Plan) -> beam.PColl
     else:
         vocab = (
             documents
-            | "CountWords" >> beam.CombineGlobally(CountWords(config.do_lower_case))
+            | "CountWords" >> CountWords(config.do_lower_case)
             | "LearnVocab" >> beam.Map(learn_vocab, config)
         )
     vocab_side = beam.pvalue.AsSingleton(vocab)
@@ -314,8 +314,7 @@ def build_graph(p: beam.Pipeline, config: BuildConfig, plan: Plan) -> beam.PColl
         | "DocumentsPerBucket" >> beam.Map(lambda kv: (kv[0], len(kv[1].doc_ids)))
         | "SumPerBucket" >> beam.CombinePerKey(sum)
         | "BucketSizes" >> beam.Values()
-        | "CollectBucketSizes" >> beam.combiners.ToList()
-        | "SummariseBuckets" >> beam.Map(bucket_summary)
+        | "SummariseBuckets" >> beam.CombineGlobally(SummariseBuckets())
     )
     rows = (
         buckets

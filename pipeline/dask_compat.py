@@ -1,37 +1,47 @@
-"""A fix for Beam's DaskRunner, installed by ``python -m pipeline build`` when it is used.
+"""Fixes for Beam's DaskRunner, installed by ``python -m pipeline build`` when it is used.
 
-Beam's DaskRunner (checked with apache-beam 2.77) runs every bundle of a ParDo
-with the *same* output buffer: ``apply_dofn_to_bundle`` appends to the list held
-by the ``OneReceiver`` built once at graph construction and never clears it. A
-worker process that runs a second bundle of that ParDo, or evaluates it again
-for a side input, returns the earlier bundle's elements once more. We saw
-``Count.Globally()`` of 120 elements read as 240 or 360 through a side input.
+Checked with apache-beam 2.77 (``apache_beam/runners/dask/transform_evaluator.py``):
 
-Upstream: we found no Beam issue for this (searched apache/beam issues for the
+1. **Shared output buffers.** Every bundle of a ParDo appends to the *same* output
+   list (the ``OneReceiver`` built once at graph construction, never cleared). A
+   worker process that runs a second bundle of that ParDo, or evaluates it again for
+   a side input, returns the earlier bundle's elements once more. We saw
+   ``Count.Globally()`` of 120 elements read as 240 or 360 through a side input.
+2. **Side inputs recomputed in every bundle.** A side input reaches a bundle as the
+   side input's Dask bag, which the bundle computes (``list(bag)``) from inside its
+   task: the side input's whole upstream graph runs again for each bundle that reads
+   it, outside the graph the scheduler plans. Our build's ``num_docs`` hangs off the
+   tokenized corpus, so every file was read and tokenized 6 times on a one-partition
+   job, and about once more per partition of ``AssignBuckets`` with more partitions.
+
+``install()`` swaps the runner's ParDo translation for one whose bundles each get a
+private copy of the invoker arguments and receivers (1), and whose side inputs are
+``dask.delayed`` dependencies of the bundle tasks, built on the side input bag's own
+keys (2): each is computed once, in the same graph as everything else, and handed
+whole to every bundle that needs it. The
+bundle function lives in this module, so Dask workers import it by reference: each
+worker needs this package importable (installed, or on PYTHONPATH).
+
+Upstream: we found no Beam issue for (1) (searched apache/beam issues for the
 DaskRunner's ParDo, duplicate outputs, ``apply_dofn_to_bundle``); none is filed.
 The module-level ``apply_dofn_to_bundle`` with its shared ``OneReceiver`` came
 with apache/beam PR #32941 ("Windowing Support for the Dask Runner", merged
 2024-11-18), so the first release with it is 2.62.0 by release dates (2.61.0 was
 branched before the merge) — inferred, not tested; only 2.77 was run here.
 
-Which versions get it (:func:`plan`): 2.62 to 2.77 (:data:`KNOWN_BAD`): applied.
-Older: not applied — their ParDo has no such bundle function to replace (the fix
-would fail on them), and the bug as described needs it. Newer than 2.77, not yet
+Which versions get the fixes (:func:`plan`): 2.62 to 2.77 (:data:`KNOWN_BAD`): applied.
+Older: not applied: the replacement is written against the internals of 2.62 and
+later (checked on 2.77 only). Newer than 2.77, not yet
 checked: applied all the same, with a log line saying so, because the fix is
 harmless where the bug is gone (each bundle works on private copies of what it
 was given, at the cost of one deep copy per bundle); drop it, and raise
 ``KNOWN_BAD``'s upper end, once a release is checked to be fixed.
-
-``install()`` swaps the runner's ParDo translation for one whose bundles each get
-a private copy of the invoker arguments and receivers, so nothing is shared
-between bundles or threads. The translation table is read on the driver when the
-graph is built, and the bundle function lives in this module, so Dask workers
-import the fixed function by reference.
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
 import re
 
@@ -41,15 +51,29 @@ logger = logging.getLogger(__name__)
 KNOWN_BAD = ((2, 62), (2, 77))
 
 
-def _run_bundle(items, invoker_args, invoker_kwargs, receivers):
-    """Like Beam's ``apply_dofn_to_bundle``, with receivers private to this bundle."""
+def _concat(parts) -> list:
+    """A side input's partitions -> one list of its elements."""
+    return list(itertools.chain.from_iterable(parts))
+
+
+def _run_bundle(items, invoker_args, invoker_kwargs, receivers, views, *side_values):
+    """Like Beam's ``apply_dofn_to_bundle``, with receivers private to this bundle and
+    side inputs built from values computed once (``views``: each side input's view
+    class, options and window function; ``side_values``: its elements)."""
     from apache_beam.runners.common import DoFnInvoker
+    from apache_beam.runners.dask.transform_evaluator import get_windowed_value
+    from apache_beam.transforms.sideinputs import SideInputMap
 
     # One deep copy keeps the links between the output handler and the receivers.
     invoker_args, invoker_kwargs, receivers = copy.deepcopy(
         (invoker_args, invoker_kwargs, receivers)
     )
     receivers.values.clear()
+    if views:
+        invoker_kwargs["side_inputs"] = [
+            SideInputMap(view, options, [get_windowed_value(v, window_fn) for v in values])
+            for (view, options, window_fn), values in zip(views, side_values, strict=True)
+        ]
     invoker = DoFnInvoker.create_invoker(*invoker_args, **invoker_kwargs)
     invoker.invoke_setup()
     invoker.invoke_start_bundle()
@@ -78,8 +102,8 @@ def plan(beam_version: str) -> tuple[bool, str]:
         )
     if version <= high:
         return True, (
-            f"apache-beam {beam_version}: installing the DaskRunner fix for ParDo bundles "
-            f"sharing one output buffer (known in {shown})"
+            f"apache-beam {beam_version}: installing the DaskRunner fixes (ParDo bundles "
+            f"sharing one output buffer, known in {shown}; side inputs computed once)"
         )
     return True, (
         f"apache-beam {beam_version} is newer than {shown}, where the DaskRunner's ParDo bundles "
@@ -90,14 +114,16 @@ def plan(beam_version: str) -> tuple[bool, str]:
 def install() -> None:
     """Replace the DaskRunner's ParDo translation where :func:`plan` says so (idempotent)."""
     import apache_beam
-    from apache_beam import ParDo
+    import dask
+    from apache_beam import DoFn, ParDo
+    from apache_beam.runners.common import DoFnContext, DoFnSignature, _OutputHandler
     from apache_beam.runners.dask import transform_evaluator as te
 
     if getattr(te.TRANSLATIONS[ParDo], "_bert_pipeline_fix", False):
         return
     wanted, why = plan(apache_beam.__version__)
-    if wanted and not hasattr(te, "apply_dofn_to_bundle"):
-        wanted, why = False, f"{why}; but this Beam has no apply_dofn_to_bundle: not installed"
+    if wanted and not all(hasattr(te, name) for name in ("OneReceiver", "get_windowed_value")):
+        wanted, why = False, f"{why}; but this Beam's DaskRunner has other internals: not installed"
     logger.info(why)
     if not wanted:
         return
@@ -106,14 +132,38 @@ def install() -> None:
         _bert_pipeline_fix = True
 
         def apply(self, input_bag, side_inputs=None):
-            # Beam's ParDo.apply builds the bag with its own bundle function;
-            # build it the same way, then swap the function for ours.
-            original = te.apply_dofn_to_bundle
-            te.apply_dofn_to_bundle = _run_bundle
-            try:
-                return super().apply(input_bag, side_inputs)
-            finally:
-                te.apply_dofn_to_bundle = original
+            # Beam's ParDo.apply, with our bundle function and side inputs as dependencies.
+            args, kwargs = self.transform.raw_side_inputs
+            main_input = next(iter(self.applied.main_inputs.values()))
+            window_fn = getattr(main_input, "windowing", None)
+            window_fn = window_fn.windowfn if window_fn is not None else None
+            receivers = te.OneReceiver()
+            invoker_args = [
+                DoFnSignature(self.transform.fn),
+                _OutputHandler(
+                    window_fn=window_fn, main_receivers=receivers[None],
+                    tagged_receivers=receivers, per_element_output_counter=None,
+                    output_batch_converter=None, process_yields_batches=False,
+                    process_batch_yields_elements=False,
+                ),
+            ]  # fmt: skip
+            invoker_kwargs = dict(
+                context=DoFnContext(self.transform.label, state=None), side_inputs=None,
+                input_args=list(args), input_kwargs=kwargs, user_state_context=None,
+                bundle_finalizer_param=DoFn.BundleFinalizerParam(),
+            )  # fmt: skip
+            views, values = [], []
+            for side in side_inputs or []:
+                windowed = side._iterable  # te.DaskBagWindowedIterator: the bag, not read
+                views.append((side._view_class, side._view_options, windowed.window_fn))
+                # A Delayed over the bag's own keys: the side input joins the graph as it
+                # is. (A bag.reduction Item would not: Dask finalizes an Item argument
+                # into a renamed copy of its upstream graph, computed once more.)
+                parts = windowed.bag.to_delayed(optimize_graph=False)
+                values.append(dask.delayed(_concat, pure=True)(parts))
+            return input_bag.map(te.get_windowed_value, window_fn).map_partitions(
+                _run_bundle, invoker_args, invoker_kwargs, receivers, views, *values
+            )
 
     te.TRANSLATIONS[ParDo] = ParDoWithPrivateReceivers
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import NamedTuple
@@ -20,6 +21,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
+from apache_beam.transforms.window import GlobalWindows
 
 from .config import BuildConfig
 from .rows import offsets_of, take_ragged
@@ -172,30 +174,89 @@ class ReadDocuments(beam.DoFn):
         yield from noted("long_sentences", long)
 
 
-class CountWords(beam.CombineFn):
-    """DocumentBatches -> Counter of BERT basic-tokenized words (memory: distinct words)."""
+class CountWords(beam.PTransform):
+    """DocumentBatches -> one ``{word: count}`` of BERT basic-tokenized words; memory:
+    the distinct words, never the documents.
+
+    Each bundle's words are counted in its worker (:class:`CountInBundle`) and sent on
+    in ``WORD_SLICES`` slices by a stable hash of the word; each slice is summed on one
+    worker, then the slices are joined into one table. (A CombineFn leaves the first
+    step to the runner's combiner lifting, which Beam's DaskRunner lacks: there it
+    gathered every document of the corpus on one worker.)
+    """
+
+    def __init__(self, do_lower_case: bool):
+        super().__init__()
+        self._lower = do_lower_case
+
+    def expand(self, documents: beam.PCollection) -> beam.PCollection:
+        return (
+            documents
+            | "CountInBundle" >> beam.ParDo(CountInBundle(self._lower))
+            | "GroupSlices" >> beam.GroupByKey()
+            | "SumSlices" >> beam.Map(sum_slice)
+            | "JoinSlices" >> beam.CombineGlobally(JoinCounts())
+        )
+
+
+WORD_SLICES = 64
+
+
+def word_slice(word: str) -> int:
+    """A word's slice of the count table: a stable hash (never Python's salted ``hash``)."""
+    return zlib.crc32(word.encode("utf-8")) % WORD_SLICES
+
+
+class CountInBundle(beam.DoFn):
+    """DocumentBatches -> (slice, {word: count}) per slice, for the whole bundle, at its end."""
 
     def __init__(self, do_lower_case: bool):
         self._lower = do_lower_case
 
-    def create_accumulator(self) -> Counter:
-        return Counter()
+    def start_bundle(self) -> None:
+        self._counts: Counter = Counter()
 
-    def add_input(self, counts: Counter, batch: DocumentBatch) -> Counter:
+    def process(self, batch: DocumentBatch) -> None:
         for sentences in batch.documents:
             for sentence in sentences:
-                counts.update(basic_tokenize(sentence, self._lower))
-        return counts
+                self._counts.update(basic_tokenize(sentence, self._lower))
 
-    def merge_accumulators(self, accumulators: Iterable[Counter]) -> Counter:
-        it = iter(accumulators)
-        total = next(it)
-        for counts in it:
-            total.update(counts)
-        return total
+    def finish_bundle(self) -> Iterator:
+        slices: dict[int, dict[str, int]] = {}
+        for word, count in self._counts.items():
+            slices.setdefault(word_slice(word), {})[word] = count
+        self._counts = Counter()
+        for index, counts in slices.items():
+            yield GlobalWindows.windowed_value((index, counts))
 
-    def extract_output(self, counts: Counter) -> dict[str, int]:
-        return dict(counts)
+
+def sum_slice(element: tuple[int, Iterable[dict[str, int]]]) -> dict[str, int]:
+    """(slice, each bundle's counts of its words) -> the slice's total counts."""
+    total: Counter = Counter()
+    for counts in element[1]:
+        total.update(counts)
+    return dict(total)
+
+
+class JoinCounts(beam.CombineFn):
+    """Slices of the count table (disjoint sets of words) -> the whole table."""
+
+    def create_accumulator(self) -> dict[str, int]:
+        return {}
+
+    def add_input(self, table: dict[str, int], counts: dict[str, int]) -> dict[str, int]:
+        table.update(counts)
+        return table
+
+    def merge_accumulators(self, tables: Iterable[dict[str, int]]) -> dict[str, int]:
+        it = iter(tables)
+        table = next(it)
+        for other in it:
+            table.update(other)
+        return table
+
+    def extract_output(self, table: dict[str, int]) -> dict[str, int]:
+        return table
 
 
 def learn_vocab(word_counts: dict[str, int], config: BuildConfig) -> list[str]:

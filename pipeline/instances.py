@@ -52,10 +52,24 @@ def split_into_buckets(batch: TokenizedBatch, num_docs: int, config: BuildConfig
         yield bucket, batch.take(part)
 
 
-def bucket_summary(sizes: list[int]) -> dict[str, int]:
-    """Documents per bucket -> the manifest's ``stats.buckets``."""
-    return {"count": len(sizes), "min_documents": min(sizes, default=0),
-            "max_documents": max(sizes, default=0)}  # fmt: skip
+class SummariseBuckets(beam.CombineFn):
+    """Documents per bucket -> the manifest's ``stats.buckets``: how many buckets, the
+    fewest and the most documents in one. Constant memory however many buckets there
+    are (a list of every bucket's size would grow with the corpus)."""
+
+    def create_accumulator(self) -> tuple[int, int, int]:
+        return 0, 2**63, 0  # count, min, max
+
+    def add_input(self, acc: tuple[int, int, int], size: int) -> tuple[int, int, int]:
+        return acc[0] + 1, min(acc[1], size), max(acc[2], size)
+
+    def merge_accumulators(self, accs) -> tuple[int, int, int]:
+        accs = list(accs)
+        return sum(a[0] for a in accs), min(a[1] for a in accs), max(a[2] for a in accs)
+
+    def extract_output(self, acc: tuple[int, int, int]) -> dict[str, int]:
+        count, low, high = acc
+        return {"count": count, "min_documents": low if count else 0, "max_documents": high}
 
 
 class MakeInstances(beam.DoFn):

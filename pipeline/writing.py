@@ -90,11 +90,14 @@ def part_path(output: str, shard: int, part: int, num_shards: int) -> str:
     )
 
 
-def remove_part_files(output: str) -> None:
-    """Delete every part file (:func:`part_path`) in ``output``."""
-    parts = FileSystems.match([FileSystems.join(output, ".shard-*.part-*")])[0].metadata_list
-    if parts:
-        FileSystems.delete([m.path for m in parts])
+def remove_leftovers(output: str) -> None:
+    """Delete every part file (:func:`part_path`) in ``output``, and every temporary file
+    of :func:`write_atomic` that a killed writer left (a worker lost mid-write; the
+    runner's retry wrote the file again under another temporary name)."""
+    patterns = [FileSystems.join(output, ".shard-*.part-*"), FileSystems.join(output, ".*.tmp")]
+    found = {m.path for result in FileSystems.match(patterns) for m in result.metadata_list}
+    if found:
+        FileSystems.delete(sorted(found))
 
 
 class JoinParts(beam.DoFn):

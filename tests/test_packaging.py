@@ -28,8 +28,9 @@ DISTRIBUTIONS = {"apache_beam": "apache-beam", "numpy": "numpy", "pyarrow": "pya
 # Installed for a worker without being imported by pipeline/: Beam's TFRecord framing
 # (`pipeline export --to tfrecord`) needs a CRC32C library and takes this one.
 USED_BY_BEAM = ["google-crc32c"]
-# Imported only inside a function, for an option a worker never runs (`stats --plot`).
-OPTIONAL = {"matplotlib"}
+# Imported only inside a function, for an option a worker never runs (`stats --plot`),
+# or for a runner of its own extra (`dask`: pipeline/dask_compat.py, the DaskRunner's).
+OPTIONAL = {"matplotlib", "dask"}
 # Import name -> distribution, for what model/, trainer/ and finetune/ import beyond the
 # base install:
 # each must be in the `train` extra.

@@ -344,6 +344,29 @@ def test_bad_txt_input_is_counted_and_the_job_completes(tmp_path, capsys):
     capsys.readouterr()
 
 
+def test_a_killed_writers_temporary_file_is_removed(corpus, built, tmp_path, monkeypatch):
+    """A worker killed mid-write leaves write_atomic's temporary file; the runner writes
+    the file again under another name. The manifest step removes the orphan, and so
+    does the next build's start."""
+    import pipeline.writing
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".shard-00001-of-00003.arrow.0123abcd.tmp").write_bytes(b"an earlier build's")
+    real = pipeline.writing.write_atomic
+
+    def killed_once_then_retried(path, data):
+        name = os.path.basename(path)
+        if name.startswith(".shard-") and not any(out.glob(f".{name}.*.tmp")):
+            (out / f".{name}.deadbeef.tmp").write_bytes(b"half a part")  # the killed attempt
+        return real(path, data)
+
+    monkeypatch.setattr(pipeline.writing, "write_atomic", killed_once_then_retried)
+    assert main(["build", "--input", corpus, "--output", str(out), *BASE]) == 0
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
+    assert digest(out) == digest(built)
+
+
 def test_shards_written_in_parts_hold_the_rows_of_a_whole_write(
     corpus, built, tmp_path, monkeypatch
 ):

@@ -57,3 +57,27 @@ def test_worker_image_installs_the_package_without_extras():
     assert "FROM apache/beam_python${PYTHON}_sdk:${BEAM}" in dockerfile
     installs = [line for line in dockerfile.splitlines() if "pip install" in line]
     assert installs == ["RUN pip install --no-cache-dir /src && rm -rf /src"]  # no [train]
+
+
+def test_dask_script_passes_the_cluster_and_its_partitions(tmp_path):
+    done = launch("dask.sh", tmp_path, DASK_ADDRESS="tcp://sched:8786", PARTITIONS="64")
+    assert done.returncode == 0, done.stderr
+    args = done.stdout.splitlines()
+    assert "--runner=apache_beam.runners.dask.dask_runner.DaskRunner" in args
+    assert "--dask_client_address=tcp://sched:8786" in args and "--dask_npartitions=64" in args
+    local = launch("dask.sh", tmp_path)  # no address: Beam's own local cluster
+    assert local.returncode == 0, local.stderr
+    assert not [a for a in local.stdout.splitlines() if a.startswith("--dask_")]
+
+
+def test_dask_script_shows_the_worker_flags_the_tests_run():
+    """The commands dask.sh gives for real machines start workers as the cluster tests do."""
+    from pipeline.dask_cluster import worker_command
+
+    shown = (BEAM / "dask.sh").read_text()
+    tested = " ".join(worker_command("tcp://s:8786", "2GiB", 1, Path("d")))
+    for flag in ("--nworkers 1", "--nthreads 1", "--memory-limit 2GiB", "--local-directory d"):
+        assert flag in tested
+        assert flag.split()[0] in shown
+    assert "--nthreads 1" in shown
+    assert "dask scheduler" in shown and "dask worker tcp://SCHEDULER:8786" in shown

@@ -117,7 +117,7 @@ def test_steps_on_a_test_pipeline(corpus):
                       (("skipped", "file_without_documents"), 1)]),
             label="counts",
         )  # fmt: skip
-        words = documents | beam.CombineGlobally(CountWords(do_lower_case=True))
+        words = documents | CountWords(do_lower_case=True)
         expected = {"the": 2, "river": 1, "runs": 1, ".": 4, "city": 1, "old": 1, "north": 1,
                     "a": 1, "b": 1}  # fmt: skip
         assert_that(words, equal_to([expected]), label="words")
