@@ -68,6 +68,12 @@ TINY = {"vocab_size": 200, "hidden_size": 32, "num_hidden_layers": 2, "num_atten
         "intermediate_size": 64, "max_position_embeddings": 64}  # fmt: skip
 
 
+# The model/ head and HF-directory tests' model: a vocab (211) and widths no preset has.
+HEADS_MODEL = {"vocab_size": 211, "hidden_size": 64, "num_hidden_layers": 2,
+               "num_attention_heads": 4, "intermediate_size": 96,
+               "max_position_embeddings": 40}  # fmt: skip
+
+
 def write_json(path: Path, obj) -> str:
     path.write_text(json.dumps(obj))
     return str(path)
@@ -189,3 +195,87 @@ def same_topic(rng, n, k=4):
         score = 5.0 * same / k
         rows.append({"text": " ".join(text), "text_pair": " ".join(pair), "score": score})
     return rows
+
+
+# ----------------------------------------------------------------------------- launches
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now (for a launcher's --master_port)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_launch_files(files: Path, ds_name: str = "ds.json", **ds_overrides) -> None:
+    """``files/model.json`` (TINY) and ``files/DS_NAME`` (deploy/cpu.json with a micro batch
+    of 4 and ``ds_overrides``): what the launch tests' runs read."""
+    from model import BertConfig
+
+    write_json(files / "model.json", BertConfig(**TINY).to_dict())
+    ds = json.loads((REPO / "deploy" / "cpu.json").read_text())
+    write_json(files / ds_name, {**ds, "train_micro_batch_size_per_gpu": 4, **ds_overrides})
+
+
+def sample_lines(out: Path, ranks: int) -> list[list[list[int]]]:
+    """Per rank, the micro-batches a --record-samples run recorded: [optimizer step, row ids...]."""
+    files = [out / f"samples-rank{rank}.txt" for rank in range(ranks)]
+    return [[list(map(int, line.split())) for line in f.read_text().splitlines()] for f in files]
+
+
+def interleave(per_rank: list[list[list[int]]]) -> list[list[int]]:
+    """Micro-batches in stream order: micro-step by micro-step, rank 0 first."""
+    return [batch for group in zip(*per_rank, strict=True) for batch in group]
+
+
+def max_weight_difference(a: Path, b: Path, tag: str) -> float:
+    """max |w_a - w_b| over the consolidated fp32 weights of checkpoint ``tag`` of two runs."""
+    from trainer import export
+
+    left = export.consolidated_state_dict(str(a / "checkpoints"), tag)
+    right = export.consolidated_state_dict(str(b / "checkpoints"), tag)
+    assert left.keys() == right.keys()
+    return max((left[k] - right[k]).abs().max().item() for k in left)
+
+
+def rank_env(fault=None, **extra: str) -> dict[str, str]:
+    """The environment of a launched CPU run; ``fault``: the step after which rank 0 dies
+    (trainer/loop.py's FAULT_ENV)."""
+    import os
+
+    from trainer.loop import FAULT_ENV
+
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", **extra}
+    env.pop(FAULT_ENV, None)
+    if fault is not None:
+        env[FAULT_ENV] = str(fault)
+    return env
+
+
+def trainer_argv(files: Path, data: Path, out: Path, *extra: str, steps: int, save_every: int,
+                 ds="ds.json") -> list[str]:  # fmt: skip
+    """trainer/run.py's arguments for a launch test's run (files: write_launch_files')."""
+    return ["trainer/run.py", "--ds-config", str(files / ds), "--data", str(data),
+            "--model", str(files / "model.json"), "--output-dir", str(out),
+            "--max-steps", str(steps), "--save-every", str(save_every), "--log-every", "2",
+            "--num-workers", "1", "--record-samples", "true", "--export-hf", "false", *extra]  # fmt: skip
+
+
+def launch(files: Path, data: Path, out: Path, *extra: str, steps: int, save_every: int,
+           ranks=2, fault=None, ds="ds.json"):  # fmt: skip
+    """trainer/run.py on ``ranks`` CPU ranks of this machine (one: without a launcher)."""
+    import shutil
+    import subprocess
+    import sys
+
+    argv = trainer_argv(files, data, out, *extra, ds=ds, steps=steps, save_every=save_every)
+    if ranks > 1:
+        cmd = [shutil.which("deepspeed") or "deepspeed", "--num_gpus", str(ranks),
+               "--master_port", str(free_port()), *argv]  # fmt: skip
+    else:
+        cmd = [sys.executable, *argv]
+    return subprocess.run(
+        cmd, cwd=REPO, env=rank_env(fault), capture_output=True, text=True, timeout=300
+    )

@@ -15,15 +15,9 @@ from model import (  # noqa: E402
     BertForTokenClassification,
     HeadConfig,
 )
+from tests.helpers import HEADS_MODEL  # noqa: E402
 
-CFG = BertConfig(
-    vocab_size=211,
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=96,
-    max_position_embeddings=40,
-)
+CFG = BertConfig(**HEADS_MODEL)
 LABELS = ("a", "b", "c")
 OURS = {
     "seq": BertForSequenceClassification,

@@ -17,16 +17,9 @@ from model import (
     BertForTokenClassification,
     hf,
 )
-from tests.helpers import REPO
+from tests.helpers import HEADS_MODEL, REPO
 
-CFG = BertConfig(
-    vocab_size=211,
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=96,
-    max_position_embeddings=40,
-)
+CFG = BertConfig(**HEADS_MODEL)
 # Each class as from_hf is called for a pretraining export (a new head needs labels).
 LOADERS = {
     "pretraining": lambda d: BertForPreTraining.from_hf(d),

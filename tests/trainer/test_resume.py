@@ -20,70 +20,27 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from model import BertConfig
-from trainer import export
-from trainer.loop import FAULT_ENV
+from tests.helpers import (
+    REPO,
+    free_port,
+    interleave,
+    launch,
+    max_weight_difference,
+    rank_env,
+    sample_lines,
+    trainer_argv,
+    write_launch_files,
+)  # fmt: skip
 
-REPO = Path(__file__).resolve().parents[2]
-TINY = {"vocab_size": 200, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
-        "intermediate_size": 64, "max_position_embeddings": 64, "hidden_dropout_prob": 0.1}  # fmt: skip
 STEPS, SAVE_EVERY, KILL_AFTER = 14, 4, 6  # resumes at step 4, repeats steps 5 and 6
+RUN = {"steps": STEPS, "save_every": SAVE_EVERY}
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch(files: Path, data: Path, out: Path, *extra: str, ranks=2, fault=None, ds="ds.json",
-           steps=STEPS, save_every=SAVE_EVERY):  # fmt: skip
-    """trainer/run.py on ``ranks`` CPU ranks of this machine (one: without a launcher)."""
-    argv = trainer_argv(files, data, out, *extra, ds=ds, steps=steps, save_every=save_every)
-    if ranks > 1:
-        cmd = [shutil.which("deepspeed") or "deepspeed", "--num_gpus", str(ranks),
-               "--master_port", str(free_port()), *argv]  # fmt: skip
-    else:
-        cmd = [sys.executable, *argv]
-    return subprocess.run(
-        cmd, cwd=REPO, env=rank_env(fault), capture_output=True, text=True, timeout=300
-    )
-
-
-def trainer_argv(files: Path, data: Path, out: Path, *extra: str, ds="ds.json", steps=STEPS,
-                 save_every=SAVE_EVERY) -> list[str]:  # fmt: skip
-    return ["trainer/run.py", "--ds-config", str(files / ds), "--data", str(data),
-            "--model", str(files / "model.json"), "--output-dir", str(out),
-            "--max-steps", str(steps), "--save-every", str(save_every), "--log-every", "2",
-            "--num-workers", "1", "--record-samples", "true", "--export-hf", "false", *extra]  # fmt: skip
-
-
-def rank_env(fault=None, **extra: str) -> dict[str, str]:
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", **extra}
-    env.pop(FAULT_ENV, None)
-    if fault is not None:
-        env[FAULT_ENV] = str(fault)
-    return env
-
-
-def sample_lines(out: Path, ranks: int) -> list[list[list[int]]]:
-    """Per rank, the recorded micro-batches: [optimizer step, row ids...]."""
-    files = [out / f"samples-rank{rank}.txt" for rank in range(ranks)]
-    return [[list(map(int, line.split())) for line in f.read_text().splitlines()] for f in files]
-
-
-def interleave(per_rank: list[list[list[int]]]) -> list[list[int]]:
-    """Micro-batches in stream order: micro-step by micro-step, rank 0 first."""
-    return [batch for group in zip(*per_rank, strict=True) for batch in group]
 
 
 def across_the_kill(first_attempt, both_attempts, saved_at: int) -> list[list[int]]:
@@ -97,31 +54,20 @@ def across_the_kill(first_attempt, both_attempts, saved_at: int) -> list[list[in
     )
 
 
-def max_weight_difference(a: Path, b: Path, tag: str) -> float:
-    """max |w_a - w_b| over the consolidated fp32 weights of checkpoint ``tag`` of two runs."""
-    left = export.consolidated_state_dict(str(a / "checkpoints"), tag)
-    right = export.consolidated_state_dict(str(b / "checkpoints"), tag)
-    assert left.keys() == right.keys()
-    return max((left[k] - right[k]).abs().max().item() for k in left)
-
-
 @pytest.fixture(scope="module")
 def runs(small_shards, tmp_path_factory):
     if shutil.which("deepspeed") is None:
         pytest.skip("the deepspeed launcher is not on PATH")
     files = tmp_path_factory.mktemp("resume")
-    (files / "model.json").write_text(json.dumps(BertConfig(**TINY).to_dict()))
-    ds = json.loads((REPO / "deploy" / "cpu.json").read_text())
-    ds.update(train_micro_batch_size_per_gpu=4, gradient_accumulation_steps=2)
-    ds["zero_optimization"] = {"stage": 2}  # a partitioned checkpoint, as on GPUs
-    (files / "ds.json").write_text(json.dumps(ds))
-    done = launch(files, small_shards, files / "straight")
+    # ZeRO-2: a partitioned checkpoint, as on GPUs.
+    write_launch_files(files, gradient_accumulation_steps=2, zero_optimization={"stage": 2})
+    done = launch(files, small_shards, files / "straight", **RUN)
     assert done.returncode == 0, done.stderr[-3000:]
-    killed = launch(files, small_shards, files / "killed", fault=KILL_AFTER)
+    killed = launch(files, small_shards, files / "killed", fault=KILL_AFTER, **RUN)
     assert killed.returncode != 0, "the fault hook did not kill the run"
     assert (files / "killed" / "checkpoints" / "latest").read_text() == f"step{SAVE_EVERY:08d}"
     first_attempt = sample_lines(files / "killed", 2)  # ranks may have died a line apart
-    resumed = launch(files, small_shards, files / "killed", "--resume", "auto")
+    resumed = launch(files, small_shards, files / "killed", "--resume", "auto", **RUN)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     return files, first_attempt
 
@@ -202,7 +148,7 @@ def launch_nodes(files: Path, data: Path, out: Path, *extra: str, fault=None) ->
         for node in (0, 1):
             cmd = [shutil.which("deepspeed") or "deepspeed", "--hostfile", str(hostfile),
                    "--no_ssh", "--node_rank", str(node), "--master_addr", "127.0.0.1",
-                   "--master_port", port, *trainer_argv(files, data, out, *extra)]  # fmt: skip
+                   "--master_port", port, *trainer_argv(files, data, out, *extra, **RUN)]  # fmt: skip
             with open(out / f"node{node}.txt", "a") as log:
                 procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log,
                                               stderr=subprocess.STDOUT, start_new_session=True))  # fmt: skip

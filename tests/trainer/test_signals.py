@@ -16,7 +16,6 @@ import os
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,27 +23,12 @@ from pathlib import Path
 
 import pytest
 
-from model import BertConfig
+from tests.helpers import REPO, free_port, sample_lines, write_launch_files
 from trainer import export
 from trainer.signals import grace_warning, launch_prefix, resume_command, script_args
 
-REPO = Path(__file__).resolve().parents[2]
-TINY = {"vocab_size": 200, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
-        "intermediate_size": 64, "max_position_embeddings": 64, "hidden_dropout_prob": 0.1}  # fmt: skip
 STEPS, SAVE_EVERY, SIGNAL_AT = 12, 6, 2  # signal once metrics.jsonl shows step 2
 ENV = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def sample_lines(out: Path, ranks: int) -> list[list[list[int]]]:
-    """Per rank, the recorded micro-batches: [optimizer step, row ids...]."""
-    files = [out / f"samples-rank{rank}.txt" for rank in range(ranks)]
-    return [[list(map(int, line.split())) for line in f.read_text().splitlines()] for f in files]
 
 
 def rows_in_order(per_rank: list[list[list[int]]]) -> list[int]:
@@ -201,12 +185,9 @@ def files(small_shards, tmp_path_factory):
     if shutil.which("deepspeed") is None:  # the printed resume command starts with it
         pytest.skip("the deepspeed launcher is not on PATH")
     files = tmp_path_factory.mktemp("signals")
-    (files / "model.json").write_text(json.dumps(BertConfig(**TINY).to_dict()))
-    ds = json.loads((REPO / "deploy" / "cpu.json").read_text())
-    ds.update(train_micro_batch_size_per_gpu=4, gradient_accumulation_steps=2)
-    ds["zero_optimization"] = {"stage": 2}
-    (files / "ds.json").write_text(json.dumps(ds))
-    (files / "ds1.json").write_text(json.dumps({**ds, "gradient_accumulation_steps": 4}))
+    zero2 = {"stage": 2}
+    write_launch_files(files, gradient_accumulation_steps=2, zero_optimization=zero2)
+    write_launch_files(files, "ds1.json", gradient_accumulation_steps=4, zero_optimization=zero2)
     straight = launch(files, small_shards, files / "straight", ranks=2)
     _, err = straight.communicate(timeout=300)
     assert straight.returncode == 0, err[-3000:]

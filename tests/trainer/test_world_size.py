@@ -25,14 +25,14 @@ from pathlib import Path
 import pytest
 
 from model import BertConfig
-from tests.conftest import build_shards
-from tests.trainer.test_resume import (
-    REPO,
+from tests.helpers import (
     TINY,
+    build_shards,
     interleave,
     launch,
     max_weight_difference,
     sample_lines,
+    write_launch_files,
 )  # fmt: skip
 from trainer.run import main
 
@@ -60,12 +60,9 @@ def runs(small_shards, tmp_path_factory):
     if shutil.which("deepspeed") is None:
         pytest.skip("the deepspeed launcher is not on PATH")
     files = tmp_path_factory.mktemp("world_size")
-    (files / "model.json").write_text(json.dumps(BertConfig(**TINY).to_dict()))
-    ds = json.loads((REPO / "deploy" / "cpu.json").read_text())
-    ds.update(train_micro_batch_size_per_gpu=4, zero_optimization={"stage": 2})
     for ranks, accumulation in ACCUMULATION.items():
-        ds["gradient_accumulation_steps"] = accumulation
-        (files / f"ds{ranks}.json").write_text(json.dumps(ds))
+        write_launch_files(files, f"ds{ranks}.json", zero_optimization={"stage": 2},
+                           gradient_accumulation_steps=accumulation)  # fmt: skip
     reference = segment(files, small_shards, files / "reference", 2)
     assert reference.returncode == 0, reference.stderr[-3000:]
     out = files / "resumed"
