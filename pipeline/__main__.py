@@ -39,20 +39,6 @@ USAGE = """usage: python -m pipeline {build,stats,inspect,validate,export} [opti
 Run `python -m pipeline build --help` for the options of one command."""
 
 
-def _check_beam_args(beam_args: list[str]) -> None:
-    """Refuse a misspelt option of ours instead of handing it to Beam, which would drop it."""
-    from .config import build_parser
-
-    ours = [a for action in build_parser()._actions for a in action.option_strings]
-    for arg in beam_args:
-        if not arg.startswith("--"):
-            continue
-        name = arg.split("=", 1)[0]
-        close = difflib.get_close_matches(name, ours, n=1, cutoff=0.85)
-        if close:
-            raise ValueError(f"unknown option {name} (did you mean {close[0]}?)")
-
-
 def check_beam_options(beam_args: list[str], parser: argparse.ArgumentParser | None = None) -> None:
     """Refuse what Beam would drop: it discards an option it cannot parse (``--runer=...``)
     with one log line and runs on, locally. Beam's own parsers decide what is known, the
@@ -256,7 +242,6 @@ def _build(argv: Sequence[str], log_file: str | None, verbose: bool,
 
     try:
         config, beam_args = parse_build_args(argv)
-        _check_beam_args(beam_args)
         check_beam_options(beam_args)
         plan = make_plan(config)
         config = dataclasses.replace(config, input_format=plan.input_format)

@@ -51,7 +51,6 @@ import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -328,9 +327,6 @@ class Distiller:
         predictions = int((batch["masked_lm_positions"] != 0).sum())
         return model_flops(self.teacher_config, batch["attention_mask"], predictions) / 3.0
 
-    def state(self) -> dict[str, Any]:
-        return dict(self.identity)
-
 
 def check_teacher_vocab(directory: str, cfg: BertConfig, shards: ShardSet) -> None:
     """The teacher reads the shards: vocab size, [PAD] id, positions; vocab.txt if it has one.
@@ -353,9 +349,14 @@ def check_teacher_vocab(directory: str, cfg: BertConfig, shards: ShardSet) -> No
     ours = parse_vocab(shards.read_text(name), f"{shards.directory}/{name}")
     theirs = parse_vocab(path.read_text(encoding="utf-8"), str(path))
     if theirs != ours:
-        i = next(i for i, (a, b) in enumerate(zip(theirs, ours, strict=True)) if a != b)
+        differ = [i for i, (a, b) in enumerate(zip(theirs, ours, strict=False)) if a != b]
+        where = (
+            f"token {differ[0]} is {theirs[differ[0]]!r} there and {ours[differ[0]]!r}"
+            if differ
+            else f"it has {len(theirs)} tokens and the shards' {len(ours)}"
+        )
         raise ValueError(
-            f"--teacher {directory}: its {VOCAB_NAME} is not the shards' vocabulary: token "
-            f"{i} is {theirs[i]!r} there and {ours[i]!r} in {shards.directory}/{name}; "
-            "distil on shards built with the teacher's vocab (pipeline build --vocab_file)"
+            f"--teacher {directory}: its {VOCAB_NAME} is not the shards' vocabulary: {where} "
+            f"in {shards.directory}/{name}; distil on shards built with the teacher's vocab "
+            "(pipeline build --vocab_file)"
         )

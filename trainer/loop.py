@@ -402,9 +402,10 @@ class Trainer:
 
     def export(self) -> Path | None:
         """Rank 0 writes OUTPUT_DIR/hf from the last checkpoint (after every rank saved it),
-        unless a stop signal came."""
+        unless the ranks agreed to stop on a signal (one that reached a rank after the last
+        step's all-reduce does not stop a finished run)."""
         distributed.barrier()
-        if not (self.info.is_main and self.config.export_hf) or self.stop.signum is not None:
+        if not (self.info.is_main and self.config.export_hf) or self.state.stopped_by is not None:
             return None
         from .export import export
 

@@ -91,7 +91,7 @@ def _run(config, stop) -> int:
             return 2
         trainer.train()
         trainer.export()
-        if stop.signum is not None:
+        if trainer.state.stopped_by is not None:  # agreed by all ranks, not this rank's alone
             return stop.finish(trainer.last_checkpoint())
         if info.is_main:
             _plot(config.output_dir)

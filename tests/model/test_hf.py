@@ -124,4 +124,5 @@ def test_unexpected_tensors_are_refused_unless_dropped(pretraining_export):
     with pytest.raises(ValueError, match=r"unexpected keys \['classifier\.weight'\]"):
         BertForPreTraining.from_hf(directory)
     # A new head drops what it does not take: here the MLM/NSP heads and the classifier.
-    BertForSequenceClassification.from_hf(directory, labels=("neg", "pos"))
+    head = BertForSequenceClassification.from_hf(directory, labels=("neg", "pos"))
+    assert not torch.equal(head.classifier.weight, torch.zeros(2, 64))  # a new head, not the file's

@@ -275,6 +275,10 @@ def test_a_teacher_of_another_vocabulary_is_refused(tiny_shards, tmp_path, caplo
     (renamed / "vocab.txt").write_text("\n".join(tokens))
     assert main(run_args(tmp_path, tiny_shards, renamed, "out", 2)) == 2
     assert "token 150 is 'zzzz' there" in caplog.text
+    # A vocab.txt that is the shards' cut short: refused naming both lengths.
+    (renamed / "vocab.txt").write_text("\n".join([*tokens[:150], ""]))
+    assert main(run_args(tmp_path, tiny_shards, renamed, "out", 2)) == 2
+    assert "it has 150 tokens and the shards' 200" in caplog.text
     assert not (tmp_path / "out" / "checkpoints").exists()
 
 
@@ -286,13 +290,16 @@ def test_cosine_with_different_widths_is_refused(tiny_shards, tmp_path, caplog):
     assert "needs equal hidden sizes" in caplog.text
 
 
-def test_teacher_precision_follows_the_device():
+def test_teacher_precision_follows_the_device(monkeypatch):
     cpu = torch.device("cpu")
     assert distillation.resolve_dtype("auto", cpu) == torch.float32  # CPU: fp32 unless asked
     assert distillation.resolve_dtype("bf16", cpu) == torch.bfloat16
-    cuda_bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    expected = torch.bfloat16 if cuda_bf16 else torch.float32
-    assert distillation.resolve_dtype("auto", torch.device("cuda", 0)) == expected
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert distillation.resolve_dtype("auto", cuda) == torch.bfloat16
+    assert distillation.resolve_dtype("fp32", cuda) == torch.float32
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert distillation.resolve_dtype("auto", cuda) == torch.float32
 
 
 def test_zero3_partitions_the_student_only_and_the_teacher_runs_in_bf16(tiny_shards, tmp_path):
