@@ -116,6 +116,20 @@ def noted(kind: str, count: int) -> list[Noted]:
     return [Noted(kind, count)]
 
 
+def open_at_start(path: str):
+    """``path`` opened through Beam's FileSystems, and its first HEAD_BYTES (decompressed):
+    the file is rewound for the reader (local, GCS and compressed files seek), or opened
+    again where it cannot seek."""
+    f = FileSystems.open(path)
+    head = f.read(HEAD_BYTES)
+    seekable = f.seekable() if callable(f.seekable) else f.seekable  # a property on some
+    if seekable:
+        f.seek(0)
+        return f, head
+    f.close()
+    return FileSystems.open(path), head
+
+
 class ReadDocuments(beam.DoFn):
     """path -> DocumentBatches of up to ``BATCH_DOCUMENTS`` documents, and a
     Skipped per dropped record."""
@@ -133,14 +147,13 @@ class ReadDocuments(beam.DoFn):
         relative = path[len(self._root) :].lstrip("/") if self._root else path
         ordinal = with_nul = long = 0
         batch = DocumentBatch([], [])
-        with FileSystems.open(path) as f:  # a second open: Beam's files cannot seek back
-            head = f.read(HEAD_BYTES)
-        input_format, origin = self._config.input_format, self._origin
-        if input_format == "auto":  # the driver resolves it; a direct caller may not have
-            input_format = format_from_name(path) or sniff_format(head) or "txt"
-            origin = "inferred from its name or first bytes"
-        check_format(path, head, input_format, origin)
-        with FileSystems.open(path) as f:
+        f, head = open_at_start(path)
+        with f:
+            input_format, origin = self._config.input_format, self._origin
+            if input_format == "auto":  # the driver resolves it; a direct caller may not have
+                input_format = format_from_name(path) or sniff_format(head) or "txt"
+                origin = "inferred from its name or first bytes"
+            check_format(path, head, input_format, origin)
             items = read_documents(
                 f, input_format=input_format,
                 text_field=self._config.text_field, path=path,

@@ -113,8 +113,14 @@ def check_format(path: str, head: bytes, input_format: str, origin: str) -> None
     )
 
 
+def _lines(f: BinaryIO) -> Iterator[bytes]:
+    """The lines of ``f`` through ``readline``: Beam's decompressing file (``.gz``, ``.bz2``,
+    ...) has it but cannot be iterated."""
+    return iter(f.readline, b"")
+
+
 def _txt_lines(f: BinaryIO, skipped: list[str]) -> Iterator[str]:
-    for raw in f:
+    for raw in _lines(f):
         try:
             yield raw.decode("utf-8")
         except UnicodeDecodeError:
@@ -146,7 +152,7 @@ def _document(text: str) -> Item:
 
 def read_jsonl(f: BinaryIO, text_field: str) -> Iterator[Item]:
     """One JSON object per line; ``text_field`` holds a document, split into sentences."""
-    for raw in f:
+    for raw in _lines(f):
         if not raw.strip():
             continue
         try:

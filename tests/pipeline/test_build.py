@@ -507,3 +507,27 @@ def test_config_file_gives_options_flags_override_it(corpus, tmp_path, capfd):
         assert str(path) in err or "masked_lm_prob" in content
     assert main(["build", "--input", corpus]) == 2
     assert "missing required option(s) --output" in capfd.readouterr().err
+
+
+def test_compressed_inputs_are_read_as_the_plain_files(tmp_path):
+    """.gz (and Beam's other suffixes) are decompressed by FileSystems; the format is the name's
+    without the suffix. Beam's decompressing file cannot be iterated, only read by lines."""
+    import gzip
+
+    plain = tmp_path / "plain"
+    make_corpus(plain, n_docs=30, n_files=1)
+    jsonl_corpus(plain / "docs.jsonl", n_docs=10)
+    packed = tmp_path / "packed"
+    packed.mkdir()
+    for path in plain.iterdir():
+        (packed / f"{path.name}.gz").write_bytes(gzip.compress(path.read_bytes()))
+    for name, directory in (("txt", plain), ("txt.gz", packed)):
+        suffix = "" if name == "txt" else ".gz"
+        out = tmp_path / f"out-{name}"
+        pattern = str(directory / f"*.txt{suffix}")
+        assert main(["build", "--input", pattern, "--output", str(out), *SMALL]) == 0
+        assert shard_format.read_manifest(str(out))["stats"]["documents"] == 30
+        out = tmp_path / f"out-jsonl-{name}"
+        pattern = str(directory / f"*.jsonl{suffix}")
+        assert main(["build", "--input", pattern, "--output", str(out), *SMALL]) == 0
+        assert shard_format.read_manifest(str(out))["stats"]["documents"] == 10
