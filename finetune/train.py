@@ -43,8 +43,9 @@ from model.heads import (
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
-    read_hf_config,
+    labels_in,
 )
+from model.hf import CONFIG_NAME, read_hf_config
 
 logger = logging.getLogger(__name__)
 
@@ -170,7 +171,7 @@ def run(cfg: FinetuneConfig) -> dict:
         DataError: a bad train/eval file. FileNotFoundError / ValueError: a bad --init.
     """
     cls = MODELS[cfg.task]
-    bert, architecture, _ = read_hf_config(cfg.init)
+    bert, architecture, head = read_hf_config(cfg.init)
     tokenizer = load_tokenizer(cfg.init)
     if tokenizer.get_vocab_size() > bert.vocab_size:
         raise ValueError(
@@ -184,7 +185,8 @@ def run(cfg: FinetuneConfig) -> dict:
         load_examples(cfg.task, cfg.train),
         load_examples(cfg.task, cfg.eval),
     )
-    saved = cls.from_hf(cfg.init).config.labels if architecture == cls.architecture else None
+    same = architecture == cls.architecture  # a head of this task: its labels, without its weights
+    saved = labels_in(head, Path(cfg.init) / CONFIG_NAME) if same else None
     labels = label_names(cfg.task, train_examples, saved, cfg.train)
     label_names(cfg.task, eval_examples, labels, cfg.eval)  # eval labels must be known
     torch.manual_seed(cfg.seed)

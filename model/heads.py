@@ -40,7 +40,7 @@ from .bert import IGNORE_INDEX, BertModel, init_weights, validate_inputs
 from .config import BertConfig, write_text_atomic
 
 # Re-exported: callers import them from here as well as from model.hf.
-from .hf import CONFIG_NAME, WEIGHTS_NAME, check_hf_directory, read_hf_config  # noqa: F401
+from .hf import CONFIG_NAME, read_hf_config
 
 logger = logging.getLogger(__name__)
 
@@ -271,7 +271,8 @@ def _sequence_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.binary_cross_entropy_with_logits(logits, labels)
 
 
-def _labels_in(head: dict[str, Any], path: Path) -> tuple[str, ...] | None:
+def labels_in(head: dict[str, Any], path: Path) -> tuple[str, ...] | None:
+    """The label names a head's config.json (``head``: its own keys) records, or None."""
     id2label = head.get("id2label")
     if id2label:
         try:
@@ -302,7 +303,7 @@ def load_head_model(cls, directory, *, labels: tuple[str, ...] | None = None):
     directory = Path(directory)
     bert, architecture, head = read_hf_config(directory)
     same = architecture == cls.architecture
-    saved = _labels_in(head, directory / CONFIG_NAME) if same else None
+    saved = labels_in(head, directory / CONFIG_NAME) if same else None
     if same and saved and labels is not None and tuple(labels) != saved:
         raise ValueError(
             f"{directory} holds a {cls.architecture} head with labels {list(saved)}, "

@@ -185,3 +185,24 @@ def test_old_command_warns_and_runs_the_new_one(tmp_path, caplog):
     assert old_main([*argv, "--eval", "nope.jsonl"]) == 2
     (warning,) = [r for r in caplog.records if r.levelname == "WARNING"]
     assert "deprecated" in warning.message and "python -m finetune" in warning.message
+
+
+def test_a_head_of_the_task_keeps_its_label_order_and_refuses_unknown_labels(
+    tmp_path, init_dir, caplog
+):
+    import shutil
+
+    head_dir = tmp_path / "head"
+    shutil.copytree(init_dir, head_dir)
+    labels = ("zebra", "apple")  # not sorted: the data's own order would be apple, zebra
+    BertForSequenceClassification.from_hf(init_dir, labels=labels).save_hf(head_dir)
+    rows = [{"text": "w1 w2", "label": "apple"}, {"text": "w3", "label": "zebra"}] * 4
+    train = write_jsonl(tmp_path / "train.jsonl", rows)
+    argv = ["--task", "classification", "--init", str(head_dir), "--train", train,
+            "--eval", train, "--max-steps", "1", "--max-seq-length", "16",
+            "--output-dir", str(tmp_path / "out")]  # fmt: skip
+    assert main(argv) == 0
+    assert BertForSequenceClassification.from_hf(tmp_path / "out").config.labels == labels
+    other = write_jsonl(tmp_path / "other.jsonl", [*rows, {"text": "w4", "label": "mango"}])
+    assert main([*argv[:5], other, "--eval", train, *argv[8:]]) == 2
+    assert "labels ['mango'] are not among the model's ['zebra', 'apple']" in caplog.text
