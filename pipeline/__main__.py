@@ -244,7 +244,6 @@ def _build(argv: Sequence[str], log_file: str | None, verbose: bool,
         config, beam_args = parse_build_args(argv)
         check_beam_options(beam_args)
         plan = make_plan(config)
-        config = dataclasses.replace(config, input_format=plan.input_format)
         prepare_output(config)
     except (ValueError, OSError) as e:  # FileNotFoundError and FileExistsError included
         logger.error("%s", e)

@@ -22,6 +22,7 @@ live in ``documents.py`` (read, count words, tokenize), ``instances.py``
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable
 from typing import NamedTuple
@@ -276,7 +277,12 @@ def make_plan(config: BuildConfig) -> Plan:
 
 
 def build_graph(p: beam.Pipeline, config: BuildConfig, plan: Plan) -> beam.PCollection:
-    """Add the whole job to ``p``; returns the PCollection holding the manifest."""
+    """Add the whole job to ``p``; returns the PCollection holding the manifest.
+
+    ``config.input_format`` may be ``auto``: the plan's resolved format is what the job
+    reads and what the manifest records.
+    """
+    config = dataclasses.replace(config, input_format=plan.input_format)
     num_shards, root = plan.num_shards, plan.root
     documents, read_counts = split_skips(
         p
