@@ -62,13 +62,18 @@ def exit_code(signum: int) -> int:
 def script_args(argv: Sequence[str]) -> list[str]:
     """``argv`` without the ``--local_rank`` the deepspeed launcher adds to each rank's:
     ``["--local_rank=1", "--data", "s"] -> ["--data", "s"]``."""
+    return _without(argv, _LOCAL_RANK)
+
+
+def _without(args: Sequence[str], flags: Sequence[str]) -> list[str]:
+    """``args`` without the value-taking ``flags``, as ``--flag v`` or ``--flag=v``."""
     out, skip = [], False
-    for arg in argv:
+    for arg in args:
         if skip:
             skip = False
-        elif arg in _LOCAL_RANK:
+        elif arg in flags:
             skip = True
-        elif not arg.startswith(tuple(f"{flag}=" for flag in _LOCAL_RANK)):
+        elif not arg.startswith(tuple(f"{flag}=" for flag in flags)):
             out.append(arg)
     return out
 
@@ -82,15 +87,7 @@ def resume_command(prefix: Sequence[str], args: Sequence[str]) -> str:
     several (``deepspeed --no_ssh --node_rank 0``: rank 0's) gets a note that every node
     runs it with its own ``--node_rank``.
     """
-    kept, skip = [], False
-    for arg in args:
-        if skip:
-            skip = False
-        elif arg == "--resume":
-            skip = True
-        elif not arg.startswith("--resume="):
-            kept.append(arg)
-    command = shlex.join([*prefix, *kept, "--resume", "auto"])
+    command = shlex.join([*prefix, *_without(args, ("--resume",)), "--resume", "auto"])
     if "--no_ssh" in prefix:
         command += "\n  (on every node, each with its own --node_rank; under SLURM: sbatch again)"
     return command
