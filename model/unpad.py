@@ -177,7 +177,16 @@ def packed_attention(
         offsets = packing.cu_seqlens.long()
 
         def jagged(t: torch.Tensor) -> torch.Tensor:  # (N, A, D) -> (B, A, j, D)
-            return torch.nested.nested_tensor_from_jagged(t.contiguous(), offsets).transpose(1, 2)
+            # The row lengths' extremes are given, not left to SDPA: it reads them (flash
+            # and memory-efficient kernels, backend choice) and, if absent, computes each
+            # with a host sync, per tensor and per layer (10 syncs a step on a 2-layer model).
+            nt = torch.nested.nested_tensor_from_jagged(
+                t.contiguous(),
+                offsets,
+                min_seqlen=packing.min_seqlen,
+                max_seqlen=packing.max_seqlen,
+            )
+            return nt.transpose(1, 2)
 
         q, k, v = (jagged(t) for t in qkv.view(n, 3, num_heads, d).unbind(1))
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)

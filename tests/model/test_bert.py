@@ -6,10 +6,10 @@ import stat
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from model import BertConfig, BertForPreTraining
 from model.bert import UNPAD_BELOW, dense_labels_to_positions
+from tests.helpers import CountHostSyncs
 
 TINY = dict(
     vocab_size=99,
@@ -151,35 +151,6 @@ def test_debug_checks_name_a_value_out_of_range(change, match, monkeypatch):
     change(data)
     with pytest.raises(ValueError, match=match):
         model(*data)
-
-
-class CountHostSyncs(TorchDispatchMode):
-    """Counts what waits for the device: a tensor read as Python numbers (.item(), int(),
-    bool(); .tolist(), which on CPU bypasses the dispatcher) or a data-dependent shape."""
-
-    SYNCS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default)
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += func in self.SYNCS
-        return func(*args, **(kwargs or {}))
-
-    def __enter__(self):
-        tolist = self._tolist = torch.Tensor.tolist
-
-        def counted(tensor):
-            self.count += 1
-            return tolist(tensor)
-
-        torch.Tensor.tolist = counted
-        return super().__enter__()
-
-    def __exit__(self, *exc):
-        torch.Tensor.tolist = self._tolist
-        return super().__exit__(*exc)
 
 
 @pytest.mark.parametrize(("unpad", "syncs"), [(False, 0), (True, 1)])

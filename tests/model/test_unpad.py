@@ -13,6 +13,7 @@ from model import (
     HeadConfig,
 )
 from model.unpad import Packing, attention_path
+from tests.helpers import CountHostSyncs
 
 CFG = BertConfig(
     vocab_size=99,
@@ -190,3 +191,30 @@ def test_varlen_kernel_matches_padded_in_bf16():
     assert packing is not None and attention_path(hidden, 0.0) == "varlen"
     out, ref = unpadded(*batch), padded(*batch)
     assert rel(out.loss.float(), ref.loss.float()) < 2e-2  # bf16 rounding
+
+
+def test_nested_path_gives_sdpa_the_row_lengths_without_a_host_sync(monkeypatch):
+    """SDPA's flash and memory-efficient kernels on jagged tensors read each tensor's
+    longest and shortest row; computed lazily, each read is a host sync per layer (11 a
+    step measured on CUDA before they were passed in). The CPU kernel is a different
+    one, so the reads the CUDA kernels make are made here under the counter."""
+    import model.unpad
+
+    seen = []
+    sdpa = model.unpad.F.scaled_dot_product_attention
+
+    def reading_sdpa(q, k, v, **kwargs):
+        with CountHostSyncs() as counter:
+            extremes = [(t._get_min_seqlen(), t._get_max_seqlen()) for t in (q, k, v)]
+        seen.append((counter.count, extremes))
+        return sdpa(q, k, v, **kwargs)
+
+    monkeypatch.setattr(model.unpad.F, "scaled_dot_product_attention", reading_sdpa)
+    _, unpadded = pair()
+    unpadded.set_unpadded(True, attention_path="nested")
+    lengths = [40, 3, 17, 64]
+    unpadded(*varied_batch(lengths, 64))
+    assert len(seen) == CFG.num_hidden_layers
+    for syncs, extremes in seen:
+        assert syncs == 0
+        assert extremes == [(3, 64)] * 3
