@@ -67,26 +67,50 @@ def _activation(name: str):
 class BertPreTrainingOutput:
     """Outputs of :class:`BertForPreTraining`; losses are None without targets.
 
-    Shapes: ``mlm_logits`` (B, P, V) at the P gathered positions (padding entries
-    included, excluded from the loss); ``nsp_logits`` (B, 2); ``sequence_output``
-    (B, T, H); ``pooled_output`` (B, H). ``hidden`` is the encoder's output as it ran:
-    packed (N, H) with its ``packing``, or (B, T, H) with ``packing`` None;
+    The MLM head ran on ``prediction_logits`` (R, V): row r holds the logits of flat
+    slot ``prediction_index[r]`` of the (B, P) ``masked_lm_positions``. Unpadded, the R
+    rows are the real predictions only (padding slots cost nothing); padded, they are
+    all B * P slots. ``mlm_logits`` (B, P, V) lays them out by slot when read (zeros at
+    unpadded padding slots, which no loss counts); :meth:`prediction_targets` gives the
+    matching ids. ``nsp_logits`` (B, 2); ``sequence_output`` (B, T, H);
+    ``pooled_output`` (B, H). ``hidden`` is the encoder's output as it ran: packed
+    (N, H) with its ``packing``, or (B, T, H) with ``packing`` None;
     ``sequence_output`` scatters it back to (B, T, H) only when read (training never
-    reads it).
+    reads it, nor ``mlm_logits``).
     """
 
     loss: torch.Tensor | None
     mlm_loss: torch.Tensor | None
     nsp_loss: torch.Tensor | None
-    mlm_logits: torch.Tensor | None
+    prediction_logits: torch.Tensor | None
     nsp_logits: torch.Tensor
     hidden: torch.Tensor
     pooled_output: torch.Tensor
     packing: Packing | None = None
+    prediction_index: torch.Tensor | None = None  # (R,) flat slots of (B, P)
+    prediction_shape: tuple[int, int] | None = None  # (B, P)
 
     @property
     def sequence_output(self) -> torch.Tensor:
         return self.packing.unpack(self.hidden) if self.packing is not None else self.hidden
+
+    @property
+    def mlm_logits(self) -> torch.Tensor | None:
+        """(B, P, V) logits by prediction slot (zeros where the head did not run)."""
+        if self.prediction_logits is None:
+            return None
+        logits, (b, p) = self.prediction_logits, self.prediction_shape
+        if logits.shape[0] == b * p:  # every slot ran, in order
+            return logits.unflatten(0, (b, p))
+        out = logits.new_zeros((b * p, logits.shape[-1]))
+        return out.index_copy(0, self.prediction_index, logits).unflatten(0, (b, p))
+
+    def prediction_targets(
+        self, masked_lm_positions: torch.Tensor, masked_lm_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """(R,) the target id of each row of ``prediction_logits``; -100 at padding slots."""
+        ids = masked_lm_ids.long().masked_fill(masked_lm_positions == 0, IGNORE_INDEX)
+        return ids.flatten().index_select(0, self.prediction_index)
 
 
 class BertEmbeddings(nn.Module):
@@ -245,16 +269,21 @@ class BertModel(nn.Module):
         return (packing.unpack(hidden) if packing is not None else hidden), pooled
 
     def encode(
-        self, input_ids: torch.Tensor, segment_ids: torch.Tensor, attention_mask: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        segment_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        predicted: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, Packing | None]:
         """Hidden states: packed (N, H) with their Packing, or (B, T, H) and None.
 
-        The padded path runs when ``unpad`` is off, when at least ``UNPAD_BELOW`` of the
-        positions are real tokens (packing would cost more than it saves; on CPU), and
-        when a row has no real token at all.
+        ``predicted`` (B, P) bool marks real MLM predictions: the Packing then indexes
+        them too (``prediction_index``). The padded path runs when ``unpad`` is off,
+        when at least ``UNPAD_BELOW`` of the positions are real tokens (packing would
+        cost more than it saves; on CPU), and when a row has no real token at all.
         """
         if self.unpad:
-            packing = Packing.from_mask(attention_mask)
+            packing = Packing.from_mask(attention_mask, predicted)
             share = UNPAD_BELOW.get(attention_mask.device.type, 1.0)
             worth_it = packing.num_tokens < share * packing.batch * packing.width
             if worth_it and packing.min_seqlen > 0:
@@ -395,25 +424,31 @@ class BertForPreTraining(nn.Module):
                 raise ValueError("pass either labels or masked_lm_positions/masked_lm_ids")
             _check_same_shape("labels", labels, input_ids)
             masked_lm_positions, masked_lm_ids = dense_labels_to_positions(labels)
-        hidden, packing = self.bert.encode(input_ids, segment_ids, attention_mask)
+        predicted = None if masked_lm_positions is None else masked_lm_positions != 0
+        hidden, packing = self.bert.encode(input_ids, segment_ids, attention_mask, predicted)
         pooled_output = self.bert.pool(hidden, packing)
         nsp_logits = self.cls.seq_relationship(pooled_output)
 
-        mlm_logits = mlm_loss = nsp_loss = loss = None
+        prediction_logits = index = shape = mlm_loss = nsp_loss = loss = None
         if masked_lm_positions is not None:
             self._validate_positions(
                 masked_lm_positions, masked_lm_ids, input_ids.shape[1], self.config.vocab_size
             )
-            if packing is not None:  # straight from the packed rows
-                gathered = hidden[packing.rows_of(masked_lm_positions)]  # (B, P, H)
+            shape = tuple(masked_lm_positions.shape)
+            if packing is not None:  # the real predictions only, straight from the packed rows
+                index = packing.prediction_index
+                gathered = hidden[packing.rows_of(masked_lm_positions).flatten()[index]]  # (M, H)
             else:
-                index = masked_lm_positions.long()[..., None].expand(-1, -1, hidden.shape[-1])
-                gathered = hidden.gather(1, index)  # (B, P, H)
-            mlm_logits = self.cls.predictions(gathered)  # (B, P, V)
+                index = torch.arange(shape[0] * shape[1], device=masked_lm_positions.device)
+                positions = masked_lm_positions.long()[..., None].expand(-1, -1, hidden.shape[-1])
+                gathered = hidden.gather(1, positions).flatten(0, 1)  # (B * P, H)
+            prediction_logits = self.cls.predictions(gathered)  # (R, V)
             if masked_lm_ids is not None:
                 targets = masked_lm_ids.long().masked_fill(masked_lm_positions == 0, IGNORE_INDEX)
                 mlm_loss = F.cross_entropy(
-                    mlm_logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX
+                    prediction_logits.float(),
+                    targets.flatten().index_select(0, index),
+                    ignore_index=IGNORE_INDEX,
                 )
         if next_sentence_label is not None:
             if next_sentence_label.shape != input_ids.shape[:1]:
@@ -425,8 +460,9 @@ class BertForPreTraining(nn.Module):
         if mlm_loss is not None or nsp_loss is not None:
             loss = sum(x for x in (mlm_loss, nsp_loss) if x is not None)
         return BertPreTrainingOutput(
-            loss, mlm_loss, nsp_loss, mlm_logits, nsp_logits, hidden, pooled_output, packing
-        )
+            loss, mlm_loss, nsp_loss, prediction_logits, nsp_logits, hidden, pooled_output,
+            packing, index, shape,
+        )  # fmt: skip
 
     def _validate(self, input_ids, segment_ids, attention_mask) -> None:
         validate_inputs(self.config, input_ids, segment_ids, attention_mask)

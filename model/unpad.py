@@ -50,25 +50,40 @@ class Packing:
     batch: int
     width: int
     key_mask: torch.Tensor  # (B, T) bool, True on real tokens
+    # (M,) int64: flat index into (B, P) of each real MLM prediction, row-major; None when
+    # no prediction mask was given. The MLM head runs on these M rows only.
+    prediction_index: torch.Tensor | None = None
 
     @classmethod
-    def from_mask(cls, attention_mask: torch.Tensor) -> Packing:
-        """Packing of a (B, T) mask, 1/True on real tokens.
+    def from_mask(
+        cls, attention_mask: torch.Tensor, predicted: torch.Tensor | None = None
+    ) -> Packing:
+        """Packing of a (B, T) mask, 1/True on real tokens; ``predicted`` (B, P) marks
+        the real MLM predictions (True where ``masked_lm_positions`` is not padding).
 
         Example: mask ``[[1, 1, 0], [1, 0, 0]]`` -> index ``[0, 1, 3]``, cu_seqlens
-        ``[0, 2, 3]``, max_seqlen 2.
+        ``[0, 2, 3]``, max_seqlen 2; predicted ``[[1, 0], [1, 1]]`` -> prediction_index
+        ``[0, 2, 3]``.
         """
         keep = attention_mask.bool()
         b, t = keep.shape
-        lengths = keep.sum(1, dtype=torch.int32)
-        # The one host sync: N, the longest and the shortest row (N sizes the index).
-        stats = torch.stack([lengths.sum(), lengths.max(), lengths.min()]) if b else None
-        n, longest, shortest = stats.tolist() if b else (0, 0, 0)
+        lengths = keep.sum(1, dtype=torch.int64)
+        # The one host sync: N, the longest and the shortest row, and M, the number of
+        # real predictions (N and M size the indices).
+        stats = [lengths.sum(), lengths.max(), lengths.min()] if b else []
+        if b and predicted is not None:
+            stats.append(predicted.sum(dtype=torch.int64))
+        values = torch.stack(stats).tolist() if b else [0, 0, 0, 0]
+        n, longest, shortest = values[:3]
         index = torch.nonzero_static(keep.flatten(), size=n).squeeze(1)
-        cu_seqlens = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
+        cu_seqlens = F.pad(lengths.cumsum(0).to(torch.int32), (1, 0))
         slot = torch.zeros(b * t, dtype=torch.long, device=keep.device)
         slot[index] = torch.arange(n, device=keep.device)
-        return cls(index, cu_seqlens, slot, longest, shortest, b, t, keep)
+        prediction_index = None
+        if predicted is not None:
+            m = values[3] if b else 0
+            prediction_index = torch.nonzero_static(predicted.flatten(), size=m).squeeze(1)
+        return cls(index, cu_seqlens, slot, longest, shortest, b, t, keep, prediction_index)
 
     @property
     def num_tokens(self) -> int:

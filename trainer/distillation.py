@@ -104,11 +104,13 @@ def soft_target_kl(
     Example: student [0, 0], teacher [2 ln 3, 0], T 2 -> teacher (0.75, 0.25), student
     (0.5, 0.5): KL = 0.75 ln 1.5 + 0.25 ln 0.5 = 0.1308, times 4 = 0.5232. No kept row: 0.
     """
-    student = student_logits[keep].float() / t  # (N, K)
-    teacher = teacher_logits[keep].float() / t
-    kl = F.kl_div(F.log_softmax(student, -1), F.log_softmax(teacher, -1), log_target=True,
-                  reduction="sum")  # fmt: skip
-    return kl * (t * t) / max(student.shape[0], 1)
+    # Every row is computed and the dropped ones zeroed (not selected with ``keep``):
+    # boolean selection would wait for the device to size its result.
+    student = F.log_softmax(student_logits.float() / t, -1)
+    teacher = F.log_softmax(teacher_logits.float() / t, -1)
+    per_row = F.kl_div(student, teacher, log_target=True, reduction="none").sum(-1)
+    kl = torch.where(keep, per_row, 0.0).sum()
+    return kl * (t * t) / keep.sum().clamp_min(1)
 
 
 def cosine_loss(student_hidden: torch.Tensor, teacher_hidden: torch.Tensor) -> torch.Tensor:
@@ -136,9 +138,16 @@ def distillation_loss(
         batch: masked_lm_positions (B, P) (0: padding), next_sentence_label (B,) (-100: none),
             attention_mask (B, T).
     """
-    kl = soft_target_kl(
-        student.mlm_logits, teacher.mlm_logits, batch["masked_lm_positions"] != 0, w.temperature
-    )
+    positions = batch["masked_lm_positions"]
+    if student.prediction_logits.shape == teacher.prediction_logits.shape:
+        # Both heads ran on the same prediction slots (the same batch's real predictions,
+        # or all B * P): compare their rows as they are.
+        keep = positions.flatten().index_select(0, student.prediction_index) != 0
+        kl = soft_target_kl(
+            student.prediction_logits, teacher.prediction_logits, keep, w.temperature
+        )
+    else:  # one ran padded, the other unpadded: lay both out by slot
+        kl = soft_target_kl(student.mlm_logits, teacher.mlm_logits, positions != 0, w.temperature)
     hard = student.mlm_loss
     if w.nsp:
         rows = batch["next_sentence_label"] >= 0

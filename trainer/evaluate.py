@@ -26,17 +26,16 @@ def batch_sums(out, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """float64 (6,): summed MLM loss, correct, targets; summed NSP loss, correct, targets.
 
     Args:
-        out: the model output for ``batch`` (mlm_logits (B, P, V), nsp_logits (B, 2)).
+        out: the model output for ``batch`` (prediction_logits (R, V) over the
+            prediction slots the head ran on, nsp_logits (B, 2)).
         batch: masked_lm_positions / masked_lm_ids (B, P), next_sentence_label (B,),
             -100 where a row has no NSP target.
     """
-    targets = batch["masked_lm_positions"] != 0  # (B, P)
-    ids = batch["masked_lm_ids"].masked_fill(~targets, -100)
-    logits = out.mlm_logits.float()
-    mlm_loss = F.cross_entropy(
-        logits.flatten(0, 1), ids.flatten(), ignore_index=-100, reduction="sum"
-    )
-    mlm_correct = ((logits.argmax(-1) == batch["masked_lm_ids"]) & targets).sum()
+    ids = out.prediction_targets(batch["masked_lm_positions"], batch["masked_lm_ids"])  # (R,)
+    targets = ids != -100
+    logits = out.prediction_logits.float()
+    mlm_loss = F.cross_entropy(logits, ids, ignore_index=-100, reduction="sum")
+    mlm_correct = (logits.argmax(-1) == ids).sum()
     labels = batch["next_sentence_label"]
     valid = labels >= 0
     nsp_loss = F.cross_entropy(out.nsp_logits.float(), labels, ignore_index=-100, reduction="sum")

@@ -91,9 +91,10 @@ def peak_tflops(override: float | None, dtype: str) -> float | None:
 def batch_counts(out, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """float64 (len(DEVICE_COUNTS),) counts of one micro-batch, on the model's device."""
     with torch.no_grad():
-        targets = batch["masked_lm_positions"] != 0
-        predicted = out.mlm_logits.argmax(-1)  # (B, P)
-        mlm_correct = ((predicted == batch["masked_lm_ids"]) & targets).sum()
+        # The rows the MLM head ran on (the real predictions when unpadded); -100 at padding.
+        ids = out.prediction_targets(batch["masked_lm_positions"], batch["masked_lm_ids"])
+        targets = ids != -100
+        mlm_correct = (out.prediction_logits.argmax(-1) == ids).sum()
         nsp_valid = batch["next_sentence_label"] >= 0
         nsp_correct = (
             (out.nsp_logits.argmax(-1) == batch["next_sentence_label"]) & nsp_valid

@@ -93,6 +93,14 @@ def test_outputs_and_gradients_match_the_padded_encoder(path):
         assert rel(getattr(out, name), getattr(ref, name)) < 1e-5, name
     real = pos != 0
     assert rel(out.mlm_logits[real], ref.mlm_logits[real]) < 1e-5
+    # The MLM head ran on the real predictions only, in row-major slot order.
+    assert out.prediction_logits.shape == (int(real.sum()), CFG.vocab_size)
+    assert out.prediction_index.tolist() == real.flatten().nonzero().squeeze(1).tolist()
+    assert out.mlm_logits[~real].abs().max() == 0
+    assert torch.equal(out.prediction_targets(pos, ids), ids[real])
+    ref_targets = ref.prediction_targets(pos, ids)
+    assert ref.prediction_logits.shape[0] == pos.numel()
+    assert torch.equal(ref_targets[ref_targets != -100], ids[real])
     ref.loss.backward()
     out.loss.backward()
     assert_grads_close(unpadded, padded)
@@ -138,6 +146,11 @@ def test_packing_known_answer():
     x = torch.arange(5.0)[:, None]
     assert p.unpack(x)[..., 0].tolist() == [[0, 1, 0], [2, 0, 0], [0, 3, 4]]
     assert torch.equal(p.pack(p.unpack(x)), x)
+    assert p.prediction_index is None
+    predicted = torch.tensor([[1, 0], [0, 0], [1, 1]], dtype=torch.bool)
+    q = Packing.from_mask(torch.tensor([[1, 1, 0], [1, 0, 0], [0, 1, 1]]), predicted)
+    assert q.prediction_index.tolist() == [0, 4, 5]
+    assert torch.equal(q.index, p.index)
 
 
 def test_attention_path_choice():

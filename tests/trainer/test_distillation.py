@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from model import BertConfig, BertForPreTraining, load_hf
+from tests.helpers import CountHostSyncs
 from trainer import distillation, export, loop
 from trainer.config import parse_args
 from trainer.distillation import (
@@ -107,6 +108,29 @@ def test_loss_is_the_weighted_sum_of_its_pieces():
     same = distillation_loss(s, student(**batch), batch, LossWeights(2.0, 1, 0, 1, True))
     assert same.kl_loss.item() == pytest.approx(0, abs=1e-6)  # a teacher equal to the student
     assert same.cos_loss.item() == pytest.approx(0, abs=1e-6)
+
+
+def test_mlm_kl_is_the_same_whichever_path_each_model_ran():
+    """The unpadded head runs on the real predictions only, the padded one on every slot;
+    a padded teacher and an unpadded student still compare the same predictions."""
+    batch = tiny_batch()
+    student, teacher = model(1), model(2)
+    s = student(**batch)
+    inputs = [batch[k] for k in distillation.TEACHER_INPUTS]
+    with torch.no_grad():
+        t_unpadded = teacher(*inputs)
+        teacher.set_unpadded(False)
+        t_padded = teacher(*inputs)
+    assert s.packing is not None and t_padded.packing is None
+    assert s.prediction_logits.shape[0] < t_padded.prediction_logits.shape[0]
+    weights = LossWeights(2.0, 1, 0, 0, False)
+    mixed = distillation_loss(s, t_padded, batch, weights).kl_loss
+    same = distillation_loss(s, t_unpadded, batch, weights).kl_loss
+    assert mixed > 0
+    torch.testing.assert_close(mixed, same, atol=1e-5, rtol=1e-5)
+    with CountHostSyncs() as counter:
+        distillation_loss(s, t_unpadded, batch, weights)
+    assert counter.count == 0
 
 
 def test_packed_and_padded_hidden_states_line_up():

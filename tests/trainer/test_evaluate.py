@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model import BertConfig, BertForPreTraining
+from model.bert import BertPreTrainingOutput
 from trainer.evaluate import baselines, evaluate
 
 TINY = BertConfig(vocab_size=200, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
@@ -95,9 +96,12 @@ class Uniform(nn.Module):
 
     def forward(self, input_ids, segment_ids, attention_mask, masked_lm_positions):
         b, p = masked_lm_positions.shape
-        return SimpleNamespace(
-            mlm_logits=torch.zeros(b, p, self.config.vocab_size), nsp_logits=torch.zeros(b, 2)
-        )
+        return BertPreTrainingOutput(
+            loss=None, mlm_loss=None, nsp_loss=None,
+            prediction_logits=torch.zeros(b * p, self.config.vocab_size),
+            nsp_logits=torch.zeros(b, 2), hidden=None, pooled_output=None,
+            prediction_index=torch.arange(b * p), prediction_shape=(b, p),
+        )  # fmt: skip
 
 
 def test_evaluate_counts_only_real_targets_and_labels():
