@@ -18,6 +18,11 @@ quantiles below were read off them); a shard directory gives its own rows' lengt
 of tokens are masked, up to 20 (or 80 at seq 512) per row. Tokens/s count real tokens.
 Peak memory is CUDA's max allocated on GPU; on CPU it is the peak resident size of a
 separate process that runs the same steps for one model alone.
+
+Beside each time ratio the bench prints the ratio of the two peers' matmul FLOPs on the
+same batch (``matmul_flops``): what the time ratio would be if all that differed were
+the work. A measured ratio near it has nothing left to gain but faster kernels; a
+target above it cannot be reached by computing on fewer positions.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from model import BertConfig, BertForPreTraining, num_parameters
 
 BATCH = {"tiny": 64, "mini": 64, "small": 32, "medium": 16, "base": 8, "large": 4}
 KINDS = ("ours", "padded", "hf")  # ours = unpadded encoder (the default)
+INPUTS = ("input_ids", "segment_ids", "attention_mask", "masked_lm_positions")
 # Row lengths of the main job's shards at max_seq_length 128, at quantiles 0, 5, ..., 100%.
 DOCSTRING_QUANTILES = (
     8, 23, 28, 32, 36, 40, 44, 48, 53, 58, 64, 70, 78, 86, 98, 112, 128, 128, 128, 128, 128,
@@ -170,6 +176,34 @@ def flops_per_step(cfg: BertConfig, batch: int, seq: int, n_params: int) -> floa
     )
 
 
+def matmul_flops(cfg: BertConfig, b: dict, kind: str, unpadded: bool, device: str) -> float:
+    """FLOPs of one training step's matmuls (forward + backward = 3 x forward) as ``kind`` runs them.
+
+    The ceiling on a speed ratio from work alone: if both peers ran their matmuls equally
+    fast, their time ratio would be this one's. Counted: every Linear of the encoder, the
+    attention products, pooler, NSP and the MLM head (transform and decoder). Rows each
+    runs on: transformers and the padded path every position and, for the MLM head,
+    transformers every position, the padded path every prediction slot (B x P); unpadded,
+    the real tokens and real predictions, with attention over the (B, T) grid on CPU (the
+    ``padded`` attention path) and per row on CUDA (varlen).
+    """
+    h, i, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    mask, positions = b["attention_mask"], b["masked_lm_positions"]
+    batch, width = mask.shape
+    lengths = mask.sum(1).double()
+    unpadded = unpadded and kind == "ours"
+    tokens = float(lengths.sum()) if unpadded else batch * width
+    attended = float((lengths**2).sum()) if unpadded and device == "cuda" else batch * width**2
+    if kind == "hf":
+        head_rows = batch * width
+    else:
+        head_rows = float((positions != 0).sum()) if unpadded else positions.numel()
+    layer = 2 * (4 * h * h + 2 * h * i) * tokens + 2 * 2 * h * attended
+    forward = cfg.num_hidden_layers * layer + 2 * (h * h + h * v) * head_rows
+    forward += 2 * (h * h + 2 * h) * batch  # pooler and NSP
+    return 3 * forward
+
+
 def peak_rss_subprocess(args, preset: str, seq: int, kind: str) -> float:
     """Peak RSS in MiB of a process that runs a few steps of one model alone."""
     cmd = [
@@ -217,10 +251,11 @@ def bench(args, preset: str, seq: int) -> dict:
     tokens = int(b["attention_mask"].sum())
     kinds = list(KINDS)
     steps, times = {}, {k: [] for k in kinds}
+    models = {}
     for k in kinds:
-        model, opt = build(k, cfg, args.device, dtype)
-        steps[k] = step_fn(k, model, opt, b)
-    n_params = num_parameters(BertForPreTraining(cfg) if args.device == "cpu" else model)
+        models[k], opt = build(k, cfg, args.device, dtype)
+        steps[k] = step_fn(k, models[k], opt, b)
+    n_params = num_parameters(models["ours"])
     for k in kinds:
         for _ in range(3):
             steps[k]()
@@ -250,6 +285,14 @@ def bench(args, preset: str, seq: int) -> dict:
     row["ratio"] = round(med["hf"] / med["ours"], 3)  # unpadded over transformers
     row["padded_ratio"] = round(med["hf"] / med["padded"], 3)
     row["unpad_gain"] = round(med["padded"] / med["ours"], 3)
+    # Work ratios of the same pairs: the ceilings the time ratios would reach if every
+    # matmul ran equally fast and nothing else took time (see matmul_flops).
+    with torch.no_grad():  # did the unpadded model unpad this batch? (see UNPAD_BELOW)
+        unpadded = models["ours"](*(b[k] for k in INPUTS)).packing is not None
+    work = {k: matmul_flops(cfg, b, k, unpadded, args.device) for k in kinds}
+    row["unpadded_ran"] = unpadded
+    row["flop_ratio"] = round(work["hf"] / work["ours"], 3)
+    row["flop_unpad_gain"] = round(work["padded"] / work["ours"], 3)
     flops = flops_per_step(cfg, batch, int(b["attention_mask"].shape[1]), n_params)
     if args.peak_tflops:
         for k in kinds:
@@ -312,8 +355,10 @@ def main(argv=None) -> int:
                 f"{preset} seq {seq} batch {row['batch']} ({args.lengths}, mean {row['mean_length']}"
                 f"): real tok/s unpadded {row['ours_tokens_per_s']:.0f}, padded "
                 f"{row['padded_tokens_per_s']:.0f}, transformers {row['hf_tokens_per_s']:.0f}; "
-                f"vs transformers {row['ratio']:.2f}x (padded {row['padded_ratio']:.2f}x), "
-                f"unpadding {row['unpad_gain']:.2f}x{memory}",
+                f"vs transformers {row['ratio']:.2f}x (padded {row['padded_ratio']:.2f}x; "
+                f"matmul FLOP ratio {row['flop_ratio']:.2f}x), unpadding "
+                f"{row['unpad_gain']:.2f}x (FLOP ratio {row['flop_unpad_gain']:.2f}x"
+                f"{'' if row['unpadded_ran'] else ', the batch ran padded'}){memory}",
                 flush=True,
             )
     return 0
