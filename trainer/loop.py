@@ -52,6 +52,7 @@ from .data import PretrainingStream, StreamSpec, make_loader
 from .distillation import Distiller, check_resumed_teacher
 from .dsconfig import load_ds_config, precision, resolve_ds_config
 from .dskeys import check_keys
+from .evaluate import baselines
 from .schedule import time_budget_scheduler
 from .signals import StopRequest, grace_warning
 
@@ -102,6 +103,7 @@ class RunState:
     grad_norm: float | None = None  # computed here only where DeepSpeed reports none
     counts: torch.Tensor | None = None  # device counts since the last log
     host: list[float] = field(default_factory=lambda: [0.0] * len(metrics.HOST_COUNTS))
+    targets: torch.Tensor | None = None  # metrics.target_histogram since the last log
     window_start: float = field(default_factory=time.perf_counter)
 
 
@@ -276,6 +278,8 @@ class Trainer:
             if self.distiller is not None:
                 host[metrics.HOST_COUNTS.index("flops")] += self.distiller.forward_flops(batch)
             s.host = [a + b for a, b in zip(s.host, host, strict=True)]
+            seen = metrics.target_histogram(batch, self.model_config.vocab_size)
+            s.targets = seen if s.targets is None else s.targets + seen
             batch = {k: batch[k].to(self.info.device, non_blocking=True) for k in MODEL_INPUTS}
             out = engine(**batch) if self.distiller is None else self.distiller(engine, batch)
             bad |= ~torch.isfinite(out.loss.detach())
@@ -318,16 +322,18 @@ class Trainer:
 
     def _log(self, writer: metrics.MetricsWriter) -> dict:
         s = self.state
-        totals = torch.cat([s.counts.double().cpu(), torch.tensor(s.host, dtype=torch.float64)]).to(
-            self.info.device
-        )
+        host = torch.tensor(s.host, dtype=torch.float64)
+        totals = torch.cat([s.counts.double().cpu(), host, s.targets]).to(self.info.device)
         totals = distributed.all_reduce_sum(totals).cpu()
+        totals, targets = totals.split([len(metrics.COUNTS), len(s.targets)])
         seconds = time.perf_counter() - s.window_start
         record = {"step": s.step, "split": "train"}
         distill = self.distiller is not None
         record.update(
             metrics.summarize(totals, seconds, self.info.world_size, self.peak, distill=distill)
         )
+        trivial = baselines(targets[:-2], targets[-2:])  # the same rows' trivial baselines
+        record.update({k: trivial[k] for k in ("mlm_baseline_accuracy", "nsp_baseline_accuracy")})
         lr = self.engine.get_lr()
         norm = s.grad_norm if self.own_grad_norm else self.engine.get_global_grad_norm()
         record.update(
@@ -338,7 +344,7 @@ class Trainer:
             train_seconds=s.train_s,
         )
         writer.write(record)
-        s.counts, s.host = None, [0.0] * len(metrics.HOST_COUNTS)
+        s.counts, s.host, s.targets = None, [0.0] * len(metrics.HOST_COUNTS), None
         s.window_start = time.perf_counter()
         return record
 

@@ -5,7 +5,8 @@ TensorBoard (``OUTPUT_DIR/tensorboard``) and to the console (a tqdm bar on a ter
 compact line with the ETA otherwise; evaluations as a line beside their baselines). Counts are summed over ranks with one all-reduce per log step.
 
 Record keys: ``step``, ``loss``, ``mlm_loss``, ``mlm_accuracy``, ``nsp_loss``,
-``nsp_accuracy``, ``lr``, ``grad_norm``, ``sequences_per_s``, ``tokens_per_s`` (real,
+``nsp_accuracy``, ``mlm_baseline_accuracy`` and ``nsp_baseline_accuracy`` (the most
+frequent target's and the majority label's share among the same rows), ``lr``, ``grad_norm``, ``sequences_per_s``, ``tokens_per_s`` (real,
 non-padding tokens), ``tflops_per_s``, ``mfu`` (null without a known peak), ``epoch``,
 ``samples`` (stream position); evaluation records have ``split: "eval"``. Distillation runs
 (trainer/distillation.py) add ``kl_loss`` and ``cos_loss``; their ``loss`` is the
@@ -121,6 +122,18 @@ def host_counts(batch: dict[str, torch.Tensor], config: BertConfig) -> list[floa
     predictions = int((batch["masked_lm_positions"] != 0).sum())
     flops = model_flops(config, mask, predictions)
     return [float(mask.shape[0]), float(mask.sum()), flops, 1.0]
+
+
+def target_histogram(batch: dict[str, torch.Tensor], vocab_size: int) -> torch.Tensor:
+    """float64 (V + 2,): how often each token id is a real MLM target in one micro-batch
+    still on the host, then the rows with next_sentence_label 0 and 1 (the counts the
+    trivial baselines of a window's rows come from, see trainer/evaluate.py baselines)."""
+    real = batch["masked_lm_positions"] != 0
+    targets = batch["masked_lm_ids"][real].long()
+    labels = batch["next_sentence_label"]
+    counts = torch.bincount(targets, minlength=vocab_size)[:vocab_size]
+    nsp = torch.bincount(labels[labels >= 0].long(), minlength=2)[:2]
+    return torch.cat([counts, nsp]).double()
 
 
 def summarize(
@@ -242,12 +255,16 @@ def format_duration(seconds: float | None) -> str:
 
 
 def progress_line(r: dict[str, Any], max_steps: int | None, eta_s: float | None) -> str:
-    """One training record as a console line, e.g. ``step 300/1500  loss 6.1234  MLM acc 0.123
-    NSP acc 0.654  lr 9.00e-04  46.2 seq/s  3512 tok/s  ETA 4m12s`` (MFU on a known GPU)."""
+    """One training record as a console line, each accuracy beside the trivial baseline of
+    the same rows, e.g. ``step 300/1500  loss 6.1234  MLM acc 0.123 (baseline 0.061)  NSP acc
+    0.654 (baseline 0.512)  lr 9.00e-04  46.2 seq/s  3512 tok/s  ETA 4m12s`` (MFU on a known
+    GPU)."""
     parts = [f"step {r['step']}/{max_steps}" if max_steps is not None else f"step {r['step']}"]
     if r.get("loss") is not None:
         parts.append(f"loss {r['loss']:.4f}")
-    parts.append(f"MLM acc {r['mlm_accuracy']:.3f}  NSP acc {r['nsp_accuracy']:.3f}")
+    mlm = _beside(r["mlm_accuracy"], r.get("mlm_baseline_accuracy"), "baseline")
+    nsp = _beside(r["nsp_accuracy"], r.get("nsp_baseline_accuracy"), "baseline")
+    parts.append(f"MLM acc {mlm}  NSP acc {nsp}")
     if r.get("lr") is not None:
         parts.append(f"lr {r['lr']:.2e}")
     if r.get("sequences_per_s"):
@@ -278,7 +295,8 @@ def _beside(value: float, baseline: float | None, name: str) -> str:
 def _bar_postfix(r: dict[str, Any]) -> str:
     """The tqdm bar's text (the bar shows step/max, rate and ETA itself)."""
     parts = [f"loss {r['loss']:.4f}" if r.get("loss") is not None else None,
-             f"mlm {r['mlm_accuracy']:.3f}", f"nsp {r['nsp_accuracy']:.3f}",
+             f"mlm {_beside(r['mlm_accuracy'], r.get('mlm_baseline_accuracy'), 'base')}",
+             f"nsp {_beside(r['nsp_accuracy'], r.get('nsp_baseline_accuracy'), 'base')}",
              f"lr {r['lr']:.1e}" if r.get("lr") is not None else None,
              f"{r['sequences_per_s']:.1f} seq/s" if r.get("sequences_per_s") else None,
              f"MFU {100 * r['mfu']:.1f}%" if r.get("mfu") is not None else None]  # fmt: skip

@@ -1,8 +1,9 @@
 """Console lines of the training metrics: compact progress with an ETA, evaluations beside baselines."""
 
 import pytest
+import torch
 
-from trainer.metrics import eval_line, format_duration, progress_line
+from trainer.metrics import eval_line, format_duration, progress_line, target_histogram
 
 TRAIN = {"step": 300, "split": "train", "loss": 6.1234, "mlm_accuracy": 0.1234,
          "nsp_accuracy": 0.654, "lr": 9e-4, "grad_norm": 1.2, "sequences_per_s": 46.2,
@@ -21,6 +22,22 @@ def test_progress_line_is_compact_and_ends_with_the_eta():
         "46.2 seq/s  3512 tok/s  ETA 4m12s"
     )
     assert progress_line({**TRAIN, "mfu": 0.412}, 1500, None).endswith("MFU 41.2%  ETA ?")
+    with_baselines = {**TRAIN, "mlm_baseline_accuracy": 0.0612, "nsp_baseline_accuracy": 0.512}
+    assert "MLM acc 0.123 (baseline 0.061)  NSP acc 0.654 (baseline 0.512)  lr" in progress_line(
+        with_baselines, 1500, 252
+    )
+
+
+def test_target_histogram_counts_real_targets_and_labelled_rows():
+    batch = {
+        "masked_lm_positions": torch.tensor([[3, 5, 0], [1, 0, 0]]),
+        "masked_lm_ids": torch.tensor([[7, 7, 0], [2, 0, 0]]),  # the zeros are padding
+        "next_sentence_label": torch.tensor([1, -100]),
+    }
+    counts = target_histogram(batch, vocab_size=9)
+    assert counts.dtype == torch.float64 and counts.shape == (11,)
+    assert counts[:9].tolist() == [0, 0, 1, 0, 0, 0, 0, 2, 0]
+    assert counts[9:].tolist() == [0, 1]  # one row labelled 1, the unlabelled one not counted
 
 
 def test_eval_line_puts_each_number_beside_its_baseline():

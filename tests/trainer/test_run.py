@@ -35,8 +35,11 @@ def test_metrics_are_logged_to_jsonl_and_tensorboard(finished_run, tiny_shards):
     train = records(finished_run)
     assert [r["step"] for r in train] == [3, 6]
     keys = {"loss", "mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy", "lr", "grad_norm",
-            "sequences_per_s", "tokens_per_s", "tflops_per_s", "mfu", "epoch", "samples"}  # fmt: skip
+            "sequences_per_s", "tokens_per_s", "tflops_per_s", "mfu", "epoch", "samples",
+            "mlm_baseline_accuracy", "nsp_baseline_accuracy"}  # fmt: skip
     assert keys <= set(train[0])
+    for r in train:  # the same rows' trivial baselines: a share, never all the targets here
+        assert 0 < r["mlm_baseline_accuracy"] < 1 and 0.5 <= r["nsp_baseline_accuracy"] <= 1
     assert train[1]["samples"] == 6 * 8 and train[0]["mfu"] is None  # no peak known on CPU
     assert abs(train[0]["loss"] - train[0]["mlm_loss"] - train[0]["nsp_loss"]) < 1e-4
     assert 0 < train[0]["tokens_per_s"] < 48 * train[0]["sequences_per_s"]
