@@ -39,6 +39,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from model import BertConfig, BertForPreTraining, num_parameters
+from model.unpad import Packing
 
 BATCH = {"tiny": 64, "mini": 64, "small": 32, "medium": 16, "base": 8, "large": 4}
 KINDS = ("ours", "padded", "hf")  # ours = unpadded encoder (the default)
@@ -184,8 +185,8 @@ def matmul_flops(cfg: BertConfig, b: dict, kind: str, unpadded: bool, device: st
     attention products, pooler, NSP and the MLM head (transform and decoder). Rows each
     runs on: transformers and the padded path every position and, for the MLM head,
     transformers every position, the padded path every prediction slot (B x P); unpadded,
-    the real tokens and real predictions, with attention over the (B, T) grid on CPU (the
-    ``padded`` attention path) and per row on CUDA (varlen).
+    the real tokens and real predictions, with attention on CPU over the grids of rows of
+    similar length that the ``padded`` attention path builds, and per row on CUDA (varlen).
     """
     h, i, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
     mask, positions = b["attention_mask"], b["masked_lm_positions"]
@@ -193,7 +194,12 @@ def matmul_flops(cfg: BertConfig, b: dict, kind: str, unpadded: bool, device: st
     lengths = mask.sum(1).double()
     unpadded = unpadded and kind == "ours"
     tokens = float(lengths.sum()) if unpadded else batch * width
-    attended = float((lengths**2).sum()) if unpadded and device == "cuda" else batch * width**2
+    attended = batch * width**2
+    if unpadded and device == "cuda":
+        attended = float((lengths**2).sum())
+    elif unpadded:  # grids of rows of similar length (model/unpad.py AttentionGroups)
+        groups = Packing.from_mask(mask).attention_groups()
+        attended = sum(r * w * w for r, w in zip(groups.rows, groups.width, strict=True))
     if kind == "hf":
         head_rows = batch * width
     else:

@@ -231,3 +231,22 @@ def test_nested_path_gives_sdpa_the_row_lengths_without_a_host_sync(monkeypatch)
     for syncs, extremes in seen:
         assert syncs == 0
         assert extremes == [(3, 64)] * 3
+
+
+def test_attention_groups_known_answer(monkeypatch):
+    from model.unpad import AttentionGroups
+
+    monkeypatch.setattr(AttentionGroups, "MIN_ROWS", 2)
+    mask = torch.zeros(4, 5, dtype=torch.long)
+    for row, n in enumerate([2, 5, 1, 4]):
+        mask[row, :n] = 1
+    groups = Packing.from_mask(mask).attention_groups()
+    # Packed rows: row 0 -> 0..1, row 1 -> 2..6, row 2 -> 7, row 3 -> 8..11.
+    assert groups.order.tolist() == [2, 3, 4, 5, 6, 8, 9, 10, 11, 0, 1, 7]
+    assert groups.order[groups.restore].tolist() == list(range(12))
+    assert (groups.tokens, groups.rows, groups.width) == ([9, 3], [2, 2], [5, 2])
+    assert groups.grid_index[0].tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 8]
+    assert groups.grid_index[1].tolist() == [0, 1, 2]
+    assert groups.key_mask[1].tolist() == [[True, True], [True, False]]
+    few = Packing.from_mask(mask[:3]).attention_groups()  # under 2 x MIN_ROWS rows: one grid
+    assert few.order is None and few.width == [5]
