@@ -293,7 +293,7 @@ def bench(args, preset: str, seq: int) -> dict:
     row["unpad_gain"] = round(med["padded"] / med["ours"], 3)
     # Work ratios of the same pairs: the ceilings the time ratios would reach if every
     # matmul ran equally fast and nothing else took time (see matmul_flops).
-    with torch.no_grad():  # did the unpadded model unpad this batch? (see UNPAD_BELOW)
+    with torch.no_grad():  # did the unpadded model unpad this batch? (not without padding)
         unpadded = models["ours"](*(b[k] for k in INPUTS)).packing is not None
     work = {k: matmul_flops(cfg, b, k, unpadded, args.device) for k in kinds}
     row["unpadded_ran"] = unpadded

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from model import BertConfig, BertForPreTraining
-from model.bert import UNPAD_BELOW, dense_labels_to_positions
+from model.bert import dense_labels_to_positions
 from tests.helpers import CountHostSyncs
 
 TINY = dict(
@@ -158,7 +158,6 @@ def test_a_training_step_syncs_with_the_host_only_to_pack(unpad, syncs, monkeypa
     """No value checks in forward (they moved to the data path); the unpadded encoder's one
     sync sizes its packing (model/unpad.py)."""
     monkeypatch.setattr("model.bert.DEBUG_CHECKS", False)
-    monkeypatch.setitem(UNPAD_BELOW, "cpu", 1.0)  # unpad this batch whatever its padding
     model = BertForPreTraining(BertConfig(**TINY), unpad=unpad)
     data = batch()
     with CountHostSyncs() as counter:
