@@ -42,6 +42,9 @@ class FinetuneConfig:
     gradual_unfreeze: bool = option(False, "epoch e trains the head + top e-1 layers")
     layer_lr_decay: float = option(1.0, "layer l learns at lr * D^(L-l); 1: off")
     seed: int = option(42, "head initialisation, dropout and shuffling")
+    device: str = option(
+        "auto", "where to train: auto (the GPU when there is one), cpu, cuda or cuda:N"
+    )
     # QA only (Google's run_squad.py names and defaults; finetune/qa.py, finetune/squad.py).
     max_query_length: int = option(64, "qa: question tokens kept (the rest cut)")
     doc_stride: int = option(128, "qa: tokens between the starts of a context's windows")
@@ -81,6 +84,13 @@ class FinetuneConfig:
             "n_best_size": (self.n_best_size > 0, "> 0"),
             "null_score_diff_threshold": (math.isfinite(self.null_score_diff_threshold), "finite"),
         }
+        device = self.device.split(":")
+        if device[0] not in ("auto", "cpu", "cuda") or (
+            len(device) > 1 and (device[0] != "cuda" or not device[1].isdigit())
+        ):
+            raise ValueError(
+                f"{_name('device')} must be auto, cpu, cuda or cuda:N, got {self.device!r}"
+            )
         for name, (ok, rule) in checks.items():
             if not ok:
                 raise ValueError(f"{_name(name)} must be {rule}, got {getattr(self, name)!r}")

@@ -51,11 +51,14 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float:
 def _outputs(model, features: list[dict], batch_size: int, pad_id: int):
     """Yields (features of a batch, their padded batch, the model's output) in eval mode."""
     model.eval()
+    device = next(model.parameters()).device
     try:
         for i in range(0, len(features), batch_size):
             chunk = features[i : i + batch_size]
             batch = collate(chunk, pad_id)
-            inputs = {k: batch[k] for k in ("input_ids", "segment_ids", "attention_mask")}
+            inputs = {
+                k: batch[k].to(device) for k in ("input_ids", "segment_ids", "attention_mask")
+            }
             yield chunk, batch, model(**inputs)
     finally:
         model.train()
@@ -68,13 +71,14 @@ def evaluate(task: str, model, features: list[dict], labels, batch_size: int, pa
     if task == "qa":
         logits = []
         for chunk, _, out in _outputs(model, features, batch_size, pad_id):
+            start = out.start_logits.float().cpu().numpy()  # one copy per batch
+            end = out.end_logits.float().cpu().numpy()
             for j, f in enumerate(chunk):
                 n = len(f["input_ids"])
-                logits.append((out.start_logits[j, :n].float().numpy(),
-                               out.end_logits[j, :n].float().numpy()))  # fmt: skip
+                logits.append((start[j, :n], end[j, :n]))
         return evaluate_qa(features, logits, decoding or Decoding())
     if task == "similarity":
-        pairs = [(out.logits[:, 0].float(), batch["labels"]) for _, batch, out in
+        pairs = [(out.logits[:, 0].float().cpu(), batch["labels"]) for _, batch, out in
                  _outputs(model, features, batch_size, pad_id)]  # fmt: skip
         pred = torch.cat([p for p, _ in pairs]).numpy()
         gold = torch.cat([g for _, g in pairs]).numpy()
@@ -83,7 +87,7 @@ def evaluate(task: str, model, features: list[dict], labels, batch_size: int, pa
     preds, golds = [], []
     for _, batch, out in _outputs(model, features, batch_size, pad_id):
         scored = batch["labels"] != IGNORE_INDEX  # (B,) or (B, T)
-        preds.append(out.logits.argmax(-1)[scored])
+        preds.append(out.logits.argmax(-1).cpu()[scored])
         golds.append(batch["labels"][scored])
     pred, gold = torch.cat(preds), torch.cat(golds)
     metrics = {"accuracy": (pred == gold).float().mean().item()}

@@ -82,9 +82,11 @@ def train_step(model, optimizer, features: list[dict], micro_batch: int, pad_id:
     Gradients are clipped to norm 1.0 over the trainable parameters.
     """
     total = 0.0
+    device = next(model.parameters()).device
     for i in range(0, len(features), micro_batch):
         chunk = features[i : i + micro_batch]
-        loss = model(**collate(chunk, pad_id)).loss * (len(chunk) / len(features))
+        batch = {k: v.to(device) for k, v in collate(chunk, pad_id).items()}
+        loss = model(**batch).loss * (len(chunk) / len(features))
         loss.backward()
         total += loss.item()
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -164,6 +166,25 @@ def _decoding(cfg: FinetuneConfig, train_examples: list[dict]) -> Decoding | Non
     )
 
 
+def resolve_device(name: str) -> torch.device:
+    """``--device``: auto is the first GPU when torch sees one, else the CPU.
+
+    Raises:
+        ValueError: a GPU asked for that torch does not see.
+    """
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        count = torch.cuda.device_count()
+        if count == 0 or (device.index or 0) >= count:
+            raise ValueError(
+                f"--device {name}: torch sees {count} GPU(s) on this machine; "
+                "use --device cpu, or auto"
+            )
+    return device
+
+
 def run(cfg: FinetuneConfig) -> dict:
     """Load, fine-tune, evaluate and save; returns the final eval metrics.
 
@@ -189,21 +210,23 @@ def run(cfg: FinetuneConfig) -> dict:
     saved = labels_in(head, Path(cfg.init) / CONFIG_NAME) if same else None
     labels = label_names(cfg.task, train_examples, saved, cfg.train)
     label_names(cfg.task, eval_examples, labels, cfg.eval)  # eval labels must be known
+    device = resolve_device(cfg.device)
     torch.manual_seed(cfg.seed)
-    model = cls.from_hf(cfg.init, labels=labels)
+    model = cls.from_hf(cfg.init, labels=labels).to(device)
     check_against_model(cfg, model)
     train_features = _encode(cfg, tokenizer, train_examples, labels)
     eval_features = _encode(cfg, tokenizer, eval_examples, labels)
     for features, examples in ((train_features, train_examples), (eval_features, eval_examples)):
         check_features(features, examples, bert.vocab_size, bert.type_vocab_size)
     logger.info(
-        "%s: %d train / %d eval examples (%d / %d features), labels %s",
+        "%s: %d train / %d eval examples (%d / %d features), labels %s, on %s",
         cfg.task,
         len(train_examples),
         len(eval_examples),
         len(train_features),
         len(eval_features),
         labels,
+        device,
     )
     decoding = _decoding(cfg, train_examples)
 
@@ -217,7 +240,7 @@ def run(cfg: FinetuneConfig) -> dict:
         logger.info("no --output-dir: the fine-tuned model is not saved")
         return metrics
     out = Path(cfg.output_dir)
-    model.save_hf(out)
+    model.cpu().save_hf(out)
     for name in TOKENIZER_FILES:
         if (Path(cfg.init) / name).is_file():
             shutil.copyfile(Path(cfg.init) / name, out / name)

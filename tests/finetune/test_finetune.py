@@ -5,6 +5,7 @@ import random
 import re
 
 import pytest
+import torch
 
 from finetune.__main__ import main
 from finetune.config import FinetuneConfig, parse_config
@@ -206,3 +207,19 @@ def test_a_head_of_the_task_keeps_its_label_order_and_refuses_unknown_labels(
     other = write_jsonl(tmp_path / "other.jsonl", [*rows, {"text": "w4", "label": "mango"}])
     assert main([*argv[:5], other, "--eval", train, *argv[8:]]) == 2
     assert "labels ['mango'] are not among the model's ['zebra', 'apple']" in caplog.text
+
+
+def test_device_is_checked_and_the_model_runs_where_it_says(tmp_path, init_dir, caplog):
+    with pytest.raises(ValueError, match=r"device \(--device\) must be auto, cpu, cuda or cuda:N"):
+        FinetuneConfig(task="classification", init="x", train="t", eval="e", device="gpu")
+    train = write_jsonl(tmp_path / "train.jsonl", has_digit(random.Random(1), 16))
+    argv = ["--task", "classification", "--init", str(init_dir), "--train", train,
+            "--eval", train, "--max-seq-length", "32", "--max-steps", "1"]  # fmt: skip
+    if not torch.cuda.is_available():  # a GPU asked for where torch sees none
+        assert main([*argv, "--device", "cuda"]) == 2
+        assert "--device cuda: torch sees 0 GPU(s) on this machine" in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        assert main([*argv, "--device", "auto"]) == 0
+    where = "cuda" if torch.cuda.is_available() else "cpu"
+    assert f"labels ['no', 'yes'], on {where}" in caplog.text
