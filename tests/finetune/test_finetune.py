@@ -222,4 +222,4 @@ def test_device_is_checked_and_the_model_runs_where_it_says(tmp_path, init_dir, 
     with caplog.at_level("INFO"):
         assert main([*argv, "--device", "auto"]) == 0
     where = "cuda" if torch.cuda.is_available() else "cpu"
-    assert f"labels ['no', 'yes'], on {where}" in caplog.text
+    assert f"labels ('no', 'yes'), on {where}" in caplog.text
