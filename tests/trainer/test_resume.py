@@ -61,6 +61,7 @@ def runs(small_shards, tmp_path_factory):
     files = tmp_path_factory.mktemp("resume")
     # ZeRO-2: a partitioned checkpoint, as on GPUs.
     write_launch_files(files, gradient_accumulation_steps=2, zero_optimization={"stage": 2})
+    shm_before = set(Path("/dev/shm").glob("deepspeed_allreduce_buffer_*"))
     done = launch(files, small_shards, files / "straight", **RUN)
     assert done.returncode == 0, done.stderr[-3000:]
     killed = launch(files, small_shards, files / "killed", fault=KILL_AFTER, **RUN)
@@ -69,6 +70,8 @@ def runs(small_shards, tmp_path_factory):
     first_attempt = sample_lines(files / "killed", 2)  # ranks may have died a line apart
     resumed = launch(files, small_shards, files / "killed", "--resume", "auto", **RUN)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # DeepSpeed's CPU all-reduce files are gone after every run, the killed one too.
+    assert set(Path("/dev/shm").glob("deepspeed_allreduce_buffer_*")) <= shm_before
     return files, first_attempt
 
 
