@@ -11,9 +11,11 @@ as the trainer's collate does. Both groupings hold the same rows, so real tokens
 compare directly. Our model runs each grouping unpadded (the default) and padded,
 alternating the groupings, median of ``--repeats`` passes over all batches.
 
-The unpadded encoder already drops padding from every Linear; on CPU its attention still
-runs on the (B, T) grid (model/unpad.py), which is what bucketing can shrink. On CUDA the
-varlen path computes no padding at all, so bucketing has nothing left to remove there.
+The unpadded encoder already drops padding from every Linear, and on CPU its attention
+groups rows of similar length inside the batch (model/unpad.py AttentionGroups), which is
+what bucketing would otherwise do for it. On CUDA the varlen path computes no padding at
+all. Measured (small, 6 x 32, 2 threads): unpadded 0.99x, padded 1.42x; before the
+in-model grouping unpadded gained 1.06x. So the loader does not bucket.
 """
 
 from __future__ import annotations
