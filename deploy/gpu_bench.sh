@@ -3,8 +3,9 @@
 # from deploy/zero2.json) for BERT-Base and BERT-Large at seq 128 and 512, each with the
 # unpadded encoder (--unpad true, the default) and the padded reference path (--unpad
 # false), then bench/model_speed.py's bare model steps (ours unpadded, ours padded,
-# transformers). Sized to finish in about 5-8 minutes on one H200 (an estimate: start-up
-# and the final checkpoint dominate each short run).
+# transformers) on Google-like rows and, at seq 128, on the main job's row lengths
+# (--lengths docstrings: mean 73 of 128). Sized to finish in about 5-8 minutes on one
+# H200 (an estimate: start-up and the final checkpoint dominate each short run).
 #
 #   bash deploy/gpu_bench.sh                              # all GPUs of this node
 #   NUM_GPUS=1 STEPS=300 bash deploy/gpu_bench.sh
@@ -110,6 +111,13 @@ main() {
         "no CUDA device: deploy/gpu_bench.sh needs a GPU node")'
     gpus="${NUM_GPUS:-$(python -c 'import torch; print(torch.cuda.device_count())')}"
     python -c 'import torch; print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")'
+    # DeepSpeed first, on its own and bounded: a missing or hanging install fails here in
+    # seconds, with its own message, instead of inside the first run's log.
+    if ! timeout "${IMPORT_TIMEOUT:-300}" python -c \
+        'import deepspeed; print(f"deepspeed {deepspeed.__version__}")'; then
+        echo "deepspeed does not import within ${IMPORT_TIMEOUT:-300} s: pip install -e '.[train]'"
+        return 1
+    fi
     echo "gpus $gpus, steps $steps, log every $log_every, attention dropout" \
         "${ATTENTION_DROPOUT:-of the preset}, work $work, results $res"
     : > "$res/results.jsonl"
@@ -134,6 +142,12 @@ main() {
             python bench/model_speed.py --device cuda --dtype bf16 --preset $presets \
                 --seq "$seq" --batch "${!batch_var:-$batch}" --lengths google --steps 10 \
                 --no-memory ${peak[@]+"${peak[@]}"}
+            if ((seq <= 128)); then  # short rows: the main job's length distribution
+                # shellcheck disable=SC2086
+                python bench/model_speed.py --device cuda --dtype bf16 --preset $presets \
+                    --seq "$seq" --batch "${!batch_var:-$batch}" --lengths docstrings \
+                    --steps 10 --no-memory ${peak[@]+"${peak[@]}"}
+            fi
         done 2>&1 | tee "$res/model_speed.log"
     fi
     echo "done in $SECONDS s; results in $res"
