@@ -319,6 +319,8 @@ def write_manifest(files: list[dict], plan: ExportPlan) -> dict:
             "manifest_sha256": plan.manifest_sha256,
             "num_rows": source["num_rows"],
             "format_version": source["format_version"],
+            # Which algorithm made the rows (absent from manifests older than the key).
+            "algorithm_version": source.get("algorithm_version"),
             "created_by": source["created_by"],
             "params": source["params"],
         },
