@@ -267,8 +267,9 @@ def trainer_argv(files: Path, data: Path, out: Path, *extra: str, steps: int, sa
 
 
 def launch(files: Path, data: Path, out: Path, *extra: str, steps: int, save_every: int,
-           ranks=2, fault=None, ds="ds.json"):  # fmt: skip
-    """trainer/run.py on ``ranks`` CPU ranks of this machine (one: without a launcher)."""
+           ranks=2, fault=None, ds="ds.json", port=None):  # fmt: skip
+    """trainer/run.py on ``ranks`` CPU ranks of this machine (one: without a launcher);
+    ``port``: the launcher's --master_port (default: a free one)."""
     import shutil
     import subprocess
     import sys
@@ -276,7 +277,7 @@ def launch(files: Path, data: Path, out: Path, *extra: str, steps: int, save_eve
     argv = trainer_argv(files, data, out, *extra, ds=ds, steps=steps, save_every=save_every)
     if ranks > 1:
         cmd = [shutil.which("deepspeed") or "deepspeed", "--num_gpus", str(ranks),
-               "--master_port", str(free_port()), *argv]  # fmt: skip
+               "--master_port", str(port or free_port()), *argv]  # fmt: skip
     else:
         cmd = [sys.executable, *argv]
     return subprocess.run(

@@ -11,7 +11,6 @@ rank for the checkpoint and restored on resume; see :func:`rng_state`.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import random
@@ -98,9 +97,23 @@ def _unlink_cpu_allreduce_buffer() -> None:
     by name afterwards, so after a barrier each rank unlinks its own name; the memory is
     freed when the last process mapping it exits, however the run ends.
     """
+    from deepspeed.comm import comm
+
     dist.barrier()  # every rank is past DeepSpeed's initialisation: all files are mapped
-    with contextlib.suppress(FileNotFoundError):  # none when not all ranks are on this node
-        cpu_allreduce_buffer(dist.get_rank()).unlink()
+    path = cpu_allreduce_buffer(dist.get_rank())
+    # DeepSpeed makes the files when its op loaded and every rank is on this node.
+    made = getattr(comm.cdb, "shm_comm_op", None) is not None and os.environ.get(
+        "LOCAL_SIZE"
+    ) == str(dist.get_world_size())
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        if made:
+            logger.warning(
+                "DeepSpeed's shared-memory all-reduce buffer is not at %s: if this DeepSpeed "
+                "names it otherwise, it stays in /dev/shm (memory) after the run",
+                path,
+            )
 
 
 def _share_cpu_threads() -> None:

@@ -61,17 +61,21 @@ def runs(small_shards, tmp_path_factory):
     files = tmp_path_factory.mktemp("resume")
     # ZeRO-2: a partitioned checkpoint, as on GPUs.
     write_launch_files(files, gradient_accumulation_steps=2, zero_optimization={"stage": 2})
-    shm_before = set(Path("/dev/shm").glob("deepspeed_allreduce_buffer_*"))
-    done = launch(files, small_shards, files / "straight", **RUN)
+    port = free_port()
+    done = launch(files, small_shards, files / "straight", port=port, **RUN)
     assert done.returncode == 0, done.stderr[-3000:]
-    killed = launch(files, small_shards, files / "killed", fault=KILL_AFTER, **RUN)
+    killed = launch(files, small_shards, files / "killed", fault=KILL_AFTER, port=port, **RUN)
     assert killed.returncode != 0, "the fault hook did not kill the run"
     assert (files / "killed" / "checkpoints" / "latest").read_text() == f"step{SAVE_EVERY:08d}"
     first_attempt = sample_lines(files / "killed", 2)  # ranks may have died a line apart
-    resumed = launch(files, small_shards, files / "killed", "--resume", "auto", **RUN)
+    resumed = launch(files, small_shards, files / "killed", "--resume", "auto", port=port, **RUN)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    # DeepSpeed's CPU all-reduce files are gone after every run, the killed one too.
-    assert set(Path("/dev/shm").glob("deepspeed_allreduce_buffer_*")) <= shm_before
+    # DeepSpeed made its CPU all-reduce files where trainer/distributed.py looks (else it
+    # warns), and they are gone after every run, the killed one too.
+    logs = [run.stdout + run.stderr for run in (done, killed, resumed)]
+    logs += [f.read_text() for f in files.glob("*/logs/*.log")]
+    assert len(logs) > 3 and not any("all-reduce buffer is not at" in log for log in logs)
+    assert not list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"))
     return files, first_attempt
 
 
