@@ -31,6 +31,7 @@ Hugging Face style dense ``labels`` (B, T) using -100 may pass those instead.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,9 +89,10 @@ class BertPreTrainingOutput:
     def sequence_output(self) -> torch.Tensor:
         return self.packing.unpack(self.hidden) if self.packing is not None else self.hidden
 
-    @property
+    @functools.cached_property
     def mlm_logits(self) -> torch.Tensor | None:
-        """(B, P, V) logits by prediction slot (zeros where the head did not run)."""
+        """(B, P, V) logits by prediction slot (zeros where the head did not run); built
+        on first read (a B x P x V tensor), then kept."""
         if self.prediction_logits is None:
             return None
         logits, (b, p) = self.prediction_logits, self.prediction_shape

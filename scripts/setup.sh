@@ -20,7 +20,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${BERT_VENV:-$root/.venv}"
 extras="${BERT_EXTRAS:-test,dask}"
-# Why pinned here and not in pyproject.toml (torch>=2.3): this script makes the environment
+# Why pinned here and not in pyproject.toml (torch>=2.6): this script makes the environment
 # CI and the quickstart run in, whose measured numbers (README) are for one torch, and our CI
 # machines hold a local wheel of exactly 2.13.0+cpu. pyproject.toml stays a range so that a
 # user's own (CUDA) torch build satisfies it. TORCH_SPEC overrides the pin.

@@ -128,8 +128,9 @@ def target_histogram(batch: dict[str, torch.Tensor], vocab_size: int) -> torch.T
     """float64 (V + 2,): how often each token id is a real MLM target in one micro-batch
     still on the host, then the rows with next_sentence_label 0 and 1 (the counts the
     trivial baselines of a window's rows come from, see trainer/evaluate.py baselines)."""
-    real = batch["masked_lm_positions"] != 0
-    targets = batch["masked_lm_ids"][real].long()
+    ids = batch["masked_lm_ids"]
+    real = (batch["masked_lm_positions"] != 0) & (ids >= 0)  # as the losses count targets
+    targets = ids[real].long()
     labels = batch["next_sentence_label"]
     counts = torch.bincount(targets, minlength=vocab_size)[:vocab_size]
     nsp = torch.bincount(labels[labels >= 0].long(), minlength=2)[:2]

@@ -28,8 +28,9 @@ def test_matmul_flops_known_answers():
     }
     # Per token 2 (4 H^2 + 2 H I) = 256; attention 4 H per attended pair; head 2 (H^2 + H V)
     # = 112 per row; pooler and NSP 2 (H^2 + 2 H) = 48 per row; x3 for the backward.
-    # Unpadded on CPU: 3 tokens, 2 x 3^2 pairs (the grid), 1 prediction.
-    assert bench.matmul_flops(cfg, b, "ours", True, "cpu") == 3 * (768 + 288 + 112 + 96)
+    # Unpadded on CPU: 3 tokens, 2 x 2^2 pairs (one grid as wide as the longest row), 1
+    # prediction.
+    assert bench.matmul_flops(cfg, b, "ours", True, "cpu") == 3 * (768 + 128 + 112 + 96)
     # On CUDA attention is per row: 2^2 + 1^2 pairs.
     assert bench.matmul_flops(cfg, b, "ours", True, "cuda") == 3 * (768 + 80 + 112 + 96)
     # A batch the model ran padded counts as padded; the padded path: 6 positions, 4 slots.

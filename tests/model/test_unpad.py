@@ -248,5 +248,7 @@ def test_attention_groups_known_answer(monkeypatch):
     assert groups.grid_index[0].tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 8]
     assert groups.grid_index[1].tolist() == [0, 1, 2]
     assert groups.key_mask[1].tolist() == [[True, True], [True, False]]
-    few = Packing.from_mask(mask[:3]).attention_groups()  # under 2 x MIN_ROWS rows: one grid
-    assert few.order is None and few.width == [5]
+    wide = torch.cat([mask, torch.zeros(4, 3, dtype=torch.long)], 1)[:3]  # T 8, longest 5
+    few = Packing.from_mask(wide).attention_groups()  # under 2 x MIN_ROWS rows: one grid
+    assert few.order is None and (few.rows, few.width) == ([3], [5])
+    assert few.grid_index[0].tolist() == [0, 1, 5, 6, 7, 8, 9, 10]  # rows 2, 5, 1 tokens

@@ -30,8 +30,9 @@ def test_progress_line_is_compact_and_ends_with_the_eta():
 
 def test_target_histogram_counts_real_targets_and_labelled_rows():
     batch = {
-        "masked_lm_positions": torch.tensor([[3, 5, 0], [1, 0, 0]]),
-        "masked_lm_ids": torch.tensor([[7, 7, 0], [2, 0, 0]]),  # the zeros are padding
+        "masked_lm_positions": torch.tensor([[3, 5, 0], [1, 4, 0]]),
+        # the zeros are padding; -100 at a real position has no target (as in the losses)
+        "masked_lm_ids": torch.tensor([[7, 7, 0], [2, -100, 0]]),
         "next_sentence_label": torch.tensor([1, -100]),
     }
     counts = target_histogram(batch, vocab_size=9)
