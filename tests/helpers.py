@@ -118,8 +118,6 @@ DIGITS = [str(i) for i in range(10)]
 def make_finetune_init(path: Path) -> Path:
     """A random-init tiny BertForPreTraining HF directory with a vocab.txt, dropout off
     (hidden 64, 2 layers, seq <= 64), for ``python -m finetune --init``."""
-    import torch
-
     from model import BertConfig, BertForPreTraining
     from pipeline.vocab import SPECIAL_TOKENS, write_vocab
 
