@@ -188,7 +188,6 @@ def matmul_flops(cfg: BertConfig, b: dict, kind: str, unpadded: bool, device: st
     the real tokens and real predictions, with attention on CPU over the grids of rows of
     similar length that the ``padded`` attention path builds, and per row on CUDA (varlen).
     """
-    h, i, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
     mask, positions = b["attention_mask"], b["masked_lm_positions"]
     batch, width = mask.shape
     lengths = mask.sum(1).double()
@@ -204,10 +203,7 @@ def matmul_flops(cfg: BertConfig, b: dict, kind: str, unpadded: bool, device: st
         head_rows = batch * width
     else:
         head_rows = float((positions != 0).sum()) if unpadded else positions.numel()
-    layer = 2 * (4 * h * h + 2 * h * i) * tokens + 2 * 2 * h * attended
-    forward = cfg.num_hidden_layers * layer + 2 * (h * h + h * v) * head_rows
-    forward += 2 * (h * h + 2 * h) * batch  # pooler and NSP
-    return 3 * forward
+    return cfg.training_flops(tokens, attended, head_rows, batch)
 
 
 def peak_rss_subprocess(args, preset: str, seq: int, kind: str) -> float:

@@ -120,6 +120,22 @@ class BertConfig:
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
+    def training_flops(
+        self, tokens: float, attended: float, predictions: float, rows: float
+    ) -> float:
+        """FLOPs of the matmuls of one training step (forward + backward = 3 x forward).
+
+        ``tokens`` pass every Linear of every layer (2 x (4H² + 2HI) each), ``attended``
+        query-key pairs cost 4H per layer (scores and the weighted sum), ``predictions``
+        rows pass the MLM head (2 x (H² + HV)), and ``rows`` sequences the pooler and NSP
+        (2 x (H² + 2H)). Callers say what each count is: real tokens or every position,
+        per-row or grid attention, real predictions or every slot.
+        """
+        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
+        encoder = self.num_hidden_layers * (2 * tokens * (4 * h * h + 2 * h * i) + 4 * attended * h)
+        heads = 2 * predictions * (h * h + h * v) + 2 * rows * (h * h + 2 * h)
+        return 3.0 * (encoder + heads)
+
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> BertConfig:
         """A named size (tiny, mini, small, medium, base, large), optionally overridden.

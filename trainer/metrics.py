@@ -63,14 +63,9 @@ def model_flops(config: BertConfig, attention_mask: torch.Tensor, num_prediction
         attention_mask: (B, T), 1 on real tokens.
         num_predictions: masked positions of the batch that carry a target.
     """
-    h, i, v, layers = (
-        config.hidden_size, config.intermediate_size, config.vocab_size, config.num_hidden_layers,
-    )  # fmt: skip
     lengths = attention_mask.sum(1).double()
     tokens, squares = float(lengths.sum()), float((lengths**2).sum())
-    encoder = layers * (2 * tokens * (4 * h * h + 2 * h * i) + 4 * squares * h)
-    heads = 2 * num_predictions * (h * h + h * v) + 2 * attention_mask.shape[0] * (h * h + 2 * h)
-    return 3.0 * (encoder + heads)
+    return config.training_flops(tokens, squares, num_predictions, attention_mask.shape[0])
 
 
 def grad_norm(module: torch.nn.Module) -> float:

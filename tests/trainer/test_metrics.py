@@ -51,3 +51,14 @@ def test_eval_line_puts_each_number_beside_its_baseline():
     )
     old = {"step": 500, "split": "eval", "mlm_accuracy": 0.3124, "nsp_accuracy": 0.7}
     assert eval_line(old) == "eval at step 500: MLM acc 0.312  NSP acc 0.700"
+
+
+def test_model_flops_count_real_tokens_per_row_attention_and_real_predictions():
+    from model import BertConfig
+    from trainer.metrics import model_flops
+
+    cfg = BertConfig(vocab_size=10, hidden_size=4, num_hidden_layers=1, num_attention_heads=1,
+                     intermediate_size=8)  # fmt: skip
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    # 3 tokens x 256, 2² + 1² pairs x 16, 1 prediction x 112, 2 rows x 48; x3 (backward).
+    assert model_flops(cfg, mask, 1) == 3 * (768 + 80 + 112 + 96)
