@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pipeline.options import add_options, option, parse_options
+from pipeline.options import CommandParser, add_options, option, parse_options
 
 TASKS = ("classification", "qa", "similarity", "token")
 
@@ -107,7 +107,7 @@ def parse_config(argv: Sequence[str] | None, doc: str = "") -> FinetuneConfig:
     Raises:
         ValueError: an unreadable ``--config``, an unknown key (named) or a bad value.
     """
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m finetune",
         description=doc,
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -49,6 +49,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from pipeline.options import CommandParser
+
 from .bert import BertForPreTraining
 from .config import BertConfig
 from .embed import POOLINGS, SentenceEmbedding, load_encoder
@@ -221,9 +223,7 @@ def max_rel_error(
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m model.export_onnx", description=__doc__.split("\n\n")[0]
-    )
+    parser = CommandParser(prog="python -m model.export_onnx", description=__doc__.split("\n\n")[0])
     parser.add_argument("directory", help="Hugging Face directory (save_hf or transformers)")
     parser.add_argument("output", help="the .onnx file to write")
     parser.add_argument("--quantize", action="store_true", help="write dynamic INT8 to OUTPUT")

@@ -39,11 +39,16 @@ USAGE = """usage: python -m pipeline {build,stats,inspect,validate,export} [opti
 Run `python -m pipeline build --help` for the options of one command."""
 
 
-def check_beam_options(beam_args: list[str], parser: argparse.ArgumentParser | None = None) -> None:
-    """Refuse what Beam would drop: it discards an option it cannot parse (``--runer=...``)
-    with one log line and runs on, locally. Beam's own parsers decide what is known, the
-    chosen runner's included (its module is imported first, so its options class counts).
-    ``parser`` is the command's own (default: build's), whose options are suggested too.
+def check_beam_options(beam_args: list[str], parser: argparse.ArgumentParser | None = None
+                       ) -> list[str]:  # fmt: skip
+    """Refuse what Beam would drop; return ``beam_args`` spelt as Beam declares them.
+
+    Beam discards an option it cannot parse (``--runer=...``) with one log line and runs on,
+    locally, and drops ``--direct-num-workers=2`` without a word: each flag is respelt as
+    Beam declares it (``--direct_num_workers=2``; its hyphenated ``--job-server-timeout``
+    kept). Beam's own parsers decide what is known, the chosen runner's included (its
+    module is imported first, so its options class counts). ``parser`` is the command's own
+    (default: build's), whose options are suggested too.
 
     Raises:
         ValueError: an unknown runner or option, with Beam's closest name.
@@ -51,8 +56,9 @@ def check_beam_options(beam_args: list[str], parser: argparse.ArgumentParser | N
     from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
     from apache_beam.runners.runner import create_runner
 
-    options = PipelineOptions(beam_args)
-    runner = options.view_as(StandardOptions).runner
+    from .options import did_you_mean, respell
+
+    runner = PipelineOptions(beam_args).view_as(StandardOptions).runner
     if runner:
         try:
             create_runner(runner)
@@ -66,6 +72,9 @@ def check_beam_options(beam_args: list[str], parser: argparse.ArgumentParser | N
                 f"--runner={runner}: cannot load it ({err}); install what it needs, e.g. "
                 "pip install 'apache-beam[dask]' for the DaskRunner"
             ) from None
+    beam_names = _beam_flags()
+    beam_args = respell(beam_args, beam_names)
+    options = PipelineOptions(beam_args)
     beam_logger = logging.getLogger("apache_beam.options.pipeline_options")
     level = beam_logger.level
     beam_logger.setLevel(logging.ERROR)  # its "Discarding unparseable args" is said below
@@ -77,15 +86,30 @@ def check_beam_options(beam_args: list[str], parser: argparse.ArgumentParser | N
     if unknown:
         parser = parser or _our_parser()
         ours = [a for action in parser._actions for a in action.option_strings]
-        names = [f"--{name}" for name in known] + ours
-        problems = []
-        for name in (f"--{u}" for u in unknown):
-            close = difflib.get_close_matches(name, names, n=1)
-            problems.append(name + (f" (did you mean {close[0]}?)" if close else ""))
+        # Beam names an option by its dest (--vocab-sise -> vocab_sise): say it as given.
+        given = {a.partition("=")[0][2:].replace("-", "_"): a.partition("=")[0]
+                 for a in beam_args if a.startswith("--")}  # fmt: skip
+        names = [given.get(u, f"--{u}") for u in unknown]
+        problems = [name + did_you_mean(name, [*beam_names, *ours]) for name in names]
         raise ValueError(
             f"unknown option{'s' if len(problems) > 1 else ''} {', '.join(problems)}: not one "
             f"of ours ({parser.prog} --help) nor of Apache Beam's pipeline options"
         )
+    return beam_args
+
+
+def _beam_flags() -> list[str]:
+    """Every flag of Beam's options classes imported so far, as Beam spells it
+    (``--direct_num_workers``, ``--job-server-timeout``): the parser Beam builds to read them."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    names: list[str] = []
+
+    def collect(parser: argparse.ArgumentParser) -> None:
+        names.extend(name for action in parser._actions for name in action.option_strings)
+
+    PipelineOptions([]).get_all_options(add_extra_args_fn=collect)
+    return names
 
 
 def _our_parser() -> argparse.ArgumentParser:
@@ -122,7 +146,9 @@ def with_tokenizer_threads(config, options):
 
 def _console_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     """``--verbose`` and ``--log_file`` (how the build talks, not what it writes); the rest."""
-    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    from .options import CommandParser
+
+    p = CommandParser(add_help=False, allow_abbrev=False)
     p.add_argument("--verbose", action="store_true")
     p.add_argument("--log_file", default=None)
     return p.parse_known_args(list(argv))
@@ -242,7 +268,7 @@ def _build(argv: Sequence[str], log_file: str | None, verbose: bool,
 
     try:
         config, beam_args = parse_build_args(argv)
-        check_beam_options(beam_args)
+        beam_args = check_beam_options(beam_args)
         plan = make_plan(config)
         prepare_output(config)
     except (ValueError, OSError) as e:  # FileNotFoundError and FileExistsError included

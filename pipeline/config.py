@@ -4,6 +4,7 @@ Our flags are parsed with ``parse_known_args``; everything else on the command l
 (``--runner``, ``--direct_num_workers``, ``--temp_location``, ``--setup_file``, ...)
 goes to Beam untouched. ``--config FILE`` takes a JSON object of the same settings keyed
 by these names (``{"dupe_factor": 5, "input": ["wiki/*.txt"]}``); flags override it.
+Each flag takes hyphens too (``--dupe-factor``), and so does each of Beam's.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .options import add_options, option, parse_options
+from .options import CommandParser, add_options, option, parse_options
 
 INPUT_FORMATS = ("auto", "txt", "jsonl", "parquet")
 # Shards aim at this many bytes when --num_shards is not given (64-256 MB window).
@@ -112,7 +113,7 @@ class BuildConfig:
 
 def build_parser() -> argparse.ArgumentParser:
     """``--config FILE`` and one flag per BuildConfig field, Google's names (underscores)."""
-    p = argparse.ArgumentParser(
+    p = CommandParser(
         prog="python -m pipeline build",
         description="Raw text -> WordPiece vocab -> NSP pairs -> static masks -> Arrow shards. "
         "Unrecognised options (--runner, --direct_num_workers, ...) are passed to Apache Beam.",

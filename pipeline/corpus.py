@@ -29,6 +29,7 @@ import tokenize
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from .options import CommandParser
 from .text import split_sentences
 
 logger = logging.getLogger(__name__)
@@ -191,8 +192,10 @@ def write_corpus(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    p = CommandParser(
+        prog="python -m pipeline.corpus",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--output", required=True, help="directory for the txt files")
     p.add_argument(

@@ -34,6 +34,7 @@ from apache_beam.metrics import Metrics
 
 from . import export_formats as formats
 from . import shard_format
+from .options import CommandParser
 from .shard_writer import created_by, encode_manifest
 from .writing import write_atomic
 
@@ -67,7 +68,7 @@ class ExportConfig:
 
 
 def export_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = CommandParser(
         prog="python -m pipeline export",
         description="Shards -> one NVIDIA HDF5 or Google TFRecord file per shard, for other "
         "BERT trainers. Unrecognised options (--runner, --direct_num_workers=N, ...) go to "
@@ -82,8 +83,6 @@ def export_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True, help="output directory (local or a URI)")
     p.add_argument(
         "--tfrecord-names",
-        "--tfrecord_names",
-        dest="tfrecord_names",
         choices=sorted(formats.TFRECORD_NAMES),
         help="feature names: v1 google-research/bert and Model Garden's default (input_ids, "
         "segment_ids), v2 Model Garden's use_v2_feature_names (input_word_ids, input_type_ids); "
@@ -358,7 +357,7 @@ def run_export(argv: Sequence[str], log_file: str | None, verbose: bool,
 
     try:
         config, beam_args = parse_export_args(argv)
-        check_beam_options(beam_args, export_parser())
+        beam_args = check_beam_options(beam_args, export_parser())
         plan = make_plan(config)
         prepare_output(config)
     except (ValueError, OSError, ImportError) as e:  # ShardFormatError is a ValueError

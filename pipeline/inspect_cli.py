@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from . import shard_format, shard_writer
+from .options import CommandParser
 
 
 def check_rows(table, manifest: dict, where: str) -> None:
@@ -126,8 +127,11 @@ def inspect(directory: str, num_rows: int, shard: int, *, words: bool = False) -
 
 
 def validate_main(argv: Sequence[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m pipeline validate", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = CommandParser(
+        prog="python -m pipeline validate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("directory", help="a build's output directory (local or a URI)")
     args = p.parse_args(argv)
     try:
@@ -141,8 +145,11 @@ def validate_main(argv: Sequence[str]) -> int:
 
 
 def inspect_main(argv: Sequence[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m pipeline inspect", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = CommandParser(
+        prog="python -m pipeline inspect",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("directory", help="a build's output directory (local or a URI)")
     p.add_argument("-n", "--num_rows", type=int, default=5, help="rows to show (default: 5)")
     p.add_argument("--shard", type=int, default=0, help="shard index (default: 0)")

@@ -17,6 +17,13 @@ format all come from it. Values are layered defaults < ``--config FILE`` < flags
 
 A ``--config`` file is a JSON object keyed by the field names (``{"max_steps": 200}``);
 an unknown key is refused with the closest known name, and every error names the file.
+
+Every command of the project parses with :class:`CommandParser`: a long flag may be
+spelled with hyphens or underscores whichever way it was declared (``--vocab-size`` and
+``--vocab_size``; the pipeline declares Google's underscores, the trainer hyphens), and a
+bad command line is refused in one line, exit 2, with the closest flag:
+
+    trainer/run.py: error: unknown option --mdoel (did you mean --model?)
 Only the standard library: ``pipeline/`` runs on Beam workers, and the trainer and
 finetune packages import this module too.
 """
@@ -27,7 +34,8 @@ import argparse
 import dataclasses
 import difflib
 import json
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +123,80 @@ def add_options(parser: argparse.ArgumentParser, cls: type, *, sep: str) -> None
             kwargs.update(type=kind)
         extra = {k: v for k, v in f.metadata.items() if k != "help"}
         parser.add_argument(flag(f.name, sep), **{**kwargs, **extra})
+
+
+def spelling(name: str) -> str:
+    """One key for both spellings of a long flag: ``"--vocab_size"`` -> ``"--vocab-size"``."""
+    return "--" + name[2:].replace("_", "-") if name.startswith("--") else name
+
+
+def respell(argv: Sequence[str], names: Iterable[str]) -> list[str]:
+    """``argv`` with each long flag spelled as declared in ``names`` (hyphens or underscores).
+
+    ``respell(["--vocab-size=9", "x"], ["--vocab_size"])`` -> ``["--vocab_size=9", "x"]``.
+    A flag declared as given, or not declared in any spelling, is left as it is (so it
+    reaches the unknown-option check, or Beam); nothing after ``--`` is touched.
+    """
+    names = set(names)
+    declared: dict[str, str] = {}
+    for name in sorted(names):  # sorted: the same pick every run if two spellings are declared
+        declared.setdefault(spelling(name), name)
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg == "--":
+            break
+        name, eq, value = arg.partition("=")
+        if name.startswith("--") and name not in names and spelling(name) in declared:
+            out[i] = declared[spelling(name)] + eq + value
+    return out
+
+
+def did_you_mean(name: str, names: Iterable[str]) -> str:
+    """``" (did you mean --model?)"`` for the known flag closest to ``name``, else ``""``.
+
+    Compared in one spelling, so ``--max_step`` finds ``--max-steps``; a name never
+    suggests itself (``--vocab_size`` for ``--vocab-size``).
+    """
+    by_key: dict[str, str] = {}
+    for known in sorted(names):
+        by_key.setdefault(spelling(known), known)
+    by_key.pop(spelling(name), None)
+    close = difflib.get_close_matches(spelling(name), list(by_key), n=1, cutoff=0.6)
+    return f" (did you mean {by_key[close[0]]}?)" if close else ""
+
+
+class CommandParser(argparse.ArgumentParser):
+    """argparse's parser, as every command of the project uses it: either spelling of a long
+    flag (:func:`respell`), and errors in one line with exit 2, no usage dump:
+    ``prog: error: unknown option --mdoel (did you mean --model?)``. ``--help`` is argparse's.
+    """
+
+    def option_names(self) -> list[str]:
+        """Every long flag this parser declares, as declared."""
+        return [name for action in self._actions for name in action.option_strings
+                if name.startswith("--")]  # fmt: skip
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = sys.argv[1:] if args is None else args
+        return super().parse_known_args(respell(args, self.option_names()), namespace)
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, rest = self.parse_known_args(args, namespace)
+        if rest:
+            self.error(self.unknown_message(rest))
+        return parsed
+
+    def unknown_message(self, rest: Sequence[str]) -> str:
+        """``"unknown option --mdoel (did you mean --model?)"`` for what parsing left over."""
+        options = [arg.partition("=")[0] for arg in rest if arg.startswith("-") and arg != "-"]
+        if not options:
+            return f"unexpected argument(s) {' '.join(rest)}"
+        names = self.option_names()
+        problems = [name + did_you_mean(name, names) for name in options]
+        return f"unknown option{'s' if len(problems) > 1 else ''} {', '.join(problems)}"
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def read_config_file(path: str, cls: type) -> dict[str, Any]:

@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from . import shard_format
+from .options import CommandParser
 from .shard_writer import atomic_write_bytes
 
 logger = logging.getLogger(__name__)
@@ -148,8 +149,11 @@ def plot(stats: dict, out_dir: str) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pipeline stats", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = CommandParser(
+        prog="python -m pipeline stats",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("directory", help="a shard directory written by `python -m pipeline build`")
     p.add_argument("--plot", action="store_true", help="also write lengths.png and masking.png")
     p.add_argument("--plot-dir", default=None, help="where to write the plots (default: DIRECTORY)")

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.options import add_options, flag, option, parse_options
+from pipeline.options import CommandParser, add_options, flag, option, parse_options
 
 MASKING = ("static", "dynamic")
 TEACHER_DTYPES = ("auto", "fp32", "bf16")
@@ -241,7 +241,7 @@ exit codes: 0 done; 2 bad arguments, configuration or data; 3 non-finite loss or
 
 def build_parser() -> argparse.ArgumentParser:
     """``--config FILE`` and one flag per TrainConfig field, dashed (``--max-steps``)."""
-    p = argparse.ArgumentParser(
+    p = CommandParser(
         prog="trainer/run.py",
         description="Pretrain BERT (MLM + NSP) on pipeline shards with DeepSpeed.",
         epilog=EPILOG,
@@ -258,7 +258,7 @@ def parse_args(argv: Sequence[str]) -> TrainConfig:
 
     Raises:
         ValueError: a bad ``--config`` file, a missing required option or an invalid value.
-        SystemExit: from argparse for an unknown flag or ``--help``.
+        SystemExit: an unknown flag (exit 2, one line naming the closest) or ``--help``.
     """
     config, _ = parse_options(build_parser(), TrainConfig, argv, sep="-")
     return config

@@ -21,7 +21,6 @@ Exit codes: 0 written, 2 no checkpoint or a bad one, or a --vocab that cannot be
 
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import logging
@@ -33,6 +32,7 @@ from pathlib import Path
 import torch
 
 from model import BertConfig, BertForPreTraining, save_hf
+from pipeline.options import CommandParser
 
 from . import checkpoint
 from .hf_tokenizer import TOKENIZER_FILES, Vocab, read_shard_vocab, save_tokenizer, shard_dir_of
@@ -173,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m trainer.export",
         description="Consolidate a trainer checkpoint into a Hugging Face directory.",
     )

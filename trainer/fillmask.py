@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline import shard_format
+from pipeline.options import CommandParser
 from pipeline.text import split_sentences
 
 from .hf_tokenizer import TOKENIZER_CONFIG_NAME, read_shard_vocab
@@ -302,7 +303,7 @@ def summary(results: Sequence[Mapping], top_k: int) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m trainer.fillmask",
         description="Mask one word in held-out sentences and show the export's guesses.",
     )

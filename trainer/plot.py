@@ -23,6 +23,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from pipeline.options import CommandParser
+
 logger = logging.getLogger(__name__)
 
 LOSSES = (("loss", "total"), ("mlm_loss", "MLM"), ("nsp_loss", "NSP"))
@@ -166,8 +168,11 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m trainer.plot", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = CommandParser(
+        prog="python -m trainer.plot",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("run_dir", help="a training output directory holding metrics.jsonl")
     p.add_argument("--out", default=None, help="where to write the PNGs (default: RUN_DIR/plots)")
     args = p.parse_args(argv)

@@ -20,6 +20,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from pipeline.options import CommandParser
+
 MARGIN = 0.05  # accuracy above the trivial baseline that counts as learned
 # (task, accuracy key, baseline key, baseline name)
 TASKS = (
@@ -129,8 +131,11 @@ def read_records(path: Path) -> list[dict]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m trainer.summary", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = CommandParser(
+        prog="python -m trainer.summary",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("run_dir", help="a quickstart RUN_DIR (shards/, train/metrics.jsonl)")
     run = Path(p.parse_args(argv).run_dir)
     metrics = run / "train" / "metrics.jsonl"

@@ -9,7 +9,14 @@ import pytest
 
 from finetune.config import FinetuneConfig
 from pipeline.config import BuildConfig
-from pipeline.options import add_options, option, parse_bool, parse_options
+from pipeline.options import (
+    add_options,
+    did_you_mean,
+    option,
+    parse_bool,
+    parse_options,
+    respell,
+)
 from trainer.config import TrainConfig
 
 
@@ -103,3 +110,19 @@ def test_missing_file_and_missing_required_option_are_named(tmp_path):
         parse([])
     with pytest.raises(ValueError, match=r"missing required option\(s\) --data_dir \("):
         parse([], sep="_")
+
+
+def test_respell_takes_either_spelling_up_to_a_double_dash():
+    declared = ["--vocab_size", "--max-steps", "--local_rank", "--local-rank", "--a_b"]
+    argv = ["--vocab-size=9", "x", "--max_steps", "3", "--local_rank=1", "--other-one", "--",
+            "--a-b"]  # fmt: skip
+    assert respell(argv, declared) == ["--vocab_size=9", "x", "--max-steps", "3",
+                                       "--local_rank=1", "--other-one", "--", "--a-b"]  # fmt: skip
+
+
+def test_did_you_mean_compares_in_one_spelling_and_never_suggests_the_name():
+    names = ["--model", "--max-steps", "--vocab_size"]
+    assert did_you_mean("--mdoel", names) == " (did you mean --model?)"
+    assert did_you_mean("--max_step", names) == " (did you mean --max-steps?)"
+    assert did_you_mean("--vocab-size", names) == ""  # a spelling of it, not a typo
+    assert did_you_mean("--zzz", names) == ""
