@@ -1,9 +1,12 @@
-"""``python -m trainer.summary RUN_DIR``: what a quickstart run wrote, and whether the model learned.
+"""``python -m trainer.summary RUN_DIR``: what a training run wrote, and whether the model learned.
 
+    python -m trainer.summary runs/tiny            # trainer/run.py --output-dir runs/tiny
     python -m trainer.summary runs/quickstart      # the last step of scripts/quickstart.sh
 
-Reads ``RUN_DIR/shards/manifest.json`` and ``RUN_DIR/train/metrics.jsonl`` and prints the
-output paths, the throughput, the last training record and each held-out accuracy beside its
+RUN_DIR is a trainer output directory (``metrics.jsonl``, ``checkpoints/``, ``hf/``,
+``logs/``) or a quickstart run, which holds one in ``train/`` beside ``shards/`` and
+``heldout/``. Reads the ``metrics.jsonl`` (and a quickstart's ``shards/manifest.json``) and
+prints the output paths that exist, the throughput, the last training record and each held-out accuracy beside its
 trivial baseline on the same rows (trainer/evaluate.py): always predicting the most frequent
 token for MLM, the majority class for NSP. An accuracy less than ``MARGIN`` above its baseline
 means the model learned token or label frequencies, not context (the unigram plateau); the
@@ -96,22 +99,37 @@ def _plateau_warning(short: list[tuple[str, float, float]], e: dict) -> list[str
     return [banner, *(f"!! {line}" for line in body), banner]
 
 
-def path_lines(run: Path) -> list[str]:
-    """Where the quickstart put its outputs (the shards' size from their manifest)."""
+def train_dir(run: Path) -> Path:
+    """The trainer output directory of ``run``: ``run`` itself, or a quickstart's ``run/train``.
+
+    Raises:
+        FileNotFoundError: neither holds a metrics.jsonl (the message names both).
+    """
+    for candidate in (run, run / "train"):
+        if (candidate / "metrics.jsonl").is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"no metrics.jsonl in {run} (a trainer --output-dir) nor in {run / 'train'} "
+        "(a quickstart RUN_DIR)"
+    )
+
+
+def path_lines(run: Path, train: Path) -> list[str]:
+    """Where the run put its outputs, those that exist (a quickstart's shards with their size
+    from the manifest); ``train`` is ``run``'s trainer output directory (:func:`train_dir`)."""
     lines = []
     manifest_path = run / "shards" / "manifest.json"
     if manifest_path.exists():
         m = json.loads(manifest_path.read_text())
         lines.append(f"shards:      {run / 'shards'} ({m['num_rows']} rows, "
                      f"{len(m['shards'])} shard(s), vocab {m['vocab']['size']})")  # fmt: skip
-    if (run / "heldout").exists():
-        lines.append(f"held-out:    {run / 'heldout'}")
-    lines += [
-        f"checkpoints: {run / 'train' / 'checkpoints'}",
-        f"HF export:   {run / 'train' / 'hf'}",
-        f"plots:       {run / 'plots'} (data), {run / 'train' / 'plots'} (training)",
-        f"logs:        {run / 'logs'}, {run / 'train' / 'logs'}",
-    ]
+    named = [("held-out:   ", [run / "heldout"]), ("checkpoints:", [train / "checkpoints"]),
+             ("HF export:  ", [train / "hf"]), ("plots:      ", [run / "plots", train / "plots"]),
+             ("logs:       ", [run / "logs", train / "logs"])]  # fmt: skip
+    for name, paths in named:
+        found = list(dict.fromkeys(p for p in paths if p.exists()))  # run == train: once
+        if found:
+            lines.append(f"{name} {', '.join(map(str, found))}")
     return lines
 
 
@@ -136,15 +154,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("run_dir", help="a quickstart RUN_DIR (shards/, train/metrics.jsonl)")
+    p.add_argument("run_dir", help="a trainer --output-dir (metrics.jsonl) or a quickstart "
+                   "RUN_DIR (shards/, train/metrics.jsonl)")  # fmt: skip
     run = Path(p.parse_args(argv).run_dir)
-    metrics = run / "train" / "metrics.jsonl"
     try:
-        records = read_records(metrics)
+        train = train_dir(run)
+        records = read_records(train / "metrics.jsonl")
     except OSError as err:
         print(f"no metrics to summarise: {err}", file=sys.stderr)
         return 1
-    print("\n".join(path_lines(run) + summary_lines(records)))
+    print("\n".join(path_lines(run, train) + summary_lines(records)))
     return 0
 
 

@@ -50,8 +50,9 @@ def test_no_evaluation_says_learning_was_not_checked():
     assert lines[-1].endswith("learning not checked")
 
 
-def test_main_prints_paths_and_metrics(tmp_path, capsys):
-    (tmp_path / "train").mkdir()
+def test_main_prints_a_quickstarts_paths_and_metrics(tmp_path, capsys):
+    for path in ("train/hf", "train/logs", "logs", "heldout"):
+        (tmp_path / path).mkdir(parents=True)
     records = [*TRAIN, evaluation(0.312, 0.7, **BASELINES)]
     (tmp_path / "train" / "metrics.jsonl").write_text(
         "".join(json.dumps(r) + "\n" for r in records) + '{"step": 16'
@@ -59,4 +60,28 @@ def test_main_prints_paths_and_metrics(tmp_path, capsys):
     assert main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert f"HF export:   {tmp_path / 'train' / 'hf'}" in out and "OK: the model learned" in out
+    assert f"logs:        {tmp_path / 'logs'}, {tmp_path / 'train' / 'logs'}" in out
+    assert f"held-out:    {tmp_path / 'heldout'}" in out and "checkpoints:" not in out
     assert main([str(tmp_path / "nothing")]) == 1
+
+
+def test_a_plain_trainer_output_dir_is_summarised(small_shards, tmp_path, capsys):
+    """``trainer/run.py --output-dir OUT`` writes OUT/metrics.jsonl (no train/ below it)."""
+    from tests.helpers import args
+    from trainer.run import main as train
+
+    extra = ["--max-steps", "2", "--log-every", "1", "--save-every", "0",
+             "--eval-data", str(small_shards), "--eval-every", "2"]  # fmt: skip
+    assert train(args(tmp_path, small_shards, *extra)) == 0
+    out = tmp_path / "out"
+    capsys.readouterr()
+    assert main([str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "train (step 2): loss" in text and "held-out (step 2" in text
+    assert f"HF export:   {out / 'hf'}" in text and f"logs:        {out / 'logs'}" in text
+    assert f"checkpoints: {out / 'checkpoints'}" in text  # the final one
+    assert f"plots:       {out / 'plots'}\n" in text  # written by the trainer
+    assert "shards:" not in text and "held-out:   " not in text  # none there: none named
+    assert main([str(tmp_path)]) == 1  # neither layout: both places looked in are named
+    err = capsys.readouterr().err
+    assert f"no metrics.jsonl in {tmp_path} " in err and f"nor in {tmp_path / 'train'} " in err
