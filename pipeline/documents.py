@@ -284,7 +284,8 @@ class Tokenize(beam.DoFn):
     """DocumentBatch -> TokenizedBatch with the ``tokenizers`` library.
 
     The tokenizer is built once per worker; one ``encode_batch_fast`` call (no
-    offsets) per batch. Sentences that tokenize to nothing are dropped without
+    offsets) per batch. Special-token text (``[MASK]``, ``[CLS]``, ...) is tokenized as
+    ordinary text, as Google's tokenizer does. Sentences that tokenize to nothing are dropped without
     ending the document (Google's rule); documents left empty become ``Skipped``.
     """
 
@@ -305,7 +306,9 @@ class Tokenize(beam.DoFn):
 
     def process(self, batch: DocumentBatch, vocab: list[str]) -> Iterator:
         if self._tokenizer is None:
-            self._tokenizer = build_tokenizer(vocab, self._lower)
+            # Text is text: a literal "[MASK]" is "[", "mask", "]", as Google tokenizes it;
+            # only the row format puts special ids in a row.
+            self._tokenizer = build_tokenizer(vocab, self._lower, specials_in_text=False)
             self._unk_id = vocab.index("[UNK]")
         sentences = [s for doc in batch.documents for s in doc]
         encoded = [

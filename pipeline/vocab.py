@@ -106,17 +106,28 @@ def special_ids(tokens: Sequence[str]) -> dict[str, int]:
     return {name: index[token] for name, token in zip(names, SPECIAL_TOKENS, strict=True)}
 
 
-def build_tokenizer(tokens: Sequence[str], do_lower_case: bool) -> Tokenizer:
+def build_tokenizer(
+    tokens: Sequence[str], do_lower_case: bool, *, specials_in_text: bool = True
+) -> Tokenizer:
     """A ``tokenizers.Tokenizer`` configured exactly like ``BertTokenizerFast``.
 
     ``BertNormalizer`` (clean text, CJK, accents stripped iff lowercased),
     ``BertPreTokenizer``, ``WordPiece`` (``[UNK]``, ``##``, words over 100
     characters -> ``[UNK]``), WordPiece decoder, ``[CLS] $A [SEP]`` /
-    ``[CLS] $A [SEP] $B:1 [SEP]:1`` post-processing, and the five special
-    tokens registered as special (so a literal ``[MASK]`` in text is the mask
-    id, as in ``transformers``). Example: ``build_tokenizer(tokens, True)
-    .encode("Hello world", add_special_tokens=False).ids -> [7592, 2088]``
-    with Google's uncased vocab.
+    ``[CLS] $A [SEP] $B:1 [SEP]:1`` post-processing. Example:
+    ``build_tokenizer(tokens, True).encode("Hello world", add_special_tokens=False)
+    .ids -> [7592, 2088]`` with Google's uncased vocab.
+
+    Args:
+        tokens: the vocab, token id = index.
+        do_lower_case: lowercase and strip accents (an uncased vocab).
+        specials_in_text: ``True`` (``transformers``' behaviour, for the tokenizer.json
+            users load): the five special tokens are registered as special, so a literal
+            ``[MASK]`` typed into text is the mask id. ``False`` (Google's
+            ``FullTokenizer``, what the pipeline tokenizes the corpus with): text is
+            text, ``"use [MASK] here"`` -> ``use [ mask ] here`` uncased, and no special
+            id but ``[UNK]`` ever comes out of text. The two agree on any text without
+            those five strings.
 
     Raises:
         ValueError: ``tokens`` is not a valid vocab (see ``write_vocab``).
@@ -145,7 +156,8 @@ def build_tokenizer(tokens: Sequence[str], do_lower_case: bool) -> Tokenizer:
         pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
         special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
     )
-    tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
+    if specials_in_text:
+        tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
     return tokenizer
 
 

@@ -344,6 +344,35 @@ def test_bad_txt_input_is_counted_and_the_job_completes(tmp_path, capsys):
     capsys.readouterr()
 
 
+def test_special_token_text_in_the_corpus_is_text_in_the_rows(tmp_path):
+    """Code-heavy text with literal "[MASK]", "[CLS]", "[SEP]", "[PAD]", "[UNK]": Google's
+    tokenizer splits them ("[", "mask", "]"), so no special id lands mid-row."""
+    corpus = tmp_path / "in"
+    make_corpus(corpus, n_docs=24, n_files=1)
+    lines = [
+        "Replace [MASK] with the word.",
+        "Rows start with [CLS] and end [SEP].",
+        "Pad with [PAD] and [UNK] marks unknown words.",
+        "x = tokens[MASK] [SEP][CLS]",
+    ]
+    (corpus / "code.txt").write_text("\n\n".join("\n".join(lines) for _ in range(6)) + "\n")
+    out = tmp_path / "out"
+    assert main(["build", "--input", str(corpus / "*.txt"), "--output", str(out),
+                 *SMALL, "--vocab_size", "400"]) == 0  # fmt: skip
+    assert main(["validate", str(out)]) == 0
+    assert "mask" in read_vocab(out / "vocab.txt")  # counted as a word, like any other
+    special = shard_format.read_manifest(str(out))["vocab"]["special_ids"]
+    for entry in shard_format.read_manifest(str(out))["shards"]:
+        for row in shard_format.iter_rows(shard_format.open_shard(out / entry["name"])):
+            ids, segments = row["input_ids"].astype(np.int64), row["segment_ids"]
+            text = np.ones(len(ids), dtype=bool)
+            text[[0, int(np.flatnonzero(segments)[0]) - 1, len(ids) - 1]] = False
+            text[row["masked_lm_positions"]] = False
+            others = [special[name] for name in ("pad", "cls", "sep", "mask")]
+            assert not np.isin(ids[text], others).any(), ids
+            assert not np.isin(row["masked_lm_ids"], others).any()
+
+
 def test_a_killed_writers_temporary_file_is_removed(corpus, built, tmp_path, monkeypatch):
     """A worker killed mid-write leaves write_atomic's temporary file; the runner writes
     the file again under another name. The manifest step removes the orphan, and so

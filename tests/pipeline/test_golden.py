@@ -41,17 +41,18 @@ BUILDS = {
                          "--masked_lm_prob", "0.2", "--short_seq_prob", "0.3",
                          "--num_shards", "3", "--bucket_size", "3", "--random_seed", "12"],
 }  # fmt: skip
-# Made with format_version 1, algorithm_version 1 (pipeline/shard_format.py).
-VERSIONS = {"format_version": 1, "algorithm_version": 1}
+# Made with format_version 1, algorithm_version 2 (pipeline/shard_format.py); the shards and
+# vocab.txt are algorithm_version 1's (the corpus holds no literal special-token text).
+VERSIONS = {"format_version": 1, "algorithm_version": 2}
 GOLDEN = {
     "google": {
-        "manifest.json (placeholders)": "7e5e2aa47f031d08668b529203e647be1cbb57ac8e22d71dc02a9ff72689726a",
+        "manifest.json (placeholders)": "50fdfadfde58fcd545d2722c83fb52a01314d8b7b8990e181ca419f372792a3c",
         "shard-00000-of-00002.arrow": "2ae2e0821d168c7affa3ba2dc5aa70f9c9f29f947b3b87960eb634d3d7bf7c20",
         "shard-00001-of-00002.arrow": "a91b3c7dffc0540e158e1e7be00d759aa2083f9833b463e5c871cec33fa69261",
         "vocab.txt": "336c1afe6106dde2d511ec9a402d1470b88943642843ec6783b7eab45345473d",
     },
     "whole_word_cased": {
-        "manifest.json (placeholders)": "0564281491665a49fdb369d9a1154d345c6af2fac3c11e9e0ad23b71a31ebf60",
+        "manifest.json (placeholders)": "d32f9cbdc54d01eb1e94585e74ebe77c04b6960cd7cbeedee8f1a5b3932b3321",
         "shard-00000-of-00003.arrow": "f6a4ebcd16c6b7a2cc58324991e0485f0a7331c4cf86f1069c9548d3b255fa2c",
         "shard-00001-of-00003.arrow": "3025187a33a10e7b6ea9778904ba7ed24fa139f78ad81880862f7c2a9be0df92",
         "shard-00002-of-00003.arrow": "0b8b1b62677ead70d55adc8be8da85b835a28b1a96cdb3d539cdd494e0c77477",

@@ -22,21 +22,25 @@ FORMAT_MD = Path(shard_format.__file__).with_name("FORMAT.md")
 
 
 def make_columns(seed: int, num_rows: int, *, vocab_size=VOCAB_SIZE, max_seq=MAX_SEQ) -> dict:
-    """Random but valid rows, as the pipeline produces them (int32 arrays, bool labels)."""
+    """Random but valid rows, as the pipeline produces them (int32 arrays, bool labels):
+    special ids only where the format puts them, masks never on [CLS]/[SEP]."""
     rng = np.random.default_rng(seed)
     columns = {name: [] for name in shard_format.COLUMNS}
+    text_ids = max(SPECIAL_IDS.values()) + 1  # ids from here on are text, never special
     for _ in range(num_rows):
         length = int(rng.integers(5, max_seq + 1))
         split = int(rng.integers(2, length - 2))
         num_masked = int(rng.integers(0, min(20, length - 3) + 1))
-        positions = np.sort(rng.choice(np.arange(1, length - 1), num_masked, replace=False))
-        input_ids = rng.integers(0, vocab_size, length).astype(np.int32)
+        maskable = np.setdiff1d(np.arange(1, length - 1), [split])
+        positions = np.sort(rng.choice(maskable, num_masked, replace=False))
+        input_ids = rng.integers(text_ids, vocab_size, length).astype(np.int32)
         cls, sep = SPECIAL_IDS["cls"], SPECIAL_IDS["sep"]
         input_ids[[0, split, length - 1]] = (cls, sep, sep)  # [CLS] A [SEP] B [SEP]
         columns["input_ids"].append(input_ids)
         columns["segment_ids"].append((np.arange(length) > split).astype(np.int8))
         columns["masked_lm_positions"].append(positions.astype(np.int32))
-        columns["masked_lm_ids"].append(rng.integers(0, vocab_size, num_masked).astype(np.int32))
+        targets = rng.integers(text_ids, vocab_size, num_masked).astype(np.int32)
+        columns["masked_lm_ids"].append(targets)
         columns["next_sentence_label"].append(bool(rng.integers(0, 2)))
     return columns
 
@@ -448,6 +452,76 @@ def test_python_m_pipeline_shard_format_and_format_are_aliases_of_validate(tmp_p
         assert outputs[0][0] == returncode and expected in outputs[0][1] + outputs[0][2], outputs
 
 
+def rewrite_rows(directory: Path, manifest: dict, columns: dict) -> Path:
+    """Replace the only shard of ``directory`` with ``columns``' rows, its manifest entry
+    updated (size and sha256 right), so that only the row checks can find a fault."""
+    schema = shard_format.shard_schema(VOCAB_SIZE, MAX_SEQ)
+    path = directory / manifest["shards"][0]["name"]
+    shard_writer.atomic_write_bytes(path, shard_writer.encode_shard(columns, schema))
+    manifest["shards"][0].update(bytes=path.stat().st_size, sha256=shard_format.sha256_file(path))
+    data = shard_writer.encode_manifest(manifest)
+    shard_writer.atomic_write_bytes(directory / "manifest.json", data)
+    return path
+
+
+@pytest.mark.parametrize(
+    "token, where, expected",
+    [
+        ("cls", "text", "has [CLS] at position 3, where the format allows none"),
+        ("sep", "text", "has [SEP] at position 3, where the format allows none"),
+        ("pad", "text", "has [PAD] at position 3, where the format allows none"),
+        ("mask", "text", "has [MASK] at position 3, where the format allows none"),
+        ("sep", "end of A", "has no [SEP] at position"),
+        ("mask", "target", "masks a [MASK] at position"),
+        ("sep", "masked slot", "masks position 0"),
+    ],
+)  # fmt: skip
+def test_validate_rejects_a_special_token_where_the_format_puts_none(
+    tmp_path, token, where, expected
+):
+    from pipeline.inspect_cli import validate
+
+    manifest = write_output(tmp_path, (9,))
+    columns = make_columns(0, 9)
+    row = next(r for r, ids in enumerate(columns["input_ids"]) if len(ids) > 8)
+    ids, positions = columns["input_ids"][row], columns["masked_lm_positions"][row]
+    split = int(np.flatnonzero(columns["segment_ids"][row])[0]) - 1  # A's [SEP]
+    if where == "text":  # a literal special token in the middle of A or B
+        position = 3 if split != 3 else 4
+        columns["masked_lm_positions"][row] = positions = positions[positions != position]
+        columns["masked_lm_ids"][row] = columns["masked_lm_ids"][row][: len(positions)]
+        ids[position] = SPECIAL_IDS[token]
+        expected = expected.replace("position 3", f"position {position}")
+    elif where == "end of A":
+        ids[split] = 1000
+    elif where == "target":
+        columns["masked_lm_positions"][row] = np.array([1], np.int32)
+        columns["masked_lm_ids"][row] = np.array([SPECIAL_IDS[token]], np.int32)
+    else:  # the [CLS] slot masked
+        columns["masked_lm_positions"][row] = np.array([0], np.int32)
+        columns["masked_lm_ids"][row] = np.array([SPECIAL_IDS["cls"]], np.int32)
+        ids[0] = SPECIAL_IDS["mask"]
+    path = rewrite_rows(tmp_path, manifest, columns)
+    with pytest.raises(shard_format.ShardFormatError) as caught:
+        validate(str(tmp_path))
+    assert str(caught.value).startswith(f"{path}: row {row} ") and expected in str(caught.value)
+
+
+def test_validate_allows_unk_anywhere_and_any_id_at_a_masked_position(tmp_path):
+    from pipeline.inspect_cli import validate
+
+    manifest = write_output(tmp_path, (9,))
+    columns = make_columns(0, 9)
+    for ids, positions, targets in zip(columns["input_ids"], columns["masked_lm_positions"],
+                                       columns["masked_lm_ids"], strict=True):  # fmt: skip
+        ids[1] = SPECIAL_IDS["unk"]  # a word not in the vocab
+        targets[:] = SPECIAL_IDS["unk"]  # it may be masked
+        # The masked input: [MASK] (80%) or a random id, which may be any special (10%).
+        ids[positions] = np.resize(list(SPECIAL_IDS.values()), len(positions))
+    rewrite_rows(tmp_path, manifest, columns)
+    assert validate(str(tmp_path))["num_rows"] == 9
+
+
 def test_old_module_name_pipeline_format_reexports_the_reader():
     from pipeline import format as old_name
 
@@ -497,7 +571,7 @@ def test_manifest_bytes_are_deterministic_and_hold_no_paths(tmp_path):
     text = first.decode()
     assert text == json.dumps(json.loads(text), sort_keys=True, indent=2, ensure_ascii=False) + "\n"
     manifest = json.loads(text)
-    assert manifest["format_version"] == 1 and manifest["algorithm_version"] == 1
+    assert manifest["format_version"] == 1 and manifest["algorithm_version"] == 2
     assert manifest["created_by"].startswith("bert-pipeline")
     assert manifest["schema"]["columns"]["input_ids"] == "list<item: uint16>"
     assert manifest["stats"] == {"num_documents": 3, "mean_length": 0.5}

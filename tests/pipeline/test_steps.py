@@ -22,6 +22,7 @@ from pipeline.documents import (
 )
 from pipeline.instances import MakeInstances, split_into_buckets
 from pipeline.rows import RowBlock
+from pipeline.text import basic_tokenize
 from pipeline.vocab import SPECIAL_TOKENS
 from pipeline.writing import JoinParts, WriteShard, parts_per_shard
 
@@ -77,6 +78,33 @@ def test_tokenize_as_a_plain_function():
     assert tokenized.ids.tolist() == ids and tokenized.lengths.tolist() == [3, 2]
     assert Skipped("empty_after_tokenization") in items
     assert Noted("one_sentence_documents", 2) in items
+
+
+# Google's tokenization (google-research/bert tokenization.py) of text with special-token
+# text in it, written out by hand: BasicTokenizer lowercases (when uncased), splits on
+# whitespace and makes each punctuation character a word, so "[MASK]" is "[", "mask", "]";
+# WordPiece then finds every word whole in this vocab. No special id comes out of text.
+GOOGLE_VOCAB = [*SPECIAL_TOKENS, "[", "]", ".", "use", "mask", "here", "cls", "sep", "pad",
+                "unk", "x", "Use", "MASK"]  # fmt: skip
+GOOGLE_PIECES = {
+    ("Use [MASK] here. [CLS][SEP] [PAD]x [UNK]", True): [
+        "use", "[", "mask", "]", "here", ".", "[", "cls", "]", "[", "sep", "]",
+        "[", "pad", "]", "x", "[", "unk", "]",
+    ],
+    ("Use [MASK] here.", False): ["Use", "[", "MASK", "]", "here", "."],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("text, do_lower_case", list(GOOGLE_PIECES))
+def test_tokenize_reads_special_token_text_as_text_as_googles_tokenizer_does(text, do_lower_case):
+    tokenize = Tokenize(do_lower_case=do_lower_case, threads=1)
+    tokenize.setup()
+    items = list(tokenize.process(DocumentBatch(["d:0"], [[text]]), GOOGLE_VOCAB))
+    (tokenized,) = [x for x in items if isinstance(x, TokenizedBatch)]
+    expected = [GOOGLE_VOCAB.index(piece) for piece in GOOGLE_PIECES[text, do_lower_case]]
+    assert tokenized.ids.tolist() == expected
+    # The vocab learner counts the same words (so "mask" can be learned as a word).
+    assert basic_tokenize(text, do_lower_case) == GOOGLE_PIECES[text, do_lower_case]
 
 
 def tokenized_bucket(n_docs=12, seed=0):

@@ -313,6 +313,24 @@ def test_token_ids_match_transformers(parity_vocab, tmp_path):
         assert ours_pair.type_ids == pair["token_type_ids"], name
 
 
+def test_text_is_text_tokenizer_matches_googles_basic_and_wordpiece(parity_vocab):
+    """The pipeline's tokenizer (``specials_in_text=False``) against Google's algorithm as
+    transformers keeps it (BasicTokenizer with nothing exempt from splitting, then
+    WordpieceTokenizer): equal on every parity text, a literal ``[MASK]`` included."""
+    legacy = pytest.importorskip("transformers.models.bert.tokenization_bert_legacy")
+    tokens, do_lower_case = parity_vocab
+    vocab = {token: i for i, token in enumerate(tokens)}
+    basic = legacy.BasicTokenizer(do_lower_case=do_lower_case, never_split=[])
+    wordpiece = legacy.WordpieceTokenizer(vocab, "[UNK]")
+    ours = build_tokenizer(tokens, do_lower_case, specials_in_text=False)
+    specials = {vocab[t] for t in SPECIAL_TOKENS} - {vocab["[UNK]"]}
+    for text in PARITY_TEXTS:
+        google = [vocab[p] for w in basic.tokenize(text) for p in wordpiece.tokenize(w)]
+        ids = ours.encode(text, add_special_tokens=False).ids
+        assert ids == google, text
+        assert not specials & set(ids), text
+
+
 def test_build_tokenizer_wraps_with_cls_and_sep(parity_vocab):
     tokens, do_lower_case = parity_vocab
     ids = special_ids(tokens)
