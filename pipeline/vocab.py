@@ -163,5 +163,7 @@ def build_tokenizer(
 
 def save_tokenizer_json(path: str | os.PathLike, tokenizer: Tokenizer) -> None:
     """Saves ``tokenizer`` as a ``tokenizer.json`` atomically (temp file + rename);
-    ``BertTokenizerFast(tokenizer_file=path)`` loads it."""
+    ``BertTokenizerFast(tokenizer_file=path, do_lower_case=...)`` loads it. Pass the vocab's
+    casing: without it transformers records ``do_lower_case=True``, and a cased tokenizer's
+    ``save_pretrained`` copy lowercases when loaded."""
     atomic_write_bytes(path, tokenizer.to_str().encode("utf-8"))
