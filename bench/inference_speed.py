@@ -127,7 +127,8 @@ def accuracy(tmp: Path, threads: int) -> dict:
     }
     for i in range(0, len(features), 64):
         batch = collate(features[i : i + 64], 0)
-        inputs = [batch[n] for n in INPUT_NAMES]
+        # finetune's batch names, in the order of the graph's INPUT_NAMES
+        inputs = [batch[n] for n in ("input_ids", "segment_ids", "attention_mask")]
         with torch.inference_mode():
             logits["pytorch_fp32"].append(model(*inputs).logits.numpy())
         feed = {n: t.numpy() for n, t in zip(INPUT_NAMES, inputs, strict=True)}

@@ -10,8 +10,10 @@ checkpoint is converted first with ``python -m trainer.export CKPT DIR``. The gr
 is captured with ``torch.onnx.export(dynamo=True)``; batch and sequence axes are
 dynamic (sequence up to ``max_position_embeddings``).
 
-Graph inputs, all int64 (batch, sequence): ``input_ids``, ``segment_ids``
-(``token_type_ids`` in transformers), ``attention_mask`` (1 real, 0 padding).
+Graph inputs, all int64 (batch, sequence), named as a Hugging Face tokenizer's output so
+that its dict feeds the graph as it is (``session.run(None, dict(tokenizer(texts,
+padding=True, return_tensors="np")))``): ``input_ids``, ``token_type_ids`` (BERT's
+``segment_ids``: 0 sentence A, 1 sentence B), ``attention_mask`` (1 real, 0 padding).
 Outputs, fp32, by the directory's ``architectures``:
 
 - a fine-tuning head (model/heads.py): ``logits`` (batch, num_labels) or
@@ -59,7 +61,9 @@ from .hf import read_hf_config
 
 logger = logging.getLogger(__name__)
 
-INPUT_NAMES = ("input_ids", "segment_ids", "attention_mask")
+# transformers' names (a tokenizer's output keys), not ours (segment_ids): the graph is
+# fed by HF tokenizers.
+INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
 ENCODER_OUTPUTS = ("sequence_output", "pooled_output")
 FP32_TOLERANCE = 1e-4
 # ONNX files are protobufs, limited to 2 GiB; bigger weights go to a side file.
@@ -78,16 +82,16 @@ class OnnxExportable(nn.Module):
         self.model = model
         self.output_names = output_names(model)
 
-    def forward(self, input_ids, segment_ids, attention_mask) -> tuple[torch.Tensor, ...]:
+    def forward(self, input_ids, token_type_ids, attention_mask) -> tuple[torch.Tensor, ...]:
+        args = input_ids, token_type_ids, attention_mask  # token_type_ids: our segment_ids
         if isinstance(self.model, tuple(HEADS.values())):
-            args = input_ids, segment_ids, attention_mask
             sequence_output, pooled_output = self.model.bert(*args)
             if hasattr(self.model, "qa_outputs"):
                 logits = self.model.qa_outputs(sequence_output)  # (B, T, 2)
                 return logits[..., 0], logits[..., 1]
             features = pooled_output if pooled_output is not None else sequence_output
             return (self.model.classifier(features),)  # dropout is the identity at inference
-        out = self.model(input_ids, segment_ids, attention_mask)
+        out = self.model(*args)
         return out if isinstance(out, tuple) else (out,)  # SentenceEmbedding: one tensor
 
 

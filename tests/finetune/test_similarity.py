@@ -106,8 +106,8 @@ def test_encode_works_on_a_fine_tuned_head(tmp_path, init_dir):
 def test_sentence_embedding_onnx_export_matches_encode(tmp_path, init_dir):
     pytest.importorskip("onnxscript")
     pytest.importorskip("onnxruntime")
+    from model.export_onnx import INPUT_NAMES, session
     from model.export_onnx import main as export_main
-    from model.export_onnx import session
 
     assert export_main([str(init_dir), str(tmp_path / "e.onnx"), "--pooling", "mean"]) == 0
     encoder = SentenceEncoder.from_hf(init_dir, pooling="mean")
@@ -116,5 +116,6 @@ def test_sentence_embedding_onnx_export_matches_encode(tmp_path, init_dir):
     batch = collate([{"input_ids": e.ids, "segment_ids": e.type_ids} for e in tokens], 0)
     sess = session(tmp_path / "e.onnx")
     assert [o.name for o in sess.get_outputs()] == ["sentence_embedding"]
-    (got,) = sess.run(None, {k: v.numpy() for k, v in batch.items()})
+    inputs = (batch[k].numpy() for k in ("input_ids", "segment_ids", "attention_mask"))
+    (got,) = sess.run(None, dict(zip(INPUT_NAMES, inputs, strict=True)))
     np.testing.assert_allclose(got, encoder.encode(texts).numpy(), rtol=1e-4, atol=1e-4)
