@@ -262,15 +262,16 @@ def _build(argv: Sequence[str], log_file: str | None, verbose: bool,
     descriptor 2 (Beam's workers included) goes there too while the pipeline runs."""
     from apache_beam.options.pipeline_options import StandardOptions
 
-    from .build import build_graph, make_plan, prepare_output
+    from .build import EmptyBuildError, build_graph, make_plan, prepare_output, refuse_empty_build
     from .config import parse_build_args
+    from .documents import LONG_SENTENCE_CHARS
     from .shard_format import read_manifest
 
     try:
         config, beam_args = parse_build_args(argv)
         beam_args = check_beam_options(beam_args)
         plan = make_plan(config)
-        prepare_output(config)
+        created = prepare_output(config)
     except (ValueError, OSError) as e:  # FileNotFoundError and FileExistsError included
         logger.error("%s", e)
         return 2
@@ -288,6 +289,11 @@ def _build(argv: Sequence[str], log_file: str | None, verbose: bool,
     if failed:
         return failed
     manifest = read_manifest(config.output)
+    try:
+        refuse_empty_build(manifest, config, created)
+    except EmptyBuildError as e:
+        logger.error("%s", e)
+        return 2
     elapsed = time.perf_counter() - start
     stats, skipped = manifest["stats"], manifest["skipped"]
     logger.info(
@@ -297,6 +303,15 @@ def _build(argv: Sequence[str], log_file: str | None, verbose: bool,
         100 * stats["random_next_share"], stats["masks_per_row"], 100 * stats["short_row_share"],
         config.max_seq_length, skipped or "nothing",
     )  # fmt: skip
+    long = stats.get("input", {}).get("long_sentences", 0)
+    if long:
+        logger.warning(
+            "%d sentence(s) of %s characters or more (txt: lines) kept whole: a row holds "
+            "at most %d tokens of one sentence, so most of such text is lost; split it into "
+            "sentences, one per line (the files and documents are named in %s)",
+            long, f"{LONG_SENTENCE_CHARS:,}", config.max_seq_length,
+            log_file or "the lines above",
+        )  # fmt: skip
     single = stats.get("input", {}).get("single_document_files", 0)
     if single:
         logger.warning(

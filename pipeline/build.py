@@ -22,8 +22,10 @@ live in ``documents.py`` (read, count words, tokenize), ``instances.py``
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import os
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -102,8 +104,11 @@ def default_num_shards(total_input_bytes: int, dupe_factor: int) -> int:
     return max(1, min(99999, round(estimate / TARGET_SHARD_BYTES)))
 
 
-def prepare_output(config: BuildConfig) -> None:
+def prepare_output(config: BuildConfig) -> bool:
     """Create the output directory; refuse to mix with an earlier build unless --overwrite.
+
+    Returns:
+        Whether this call created the directory (a build of 0 rows removes it again).
 
     Raises:
         FileExistsError: the directory already holds shards or a manifest.
@@ -125,8 +130,45 @@ def prepare_output(config: BuildConfig) -> None:
     existing.sort(key=lambda p: not p.endswith(shard_format.MANIFEST_NAME))
     if existing:
         FileSystems.delete(existing)
-    if not FileSystems.exists(out):
-        FileSystems.mkdirs(out)
+    if FileSystems.exists(out):
+        return False
+    FileSystems.mkdirs(out)
+    return True
+
+
+class EmptyBuildError(ValueError):
+    """The build made 0 rows: nothing a trainer could read."""
+
+
+def refuse_empty_build(manifest: dict, config: BuildConfig, created_output: bool) -> None:
+    """Undo a build that made 0 rows and say why; a build with rows passes.
+
+    A manifest of 0 rows is a valid directory that trains on nothing, so it is not kept:
+    the manifest goes first (the directory is an unfinished build from then on), then
+    the shards, vocab and tokenizer, then the output directory if this build created it
+    (a local one, now empty; object stores have no directories).
+
+    Raises:
+        EmptyBuildError: ``"N documents -> 0 rows (skipped: ...)"``, naming the output.
+    """
+    if manifest["num_rows"]:
+        return
+    out = config.output
+    names = [shard_format.MANIFEST_NAME, *(e["name"] for e in manifest["shards"])]
+    names += [manifest["vocab"]["file"], manifest["vocab"].get("tokenizer_file")]
+    paths = [FileSystems.join(out, name) for name in names if name]
+    for path in paths:  # one at a time, in order: the manifest first
+        if FileSystems.exists(path):
+            FileSystems.delete([path])
+    remove_leftovers(out)
+    if created_output and FileSystems.get_scheme(out) is None:
+        with contextlib.suppress(OSError):  # not empty: someone else's files, kept
+            os.rmdir(out)
+    skipped = ", ".join(f"{kind} {n}" for kind, n in manifest["skipped"].items()) or "nothing"
+    raise EmptyBuildError(
+        f"{manifest['stats']['documents']} documents -> 0 rows (skipped: {skipped}): "
+        f"nothing to train on, so nothing is kept in {out}; check --input"
+    )
 
 
 def summary_stats(stats: dict, documents: int) -> dict:

@@ -27,7 +27,7 @@ from .config import BuildConfig
 from .rows import offsets_of, take_ragged
 from .sources import HEAD_BYTES, check_format, format_from_name, read_documents, sniff_format
 from .text import basic_tokenize
-from .vocab import build_tokenizer, learn_wordpiece_vocab
+from .vocab import SPECIAL_TOKENS, build_tokenizer, learn_wordpiece_vocab
 
 logger = logging.getLogger(__name__)
 NAMESPACE = "bert_pipeline"
@@ -165,7 +165,10 @@ class ReadDocuments(beam.DoFn):
                     continue
                 for sentence in sentences:
                     with_nul += "\x00" in sentence
-                    long += len(sentence) >= LONG_SENTENCE_CHARS
+                    if len(sentence) >= LONG_SENTENCE_CHARS:
+                        long += 1  # the driver warns on the console; this names the file
+                        logger.warning("%s: document %d has a sentence of %d characters",
+                                       path, ordinal, len(sentence))  # fmt: skip
                 batch.doc_ids.append(f"{relative}:{ordinal}")
                 batch.documents.append(sentences)
                 ordinal += 1
@@ -274,7 +277,8 @@ class JoinCounts(beam.CombineFn):
 
 def learn_vocab(word_counts: dict[str, int], config: BuildConfig) -> list[str]:
     if not word_counts:
-        raise ValueError(f"no words in --input {list(config.input)}: cannot learn a vocab")
+        # No documents: the build makes 0 rows, and the driver says so and removes it.
+        return list(SPECIAL_TOKENS)
     logger.info("learning a %d-token vocab from %d distinct words", config.vocab_size,
                 len(word_counts))  # fmt: skip
     return learn_wordpiece_vocab(word_counts, config.vocab_size, min_frequency=config.min_frequency)

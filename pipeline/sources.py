@@ -6,7 +6,9 @@ pipeline opens files through Beam's FileSystems (local, gs://, s3://, hdfs://,
 
 The format comes from ``--input_format`` or, by default, from each file's name
 (:func:`format_from_name`); either way the first bytes of each file must agree with it
-(:func:`check_format`), so JSON Lines is never read as text, nor text as JSON Lines.
+(:func:`check_format`), so JSON Lines is never read as text, nor text as JSON Lines. A txt
+or jsonl file must also be mostly UTF-8 (:func:`check_utf8`): a binary file, a compressed
+one without its suffix or text in another encoding stops the build, named.
 
 Every yielded item is ``(sentences, None)`` for a document or ``(None, reason)``
 for a skipped record, so that the caller counts skips under their reason:
@@ -19,6 +21,7 @@ for a skipped record, so that the caller counts skips under their reason:
 
 from __future__ import annotations
 
+import codecs
 import io
 import json
 from collections.abc import Iterator
@@ -30,6 +33,10 @@ Item = tuple[list[str] | None, str | None]
 
 # How many leading bytes of a file check_format reads (after decompression).
 HEAD_BYTES = 64 * 1024
+# A txt/jsonl file is refused when more than this share of the non-blank lines in its
+# first HEAD_BYTES are not UTF-8. A text file with a few bad lines is read (each bad line
+# counted and skipped); random bytes, split at their 0x0a bytes, are nearly all bad.
+MAX_INVALID_UTF8_SHARE = 0.5
 PARQUET_MAGIC = b"PAR1"
 # Suffixes that Beam's FileSystems decompress on the fly (CompressionTypes.detect_...).
 COMPRESSION_SUFFIXES = (".gz", ".bz2", ".deflate", ".zst", ".zstd", ".xz", ".lzma")
@@ -81,8 +88,43 @@ def sniff_format(head: bytes) -> str | None:
     return "jsonl" if _is_json_object(lines[0]) else "txt"
 
 
+def check_utf8(path: str, head: bytes) -> None:
+    """Refuse a text file (txt, jsonl) that is mostly not UTF-8, judged by its head.
+
+    More than :data:`MAX_INVALID_UTF8_SHARE` of the non-blank lines of ``head`` (a file's
+    first HEAD_BYTES) invalid: a binary file, a compressed one whose name lacks its
+    suffix, or text in another encoding (Latin-1, ...). Read line by line it would make
+    junk rows. Only the head is read, so each worker can check the files it reads; a
+    character cut by the end of a full head is not counted as invalid.
+
+    Example: 100 kB of random bytes -> ValueError; ``b"Fine.\nBad \xff.\nFine.\n"`` -> None.
+
+    Raises:
+        ValueError: naming the file, how many lines were bad, and what to do.
+    """
+    lines = head.split(b"\n")
+    checked = bad = 0
+    for index, line in enumerate(lines):
+        if not line.strip():
+            continue
+        cut = len(head) >= HEAD_BYTES and index == len(lines) - 1
+        checked += 1
+        try:
+            codecs.getincrementaldecoder("utf-8")().decode(line, final=not cut)
+        except UnicodeDecodeError:
+            bad += 1
+    if bad > MAX_INVALID_UTF8_SHARE * checked:
+        raise ValueError(
+            f"{path}: {bad} of the {checked} lines in its first {HEAD_BYTES // 1024} KiB are "
+            "not UTF-8: a binary or compressed file, or text in another encoding? Convert it "
+            "(e.g. iconv -f latin1 -t utf-8), name it for its compression (.gz, ...), or "
+            "leave it out of --input"
+        )
+
+
 def check_format(path: str, head: bytes, input_format: str, origin: str) -> None:
-    """Refuse a file whose first bytes contradict ``input_format``.
+    """Refuse a file whose first bytes contradict ``input_format``, or a txt/jsonl file
+    that is mostly not UTF-8 (:func:`check_utf8`).
 
     ``origin`` says where the format came from, for the message (``"--input_format txt"``
     or ``"the name *.txt"``).
@@ -91,6 +133,8 @@ def check_format(path: str, head: bytes, input_format: str, origin: str) -> None
         ValueError: names the file, what it looks like and what to pass instead.
     """
     seen = sniff_format(head)
+    if "parquet" not in (seen, input_format):
+        check_utf8(path, head)
     if seen is None or seen == input_format:
         return
     if input_format == "jsonl" and seen == "txt":

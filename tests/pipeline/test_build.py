@@ -16,7 +16,7 @@ from pipeline import shard_format
 from pipeline.__main__ import check_beam_options, main
 from pipeline.documents import TokenizedBatch
 from pipeline.stats import compute_stats
-from pipeline.vocab import read_vocab
+from pipeline.vocab import SPECIAL_TOKENS, read_vocab
 from tests.helpers import WORDS, make_corpus
 
 BASE = ["--vocab_size", "200", "--dupe_factor", "3", "--max_seq_length", "48",
@@ -488,6 +488,69 @@ def test_txt_files_of_one_document_each_get_a_warning(tmp_path, capfd):
                  *SMALL]) == 0  # fmt: skip
     assert "1 of 3 txt input file(s) hold a single document" in capfd.readouterr().err
     assert shard_format.read_manifest(str(out))["stats"]["input"]["single_document_files"] == 1
+
+
+def test_a_build_of_zero_rows_exits_2_saying_why_and_leaves_nothing(tmp_path, capfd):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "empty.txt").write_bytes(b"\n\n")
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("".join(f"{token}\n" for token in [*SPECIAL_TOKENS, "the", "river"]))
+    out = tmp_path / "out"
+    capfd.readouterr()
+    assert main(["build", "--input", str(tmp_path / "in" / "*.txt"), "--output", str(out),
+                 "--vocab_file", str(vocab), *SMALL]) == 2  # fmt: skip
+    err = capfd.readouterr().err
+    assert "0 documents -> 0 rows" in err and "file_without_documents" in err
+    assert "Traceback" not in err and not out.exists()  # no directory of partial files
+    # Without --vocab_file (no words to learn a vocab from), the same.
+    assert main(["build", "--input", str(tmp_path / "in" / "*.txt"), "--output", str(out),
+                 *SMALL]) == 2  # fmt: skip
+    assert "0 documents -> 0 rows" in capfd.readouterr().err and not out.exists()
+    # An output directory that was there before stays, empty as it was.
+    out.mkdir()
+    assert main(["build", "--input", str(tmp_path / "in" / "*.txt"), "--output", str(out),
+                 "--vocab_file", str(vocab), *SMALL]) == 2  # fmt: skip
+    assert list(out.iterdir()) == []
+
+
+def binary_file(path: Path, size=100_000, seed=5) -> Path:
+    """Random bytes: its "lines" (cut at each 0x0a byte) are almost all invalid UTF-8."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(random.Random(seed).randbytes(size))
+    return path
+
+
+def test_a_binary_input_file_stops_the_build_naming_it(tmp_path, capfd):
+    make_corpus(tmp_path / "in", n_docs=20, n_files=1)  # part-0.txt: text
+    out = tmp_path / "out"
+    # Named .txt, or picked up by a glob: read as text, it would make junk rows.
+    first = binary_file(tmp_path / "in" / "a-binary.txt")  # the first file: checked up front
+    capfd.readouterr()
+    assert main(["build", "--input", str(tmp_path / "in" / "*.txt"), "--output", str(out),
+                 *SMALL]) == 2  # fmt: skip
+    err = capfd.readouterr().err
+    assert f"{first}: " in err and "not UTF-8" in err and "Traceback" not in err
+    assert not out.exists()
+    first.unlink()
+    late = binary_file(tmp_path / "in" / "zz-binary.txt")  # checked as it is read
+    assert main(["build", "--input", str(tmp_path / "in" / "*.txt"), "--output", str(out),
+                 *SMALL]) == 1  # fmt: skip
+    err = capfd.readouterr().err
+    assert f"{late}: " in err and "not UTF-8" in err and "Traceback" not in err
+    assert not (out / "manifest.json").exists()
+
+
+def test_a_huge_line_gets_a_console_warning(tmp_path, capfd):
+    make_corpus(tmp_path / "in", n_docs=20, n_files=1)
+    huge = tmp_path / "in" / "huge.txt"
+    huge.write_text("A first line.\n" + " ".join(["river"] * 200_000) + "\n")  # 1.2 MB line
+    out = tmp_path / "out"
+    capfd.readouterr()
+    assert main(["build", "--input", str(tmp_path / "in" / "*.txt"), "--output", str(out),
+                 *SMALL]) == 0  # fmt: skip
+    err = capfd.readouterr().err
+    assert "1 sentence(s) of 1,000,000 characters or more" in err
+    assert shard_format.read_manifest(str(out))["stats"]["input"]["long_sentences"] == 1
 
 
 def test_a_misspelt_beam_option_stops_the_build(corpus, tmp_path, capfd):

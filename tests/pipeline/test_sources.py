@@ -103,3 +103,26 @@ def test_check_format_accepts_what_agrees():
     # A first record longer than the head read is still taken for JSON Lines.
     long_record = b'{"text": "' + b"word " * HEAD_BYTES
     check_format("a", long_record[:HEAD_BYTES], "jsonl", "")
+
+
+def test_check_utf8_refuses_a_mostly_invalid_head_and_reads_a_few_bad_lines():
+    import random
+
+    from pipeline.sources import HEAD_BYTES, check_utf8
+
+    check_utf8("f", b"One a.\nTwo \xff b.\nThree c.\n")  # 1 of 3 lines bad: read
+    check_utf8("f", b"A \xff.\nB.\n")  # half: read
+    check_utf8("f", b"\n\n")  # nothing to judge
+    with pytest.raises(ValueError, match=r"^f: 2 of the 3 lines .* not UTF-8"):
+        check_utf8("f", b"A \xff.\nB.\nC \xfe.\n")
+    latin1 = "Café crème.\nÀ bientôt, Zoë.\nNaïve.\n".encode("latin-1")
+    with pytest.raises(ValueError, match="3 of the 3 lines"):
+        check_utf8("f", latin1)
+    with pytest.raises(ValueError, match="not UTF-8"):
+        check_utf8("bin", random.Random(0).randbytes(HEAD_BYTES))
+    # A full head may end inside a character: the cut is not an invalid line.
+    cut = "é".encode() * (HEAD_BYTES // 2 - 1) + b"a\xc3"  # HEAD_BYTES, ends mid-"é"
+    assert len(cut) == HEAD_BYTES
+    check_utf8("f", cut)
+    with pytest.raises(ValueError, match="1 of the 1 lines"):
+        check_utf8("f", cut[2:])  # the whole file: a truncated character is invalid
