@@ -241,17 +241,20 @@ def max_weight_difference(a: Path, b: Path, tag: str) -> float:
     return max((left[k] - right[k]).abs().max().item() for k in left)
 
 
-def rank_env(fault=None, **extra: str) -> dict[str, str]:
-    """The environment of a launched CPU run; ``fault``: the step after which rank 0 dies
-    (trainer/loop.py's FAULT_ENV)."""
+FAULTS = REPO / "tests" / "faults"  # fault_injection.py, loaded through its sitecustomize
+
+
+def rank_env(fault: str | None = None, **extra: str) -> dict[str, str]:
+    """The environment of a launched CPU run; ``fault``: ``KIND@STEP[:RANK]`` injected into
+    its ranks (tests/faults/fault_injection.py), e.g. ``"sigkill@6:1"``. A sitecustomize of
+    ``extra``'s PYTHONPATH comes first and must import ``fault_injection`` itself."""
     import os
 
-    from trainer.loop import FAULT_ENV
-
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", **extra}
-    env.pop(FAULT_ENV, None)
+    env.pop("BERT_TEST_FAULT", None)
     if fault is not None:
-        env[FAULT_ENV] = str(fault)
+        path = [env.get("PYTHONPATH", ""), str(FAULTS)]  # another sitecustomize first
+        env.update(BERT_TEST_FAULT=fault, PYTHONPATH=os.pathsep.join(filter(None, path)))
     return env
 
 
@@ -267,7 +270,8 @@ def trainer_argv(files: Path, data: Path, out: Path, *extra: str, steps: int, sa
 def launch(files: Path, data: Path, out: Path, *extra: str, steps: int, save_every: int,
            ranks=2, fault=None, ds="ds.json", port=None):  # fmt: skip
     """trainer/run.py on ``ranks`` CPU ranks of this machine (one: without a launcher);
-    ``port``: the launcher's --master_port (default: a free one)."""
+    ``port``: the launcher's --master_port (default: a free one); ``fault``: see
+    :func:`rank_env` (when it strikes is appended to ``OUT.faults``)."""
     import shutil
     import subprocess
     import sys
@@ -279,8 +283,9 @@ def launch(files: Path, data: Path, out: Path, *extra: str, steps: int, save_eve
     else:
         cmd = [sys.executable, *argv]
     return subprocess.run(
-        cmd, cwd=REPO, env=rank_env(fault), capture_output=True, text=True, timeout=300
-    )
+        cmd, cwd=REPO, env=rank_env(fault, BERT_TEST_FAULT_LOG=f"{out}.faults"),
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
 
 
 class CountHostSyncs(TorchDispatchMode):

@@ -18,7 +18,9 @@ The trainer state also goes into DeepSpeed's client state (key ``trainer_state``
 every rank's RNG states, gathered to rank 0. ``latest`` is written by the trainer, after
 every rank has finished writing (DeepSpeed's own ``latest`` is written by rank 0 before the
 final barrier, so a kill could leave it pointing at an incomplete checkpoint); a checkpoint
-without ``latest`` pointing at it is never resumed by ``--resume auto``.
+without ``latest`` pointing at it is never resumed by ``--resume auto``, and rank 0 writes its
+``trainer_state.json`` only after every rank's files: a checkpoint directory without one (a
+save cut short by a failure) is refused when named by path.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ logger = logging.getLogger(__name__)
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 STATE_KEY = "trainer_state"
+STATE_FILE = "trainer_state.json"  # written after every rank's files: a complete checkpoint
 STATE_VERSION = 1
 _MODEL_FILES = ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt")
 # Lets deepspeed/checkpoint/ds_to_universal.py convert our checkpoints without extra flags.
@@ -76,6 +79,12 @@ def resolve(path: str | os.PathLike) -> tuple[str, str]:
                 raise FileNotFoundError(f"{latest} names {tag!r}, which is not a checkpoint")
             return str(directory), tag
     if is_checkpoint(path):
+        if not (path / STATE_FILE).is_file():
+            raise FileNotFoundError(
+                f"{path} is incomplete: it has no {STATE_FILE}, which is written once every "
+                f"rank has finished the checkpoint (a save cut short); resume from the one "
+                f"'{LATEST}' names"
+            )
         return str(path.parent), path.name
     raise FileNotFoundError(
         f"{path}: no checkpoint (expected a run's output directory, its checkpoints/ "
@@ -103,7 +112,7 @@ def find_resume(resume: str | None, output_dir: str) -> tuple[str, str] | None:
 
 def read_state(directory: str, tag: str) -> dict[str, Any] | None:
     """The readable copy of a checkpoint's trainer state (trainer_state.json), or None."""
-    path = Path(directory, tag, "trainer_state.json")
+    path = Path(directory, tag, STATE_FILE)
     return json.loads(path.read_text()) if path.is_file() else None
 
 
@@ -138,11 +147,10 @@ def save(engine, output_dir: str, step: int, state: dict[str, Any], files: dict[
     rngs = distributed.gather_objects(distributed.rng_state(), engine.world_size)
     client = {STATE_KEY: {**state, "version": STATE_VERSION, "rng": rngs}, **_UNIVERSAL_INFO}
     engine.save_checkpoint(directory, tag=tag, client_state=client, save_latest=False)
-    if engine.global_rank == 0:
-        for name, obj in {**files, "trainer_state.json": state}.items():
+    distributed.barrier()  # every rank's files are written
+    if engine.global_rank == 0:  # trainer_state.json last: it marks the checkpoint complete
+        for name, obj in {**files, STATE_FILE: state}.items():
             write_text_atomic(Path(directory, tag, name), json.dumps(obj, indent=2) + "\n")
-    distributed.barrier()
-    if engine.global_rank == 0:
         write_text_atomic(Path(directory, LATEST), tag)
     distributed.barrier()
     logger.info("saved checkpoint %s/%s", directory, tag)

@@ -107,6 +107,14 @@ class TrainConfig:
         "Kubernetes terminationGracePeriodSeconds): warn at the first checkpoint when a step "
         "plus a save take longer (0: no check)",
     )
+    # trainer/failure.py. A dead or failing rank ends the run within seconds whatever this
+    # says; this bounds a rank that is alive but stuck (a deadlock, a hung file system). It
+    # must exceed the longest wait of a healthy run, where the ranks wait in a barrier for one
+    # rank's lone work: rank 0 converting a checkpoint to universal on a resume with another
+    # number of ranks, or writing the export. torch's default is 30 minutes.
+    collective_timeout: float = option(
+        600.0, "seconds a collective waits for a rank that is alive but does not come"
+    )
     # Knowledge distillation (trainer/distillation.py): the --model is the student.
     # None: pretraining.
     teacher: str | None = option(
@@ -169,6 +177,9 @@ class TrainConfig:
             raise ValueError(f"--dropout must be in [0, 1), got {self.dropout!r}")
         if not (isinstance(self.signal_grace, (int, float)) and self.signal_grace >= 0):
             raise ValueError(f"--signal-grace must be >= 0, got {self.signal_grace!r}")
+        timeout = self.collective_timeout
+        if isinstance(timeout, bool) or not (isinstance(timeout, (int, float)) and timeout > 0):
+            raise ValueError(f"--collective-timeout must be > 0, got {timeout!r}")
         if self.max_minutes is not None and not (
             isinstance(self.max_minutes, (int, float)) and self.max_minutes > 0
         ):

@@ -42,6 +42,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from pipeline.masking import MaskingConfig, MaskingVocab, mask_instances
 from pipeline.rng import numpy_rng
+from pipeline.shard_format import ShardFormatError
 
 from .order import StreamOrder, rank_positions
 from .shards import ShardSet
@@ -308,7 +309,7 @@ class PretrainingStream(IterableDataset):
             )
         except ValueError as err:  # the writer checks every value: a shard changed since
             names = sorted({self.shards.path(int(i)) for i in np.unique(shard)})
-            raise ValueError(
+            raise ShardFormatError(
                 f"{err}; the batch's rows come from {', '.join(names)}: check them with "
                 f"python -m pipeline validate {self.shards.directory}"
             ) from None
@@ -363,9 +364,32 @@ class BatchLoader:
             worker_init_fn=ignore_in_worker,  # the main process owns Ctrl-C and SIGTERM
         )
 
+        self._iterators: list = []  # the DataLoader's, each with its own worker processes
+
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        for packed in self.loader:
+        iterator = iter(self.loader)
+        self._iterators.append(iterator)
+        for packed in iterator:
             yield from unpack_group(packed)
+
+    def close(self) -> None:
+        """End the worker processes now, whatever they are doing.
+
+        They ignore SIGTERM (trainer/signals.py), so the DataLoader's own shutdown, which
+        ends a busy worker with SIGTERM, cannot end them, and the interpreter's exit would
+        then wait for them forever: after a failure, close the loader before leaving. The
+        workers are SIGKILLed: their only state is the batches they were building.
+        """
+        while self._iterators:
+            iterator = self._iterators.pop()
+            # _workers: torch's list of worker processes (no public accessor; present since
+            # the DataLoader had workers). Killed first, so the shutdown's joins are instant.
+            for worker in getattr(iterator, "_workers", ()):
+                if worker.is_alive():
+                    worker.kill()
+            shutdown = getattr(iterator, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
 
 
 def make_loader(stream: PretrainingStream, num_workers: int) -> BatchLoader:

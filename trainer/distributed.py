@@ -11,6 +11,7 @@ rank for the checkpoint and restored on resume; see :func:`rng_state`.
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import random
@@ -45,8 +46,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_distributed() -> DistInfo:
+def init_distributed(timeout_s: float = 600.0) -> DistInfo:
     """Initialise torch.distributed through DeepSpeed; a one-process world when not launched.
+
+    Args:
+        timeout_s: how long a collective waits for a rank that does not come
+            (``--collective-timeout``, trainer/config.py).
 
     Raises:
         RuntimeError: from torch.distributed when the launcher's rendezvous fails.
@@ -71,7 +76,9 @@ def init_distributed() -> DistInfo:
             from .ops import announce
 
             announce("ShareMemCommBuilder", "shared-memory all-reduce")
-        deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
+        deepspeed.init_distributed(
+            dist_backend="nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=timeout_s)
+        )
         if not cuda:
             _unlink_cpu_allreduce_buffer()
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")

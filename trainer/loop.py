@@ -35,8 +35,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
-import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -62,8 +60,6 @@ MODEL_INPUTS = (
     "input_ids", "segment_ids", "attention_mask", "masked_lm_positions", "masked_lm_ids",
     "next_sentence_label",
 )  # fmt: skip
-# Test hook: every rank SIGKILLs itself after this optimizer step (after any checkpoint).
-FAULT_ENV = "TRAINER_FAULT_SIGKILL_AFTER_STEP"
 
 
 # DeepSpeed's WarmupLR, WarmupDecayLR and WarmupCosineLR (and our TimeBudgetLR) set the first
@@ -114,6 +110,8 @@ class Trainer:
                  stop: StopRequest | None = None):  # fmt: skip
         config = prepare.check_paths(config)  # --data shards/manifest.json: its directory
         self.config, self.info = config, info
+        # What this rank is doing, for a failure's one line (trainer/failure.py).
+        self.activity = "start-up"
         # Not installed by default: only trainer/run.py owns the process's signals.
         self.stop = stop or StopRequest(resume="", output_dir=config.output_dir)
         ds = load_ds_config(config.ds_config)
@@ -217,7 +215,7 @@ class Trainer:
             masking=self.config.masking, max_width=self.model_config.max_position_embeddings,
         )  # fmt: skip
         stream = PretrainingStream(self.shards, spec, self.masker)
-        return iter(make_loader(stream, self.config.num_workers))
+        return make_loader(stream, self.config.num_workers)
 
     def done(self) -> bool:
         """The step limit is reached, the time budget spent or a stop signal agreed on."""
@@ -234,14 +232,16 @@ class Trainer:
         )  # fmt: skip
         samples = self._samples_file()
         last: dict = {}
+        loader = self._loader()
         try:
-            batches = self._loader()
+            batches = iter(loader)
             s.window_start = s.clock_start = time.perf_counter()
             s.out_of_time = c.budget_s is not None and s.clock_base >= c.budget_s
             self.stop.training = True  # from now on a first signal stops after the step
             warned = not c.signal_grace  # 0: no check
             while not self.done():
                 start = time.perf_counter()
+                self.activity = f"step {s.step + 1}"
                 self._optimizer_step(batches, samples)
                 step_s = time.perf_counter() - start
                 if s.step % c.log_every == 0 or self.done():
@@ -252,8 +252,6 @@ class Trainer:
                 if c.save_every and s.step % c.save_every == 0:
                     self._save()
                     warned = warned or self._warn_grace(step_s)
-                if os.environ.get(FAULT_ENV) == str(s.step):
-                    os.kill(os.getpid(), signal.SIGKILL)
             if s.last_saved != s.step:
                 self._save()
             evaluated = c.eval_every and s.step % c.eval_every == 0
@@ -261,6 +259,7 @@ class Trainer:
                 writer.write(self.evaluate())
         finally:
             self.stop.training = False
+            loader.close()  # its workers would keep a failed run's exit waiting (data.py)
             writer.close()
             if samples is not None:
                 samples.close()
@@ -352,13 +351,17 @@ class Trainer:
         """Held-out MLM/NSP loss and accuracy over one pass of --eval-data."""
         from .evaluate import evaluate
 
+        self.activity = f"evaluation at step {self.state.step}"
         start = time.perf_counter()
         spec = StreamSpec(
             micro=self.sizes.micro, world_size=self.info.world_size, rank=self.info.rank,
             seed=self.config.seed, finite=True, max_width=self.model_config.max_position_embeddings,
         )  # fmt: skip
         loader = make_loader(PretrainingStream(self.eval_shards, spec), self.config.num_workers)
-        record = evaluate(self.engine, loader, self.info.device)
+        try:
+            record = evaluate(self.engine, loader, self.info.device)
+        finally:
+            loader.close()
         record.update(step=self.state.step, split="eval", seconds=time.perf_counter() - start)
         self.state.window_start += time.perf_counter() - start  # not counted as training time
         return record
@@ -388,7 +391,12 @@ class Trainer:
             "ds_config.json": self.ds,
         }
         start = time.perf_counter()
-        checkpoint.save(self.engine, c.output_dir, s.step, state, files)
+        self.activity = f"saving checkpoint {checkpoint.tag_for(s.step)}"
+        try:
+            checkpoint.save(self.engine, c.output_dir, s.step, state, files)
+        except (OSError, RuntimeError) as err:  # torch.save on a full disk: "unexpected pos"
+            _note_free_space(err, Path(c.output_dir, checkpoint.CHECKPOINTS))
+            raise
         s.last_saved = s.step
         self.save_s = time.perf_counter() - start
 
@@ -409,13 +417,17 @@ class Trainer:
     def export(self) -> Path | None:
         """Rank 0 writes OUTPUT_DIR/hf from the last checkpoint (after every rank saved it),
         unless the ranks agreed to stop on a signal (one that reached a rank after the last
-        step's all-reduce does not stop a finished run)."""
+        step's all-reduce does not stop a finished run). The other ranks wait for it: a
+        failed export fails the run on every rank (trainer/failure.py)."""
+        self.activity = "export"
         distributed.barrier()
-        if not (self.info.is_main and self.config.export_hf) or self.state.stopped_by is not None:
-            return None
-        from .export import export
+        out = None
+        if self.info.is_main and self.config.export_hf and self.state.stopped_by is None:
+            from .export import export
 
-        return export(self.config.output_dir, Path(self.config.output_dir, "hf"))
+            out = export(self.config.output_dir, Path(self.config.output_dir, "hf"))
+        distributed.barrier()
+        return out
 
     def _samples_file(self):
         if not self.config.record_samples:
@@ -423,3 +435,15 @@ class Trainer:
         Path(self.config.output_dir).mkdir(parents=True, exist_ok=True)
         path = Path(self.config.output_dir, f"samples-rank{self.info.rank}.txt")
         return open(path, "a", encoding="utf-8")
+
+
+def _note_free_space(err: BaseException, directory: Path) -> None:
+    """Add the free space of ``directory``'s disk to ``err`` (a full disk does not always
+    say so: torch.save then fails with "unexpected pos")."""
+    import shutil
+
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError:
+        return
+    err.add_note(f"{directory} has {free / 2**20:.1f} MiB free")

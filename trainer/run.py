@@ -48,58 +48,71 @@ if __package__ in (None, ""):  # run as a file (deepspeed trainer/run.py): make 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline import console
-from pipeline.shard_format import ShardFormatError
-from trainer.checkpoint import NonFiniteError
 from trainer.config import parse_args
 
 logger = logging.getLogger("trainer")
 # Our INFO records kept off the console (one-line JSON dumps; the log file has them).
 FILE_ONLY = ("trainer config:", "deepspeed config (resolved):", "model config:",
-             "ds_to_universal output:")  # fmt: skip
+             "ds_to_universal output:", "stopping:")  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse flags, train, checkpoint and export; returns the exit code."""
+    """Parse flags, train, checkpoint and export; returns the exit code (a failure during
+    the run leaves at once with its own: trainer/failure.py)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         config = parse_args(argv)
     except ValueError as err:
-        handlers = _setup_logging(0)
-        logger.error("%s", err)
-        console.uninstall(handlers)
+        if _launcher_rank() == 0:  # every rank got the same flags: one line says it
+            handlers = _setup_logging(0)
+            logger.error("%s", err)
+            console.uninstall(handlers)
         return 2
-    handlers = _setup_logging(_launcher_rank(), config.output_dir)
+    rank = _launcher_rank()
+    handlers = _setup_logging(rank, config.output_dir)
     try:
         with _prints_to(handlers), _stop_request(argv, config) as stop:
-            return _run(config, stop)
+            return _run(config, stop, _log_path(rank, config.output_dir))
     finally:
         console.uninstall(handlers)
 
 
-def _run(config, stop) -> int:
+def _run(config, stop, log_path: Path) -> int:
     from trainer import distributed
-    from trainer.loop import Trainer
+    from trainer.failure import RunWatch
 
-    info = distributed.init_distributed()
+    info = distributed.init_distributed(timeout_s=config.collective_timeout)
     _route_deepspeed_logs()
+    watch = RunWatch(rank=info.rank, world_size=info.world_size, stop=stop, log_path=str(log_path))
     try:
-        try:
-            trainer = Trainer(config, info, stop)
-            trainer.build_engine()
-        except (ValueError, FileNotFoundError, ShardFormatError) as err:
-            logger.error("%s", err)
-            return 2
-        trainer.train()
-        trainer.export()
-        if trainer.state.stopped_by is not None:  # agreed by all ranks, not this rank's alone
-            return stop.finish(trainer.last_checkpoint())
-        if info.is_main:
-            _plot(config.output_dir)
-    except NonFiniteError as err:
-        logger.error("%s", err)
-        return 3
+        with watch:
+            return _train(config, info, stop, watch)
     finally:
         distributed.shutdown()
+
+
+def _train(config, info, stop, watch) -> int:
+    """Train, export and plot; a failure on any rank ends every rank (trainer/failure.py:
+    with several ranks it leaves at once, with one it returns the exit code)."""
+    from trainer.loop import Trainer
+
+    try:
+        trainer = Trainer(config, info, stop)
+        trainer.build_engine()
+    except (ValueError, FileNotFoundError) as err:  # ShardFormatError is a ValueError
+        return watch.fail(err, usage=True)
+    except Exception as err:
+        return watch.fail(err)
+    watch.activity = lambda: trainer.activity
+    try:
+        trainer.train()
+        trainer.export()
+    except Exception as err:
+        return watch.fail(err)
+    if trainer.state.stopped_by is not None:  # agreed by all ranks, not this rank's alone
+        return stop.finish(trainer.last_checkpoint())
+    if info.is_main:
+        _plot(config.output_dir)
     return 0
 
 
@@ -144,7 +157,7 @@ def _setup_logging(rank: int, output_dir: str | None = None) -> list[logging.Han
     """
     log_path = None
     if output_dir is not None:
-        log_path = Path(output_dir, "logs", f"train-rank{rank}.log")
+        log_path = _log_path(rank, output_dir)
         log_path.parent.mkdir(parents=True, exist_ok=True)
     verbose = console.verbose_requested()
     handlers = console.install(
@@ -155,6 +168,10 @@ def _setup_logging(rank: int, output_dir: str | None = None) -> list[logging.Han
         hint = "" if verbose else " (BERT_VERBOSE=1 shows it here)"
         logger.info("full log: %s%s", log_path, hint)
     return handlers
+
+
+def _log_path(rank: int, output_dir: str) -> Path:
+    return Path(output_dir, "logs", f"train-rank{rank}.log")
 
 
 def _route_deepspeed_logs() -> None:

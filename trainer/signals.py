@@ -199,6 +199,9 @@ class StopRequest:
         # Reentrant: the main thread's handler may run while the main thread holds it.
         self._lock = threading.RLock()
         self._pipe: tuple[int, int] | None = None
+        # trainer/failure.py's RunWatch.check: a first signal may come from a launcher whose
+        # other rank died, and a stop that waits for it in the step's all-reduce never ends.
+        self.check_peers: Callable[[], None] | None = None
 
     # -- the run's side -------------------------------------------------------------------
 
@@ -294,10 +297,9 @@ class StopRequest:
         if self._since is None and self.training:
             self.signum, self._since = signum, now
             again = "Ctrl-C" if signum == signal.SIGINT else "signal"
-            return lambda: self._log(
-                logging.INFO,
+            return lambda: self._first_stop(
                 f"{name}: finishing this step, then saving a checkpoint (a second {again} "
-                "aborts at once)",
+                "aborts at once)"
             )
         if self._since is not None and now - self._since < self.same_request_s:
             self.signum = self.signum or signum
@@ -305,19 +307,25 @@ class StopRequest:
         when = "" if self._since is not None else " (not training: nothing to finish)"
         return lambda: self._exit(exit_code(signum), f"{name}: aborted at once{when}")
 
+    def _first_stop(self, message: str) -> None:
+        if self.check_peers is not None:
+            self.check_peers()  # ends the run here when another rank has failed or died
+        self._log(logging.INFO, message)
+
     def _log(self, level: int, message: str) -> None:
         logger.log(level if self.is_main else logging.INFO, "%s", message)
 
     def _exit(self, code: int, message: str | None) -> None:
         if message is not None:
-            self._log(logging.ERROR, f"{message}, exit code {code}; {self._last_checkpoint()}. "
+            self._log(logging.ERROR, f"{message}, exit code {code}; {self.checkpoint_note()}. "
                                      f"Resume with:\n  {self.resume}")  # fmt: skip
         for handler in logging.getLogger().handlers:
             with contextlib.suppress(Exception):  # exiting anyway
                 handler.flush()
         os._exit(code)
 
-    def _last_checkpoint(self) -> str:
+    def checkpoint_note(self) -> str:
+        """'the last complete checkpoint is DIR/TAG', or 'no complete checkpoint yet'."""
         from .checkpoint import resolve
 
         try:

@@ -1,13 +1,17 @@
 """Exact resume: on two CPU ranks of one node, and on two "nodes" of one rank each.
 
-A run killed with SIGKILL after a checkpoint and resumed with ``--resume auto`` must end with
-the weights of an uninterrupted run (dropout on: the RNG states are restored too), and the
-rows it trained on across the interruption must be the uninterrupted run's: more than one
-epoch of them, the first epoch exactly once each.
+A run whose rank 1 is killed with SIGKILL after a checkpoint (tests/faults) must end at once:
+rank 0 and the launcher exit 1 within the bound of trainer/failure.py, rank 0 saying once
+which rank died. Resumed with ``--resume auto`` it must end with the weights of an
+uninterrupted run (tests/trainer/conftest.py; dropout on: the RNG states are restored too),
+and the rows it trained on across the interruption must be the uninterrupted run's: more
+than one epoch of them, the first epoch exactly once each. The other rows of the fault
+matrix: tests/trainer/test_faults.py.
 
 Two nodes are started as a cluster without ssh starts them (deploy/slurm.sbatch): one
 ``deepspeed --hostfile H --no_ssh --node_rank N`` launcher per node, the same hostfile,
-master address and port, and one output directory (the shared file system). Each node has
+master address and port, and one output directory (the shared file system). Node 1's rank
+fails in a step: both launchers exit 1, and only node 1 prints an error. Each node has
 one rank, so both ranks have LOCAL_RANK 0: a file written by "local rank 0" instead of
 global rank 0 would be written twice. Every file write of the ranks is recorded (an audit
 hook loaded through ``sitecustomize``, :data:`WRITE_AUDIT`), and the two-node run must end
@@ -21,6 +25,7 @@ import re
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -34,11 +39,11 @@ from tests.helpers import (
     rank_env,
     sample_lines,
     trainer_argv,
-    write_launch_files,
 )  # fmt: skip
 
 STEPS, SAVE_EVERY, KILL_AFTER = 14, 4, 6  # resumes at step 4, repeats steps 5 and 6
-RUN = {"steps": STEPS, "save_every": SAVE_EVERY}
+RUN = {"steps": STEPS, "save_every": SAVE_EVERY}  # tests/trainer/conftest.py's straight run
+EXIT_BOUND_S = 60  # from a fault to the launcher's exit (trainer/failure.py)
 
 pytestmark = pytest.mark.slow
 
@@ -55,28 +60,41 @@ def across_the_kill(first_attempt, both_attempts, saved_at: int) -> list[list[in
 
 
 @pytest.fixture(scope="module")
-def runs(small_shards, tmp_path_factory):
-    if shutil.which("deepspeed") is None:
-        pytest.skip("the deepspeed launcher is not on PATH")
-    files = tmp_path_factory.mktemp("resume")
-    # ZeRO-2: a partitioned checkpoint, as on GPUs.
-    write_launch_files(files, gradient_accumulation_steps=2, zero_optimization={"stage": 2})
-    port = free_port()
-    done = launch(files, small_shards, files / "straight", port=port, **RUN)
-    assert done.returncode == 0, done.stderr[-3000:]
-    killed = launch(files, small_shards, files / "killed", fault=KILL_AFTER, port=port, **RUN)
-    assert killed.returncode != 0, "the fault hook did not kill the run"
+def runs(small_shards, zero2_files, straight_run):
+    files, port = zero2_files, free_port()
+    start = time.time()
+    killed = launch(files, small_shards, files / "killed", fault=f"sigkill@{KILL_AFTER}:1",
+                    port=port, **RUN)  # fmt: skip
+    exited = time.time()
+    # One rank killed: the other and the launcher exit at once, the survivor saying why.
+    assert killed.returncode == 1, killed.stderr[-3000:]
+    console = killed.stdout + killed.stderr
+    assert len(error_lines(console)) == 1 and "Traceback" not in console, console[-3000:]
+    assert re.search(r"rank 1 \(pid \d+\) exited or was killed", console), console[-3000:]
+    assert f"checkpoints/step{SAVE_EVERY:08d}. Resume with" in console
+    assert exited - start < EXIT_BOUND_S + 60  # start-up included; the fault's own bound:
+    assert exited - killed_at(files / "killed") <= EXIT_BOUND_S
     assert (files / "killed" / "checkpoints" / "latest").read_text() == f"step{SAVE_EVERY:08d}"
     first_attempt = sample_lines(files / "killed", 2)  # ranks may have died a line apart
     resumed = launch(files, small_shards, files / "killed", "--resume", "auto", port=port, **RUN)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     # DeepSpeed made its CPU all-reduce files where trainer/distributed.py looks (else it
     # warns), and they are gone after every run, the killed one too.
-    logs = [run.stdout + run.stderr for run in (done, killed, resumed)]
+    logs = [run.stdout + run.stderr for run in (straight_run, killed, resumed)]
     logs += [f.read_text() for f in files.glob("*/logs/*.log")]
     assert len(logs) > 3 and not any("all-reduce buffer is not at" in log for log in logs)
     assert not list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"))
     return files, first_attempt
+
+
+def error_lines(console: str) -> list[str]:
+    """The console's error lines of trainer/failure.py (one per failed run)."""
+    return [line for line in console.splitlines() if "ERROR trainer.failure:" in line]
+
+
+def killed_at(out: Path) -> float:
+    """When the fault hook (tests/faults) struck the run writing to ``out``."""
+    return float(Path(f"{out}.faults").read_text().split()[-1])
 
 
 def test_killed_and_resumed_run_ends_with_the_same_weights(runs):
@@ -87,7 +105,7 @@ def test_killed_and_resumed_run_ends_with_the_same_weights(runs):
 def test_rows_across_the_interruption_are_exactly_the_uninterrupted_ones(runs, small_shards):
     files, first_attempt = runs
     straight = interleave(sample_lines(files / "straight", 2))
-    assert max(b[0] for b in first_attempt[0]) == KILL_AFTER  # it did train past the checkpoint
+    assert max(b[0] for b in first_attempt[0]) > SAVE_EVERY  # it trained past the checkpoint
     seen = across_the_kill(first_attempt, sample_lines(files / "killed", 2), SAVE_EVERY)
     assert seen == straight
     rows = [r for batch in seen for r in batch[1:]]
@@ -133,6 +151,10 @@ def _hook(event, args):
         _record("rename", args[1])
 
 sys.addaudithook(_hook)
+try:
+    import fault_injection  # tests/faults: on the path when a fault is injected
+except ImportError:
+    pass
 """
 
 
@@ -147,7 +169,8 @@ def launch_nodes(files: Path, data: Path, out: Path, *extra: str, fault=None) ->
     (audit / "site").mkdir(parents=True, exist_ok=True)
     (audit / "site" / "sitecustomize.py").write_text(WRITE_AUDIT)
     path = os.pathsep.join([str(audit / "site"), os.environ.get("PYTHONPATH", "")])
-    env = rank_env(fault, PYTHONPATH=path, WRITE_AUDIT_UNDER=str(out), WRITE_AUDIT_LOG=str(audit))
+    env = rank_env(fault, PYTHONPATH=path, WRITE_AUDIT_UNDER=str(out), WRITE_AUDIT_LOG=str(audit),
+                   BERT_TEST_FAULT_LOG=f"{out}.faults")  # fmt: skip
     port = str(free_port())
     out.mkdir(parents=True, exist_ok=True)
     procs = []
@@ -181,8 +204,14 @@ def audited_writes(files: Path) -> list[tuple[int, int, str, str]]:
 def two_nodes(runs, small_shards):
     files, _ = runs
     out = files / "two-nodes"
-    codes = launch_nodes(files, small_shards, out, fault=KILL_AFTER)
-    assert all(code != 0 for code in codes), "the fault hook did not kill both nodes"
+    # Node 1's rank fails in a step: node 0's rank and launcher exit too, quietly.
+    codes = launch_nodes(files, small_shards, out, fault=f"raise@{KILL_AFTER + 1}:1")
+    exited = time.time()
+    assert codes == [1, 1], (out / "node0.txt").read_text()[-3000:]
+    assert exited - killed_at(out) <= EXIT_BOUND_S
+    node0, node1 = ((out / f"node{n}.txt").read_text() for n in (0, 1))
+    assert error_lines(node0) == [] and "Traceback" not in node0 + node1, node0[-3000:]
+    assert len(error_lines(node1)) == 1 and "RuntimeError: injected fault" in node1
     assert (out / "checkpoints" / "latest").read_text() == f"step{SAVE_EVERY:08d}"
     first_attempt = sample_lines(out, 2)
     codes = launch_nodes(files, small_shards, out, "--resume", "auto", "--export-hf", "true")
@@ -193,7 +222,7 @@ def two_nodes(runs, small_shards):
 def test_two_nodes_read_disjoint_rows_and_resume_as_one_node_uninterrupted(runs, two_nodes):
     files, _ = runs
     out, first_attempt = two_nodes
-    assert max(b[0] for b in first_attempt[0]) == KILL_AFTER
+    assert max(b[0] for b in first_attempt[0]) > SAVE_EVERY
     seen = across_the_kill(first_attempt, sample_lines(out, 2), SAVE_EVERY)
     assert seen == interleave(sample_lines(files / "straight", 2))
     for rank0, rank1 in zip(seen[::2], seen[1::2], strict=True):  # one global micro-batch

@@ -67,7 +67,7 @@ def runs(small_shards, tmp_path_factory):
     assert reference.returncode == 0, reference.stderr[-3000:]
     out = files / "resumed"
     copy_checkpoint(files / "reference", out, 2)
-    one = segment(files, small_shards, out, 1, "--resume", "auto", fault=4)
+    one = segment(files, small_shards, out, 1, "--resume", "auto", fault="sigkill@4")
     assert one.returncode != 0, "the fault hook did not kill the one-rank run"
     assert (out / "checkpoints" / "latest").read_text() == "step00000004"
     three = segment(files, small_shards, out, 3, "--resume", "auto")

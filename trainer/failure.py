@@ -1,0 +1,341 @@
+"""A failed run stops: every rank and the launcher exit promptly, with one line of error.
+
+Any failure on any rank ends the whole run: an exception (in a step, the data, a checkpoint
+write, evaluation, export), a DataLoader worker that dies (torch raises it in the rank), or a
+rank killed outright. What happens (trainer/run.py installs it on every rank):
+
+- **The failing rank** (:meth:`RunWatch.fail`) claims the run's failure in the rendezvous
+  store (``compare_set``: when several ranks fail at once, the first claim wins and only its
+  rank prints), logs one line: where (the step, the checkpoint being saved, ...), the cause
+  with the file it names or the code line that raised, the last complete checkpoint and the
+  command that resumes from it; the traceback goes to its log file only. It then kills its
+  own child processes (DataLoader workers ignore SIGTERM, trainer/signals.py, so they would
+  otherwise keep the interpreter's exit waiting forever) and leaves with ``os._exit``:
+  **2** for a data error (a corrupt shard, with or without DataLoader workers), **3** for a
+  non-finite loss or weight, **1** for anything else.
+- **Every other rank** learns it from a watcher thread (:class:`RunWatch`) that polls the
+  store every :data:`POLL_S` seconds, even while its main thread waits in a collective for
+  the rank that is gone, and exits with the same code, quietly (a line in its log file).
+- **A rank that dies without a word** (SIGKILL, the OOM killer, a segfault): the ranks on
+  its machine see its process gone at their next poll. Rank 0 also counts every rank's
+  heartbeat and declares a rank dead after :data:`PEER_SILENCE_S` seconds of silence: the
+  only sign a rank on another machine gives when that machine is lost. When rank 0 itself is
+  gone, the store it hosts stops answering and the others stop after :data:`STORE_LOST_S`.
+- **The launcher** (``deepspeed``; one per node with ``--no_ssh``) exits with the first
+  non-zero code of its ranks; a SIGTERM it sends the survivors meanwhile finds them already
+  leaving (trainer/signals.py asks this watch first: a stop that waits for a dead rank would
+  never come).
+
+The bound: a failure is seen by every rank within about ``POLL_S`` (a process that died on
+the same machine, an exception anywhere), ``STORE_LOST_S`` (rank 0 gone) or
+``PEER_SILENCE_S`` (a silent rank on another machine); every rank has left a second or two
+after that. A rank that is alive but stuck (a deadlock, a hung file system) is bounded by
+``--collective-timeout`` instead (trainer/config.py).
+
+Nothing is lost: ``latest`` (trainer/checkpoint.py) is written only after every rank finished
+a checkpoint, so a save cut short is never resumed, and the line names the checkpoint that
+``--resume auto`` takes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import torch.distributed as dist
+
+from pipeline.shard_format import ShardFormatError
+
+from .checkpoint import NonFiniteError
+
+logger = logging.getLogger(__name__)
+
+POLL_S = 0.5  # how often each rank looks at the store and its machine's other ranks
+# A live rank beats every POLL_S from a thread that needs the GIL only for microseconds; the
+# main thread releases it in every torch op, collective and torch.save (a 1.6 GB save still
+# let a thread tick every 50 ms). A minute of silence is a dead process or machine.
+PEER_SILENCE_S = 60.0
+STORE_LOST_S = 5.0  # rank 0, which hosts the store, is gone: no answer for this long
+ACK_WAIT_S = 3.0  # rank 0 (the store's host) waits this long for the others to leave first
+_KEY = "bert-run-watch"
+DATA_ERROR, NON_FINITE, OTHER = 2, 3, 1
+
+
+def exit_code(err: BaseException) -> int:
+    """2 for a data error, 3 for a non-finite loss or weight, 1 for anything else."""
+    if isinstance(err, NonFiniteError):
+        return NON_FINITE
+    if isinstance(err, ShardFormatError) or _worker_error_type(err) == ShardFormatError.__name__:
+        return DATA_ERROR
+    return OTHER
+
+
+def cause(err: BaseException) -> str:
+    """One line: the exception's type and message, and the code line that raised it unless
+    the message names a file (an OSError's filename, a shard error's path) already.
+
+    An error that torch re-raises from a DataLoader worker carries the worker's whole
+    traceback in its message; its last line is the original error.
+
+    Example: ``OSError(28, "No space left on device", "/ckpt/x.pt")`` ->
+    ``"OSError: [Errno 28] No space left on device: '/ckpt/x.pt'"``.
+    """
+    text = str(err)
+    name = type(err).__name__
+    if _worker_error_type(err) is not None:
+        last = text.rstrip().splitlines()[-1]
+        kind, _, text = last.partition(": ")
+        name = f"{kind.rsplit('.', 1)[-1]} in a DataLoader worker"
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    line = f"{name}: {lines[0] if lines else '(no message)'}"
+    if len(lines) > 1:
+        line += " [...]"
+    for note in getattr(err, "__notes__", ()):
+        line += f"; {note}"
+    names_a_file = getattr(err, "filename", None) or "/" in text
+    frames = traceback.extract_tb(err.__traceback__)
+    if frames and not names_a_file:
+        line += f" ({_short(frames[-1].filename)}:{frames[-1].lineno})"
+    return line
+
+
+def _worker_error_type(err: BaseException) -> str | None:
+    """The original type's name of an error re-raised from a DataLoader worker, else None."""
+    text = str(err)
+    if not (text.startswith("Caught ") and "\nOriginal Traceback" in text):
+        return None
+    last = text.rstrip().splitlines()[-1]
+    return last.partition(": ")[0].rsplit(".", 1)[-1]
+
+
+def _short(path: str) -> str:
+    """A path relative to the working directory when it is under it."""
+    with contextlib.suppress(ValueError):
+        return os.path.relpath(path) if not os.path.relpath(path).startswith("..") else path
+    return path
+
+
+def _machine() -> str:
+    """This machine and PID namespace: two processes with the same value can see each other's
+    PIDs (a host name can repeat across machines; a boot id and namespace cannot)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}:{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:  # not Linux: no same-machine check, heartbeats only
+        return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _gone(pid: int, started: float) -> bool:
+    """True when process ``pid`` (created at ``started``) has exited: gone or a zombie."""
+    import psutil  # a dependency of deepspeed
+
+    try:
+        process = psutil.Process(pid)
+        return process.create_time() != started or process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:  # not ours to look at: assume alive, heartbeats still count
+        return False
+
+
+class RunWatch:
+    """The failure handling of one rank (module docstring); a context manager that starts the
+    watcher thread when the world has more than one rank.
+
+    Args:
+        rank, world_size: this process's place.
+        stop: the run's StopRequest (trainer/signals.py): its resume command and last
+            complete checkpoint go into the error line, and it asks :meth:`check` on a signal.
+        log_path: this rank's log file (named in the error line), or None.
+    """
+
+    def __init__(self, *, rank: int, world_size: int, stop, log_path: str | None = None):
+        self.rank, self.world_size, self.stop, self.log_path = rank, world_size, stop, log_path
+        # What the run is doing ("step 41", "saving checkpoint step00000040", "export"):
+        # trainer/run.py points it at the Trainer's activity once there is one.
+        self.activity: Callable[[], str] = lambda: "start-up"
+        self._store = None
+        self._thread: threading.Thread | None = None
+        self._closing = threading.Event()
+        self._lock = threading.Lock()  # one exit, from whichever thread gets there first
+        self._peers: dict[int, tuple[int, float]] | None = None  # same machine: pid, created
+        self._beats: dict[int, tuple[int, float]] = {}  # rank 0: last count, when it changed
+        self._lost_since: float | None = None
+
+    def __enter__(self) -> RunWatch:
+        self.stop.check_peers = self.check
+        if self.world_size > 1:
+            self._store = _store_client()
+            import psutil
+
+            me = psutil.Process()
+            self._store.set(f"{_KEY}/pid/{self.rank}", f"{_machine()} {me.pid} {me.create_time()}")
+            self._thread = threading.Thread(target=self._watch, name="run-watch", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._closing.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.stop.check_peers = None
+
+    # -- failures of this rank -------------------------------------------------------------
+
+    def fail(self, err: BaseException, *, usage: bool = False) -> int:
+        """End the run for ``err`` raised on this rank (module docstring). With several ranks
+        it never returns; a one-process run returns the exit code (nothing else to stop: the
+        caller has closed its DataLoaders, trainer/data.py).
+
+        ``usage``: a bad flag, config, checkpoint or data found at start-up (nothing ran):
+        exit 2 with the error's own message, as every command does, and no resume hint.
+        """
+        if usage:
+            code, line = DATA_ERROR, str(err)
+        else:
+            code = exit_code(err)
+            line = f"{self.activity()} failed on rank {self.rank}: {cause(err)}"
+        logger.info("stopping: traceback of: %s", line, exc_info=err)  # the log file only
+        return self._end(code, line, hint=not usage)
+
+    def _end(self, code: int, line: str, *, hint: bool = True, claim: bool = True) -> int:
+        """Claim the failure (first claim wins), say it once if this rank's claim won, and
+        leave with the code of the failure that did; ``claim=False``: another rank's claim,
+        seen in the store."""
+        with self._lock:
+            first = False
+            if claim:
+                first, code, line = self._claim(code, line)
+            if first and hint:
+                log = f" (log: {self.log_path})" if self.log_path else ""
+                logger.error("%s%s; %s. Resume with:\n  %s", line, log,
+                             self.stop.checkpoint_note(), self.stop.resume)  # fmt: skip
+            elif first:
+                logger.error("%s", line)
+            else:
+                logger.info("stopping: %s (exit code %d)", line, code)
+            if self._store is None:  # one process: nobody to tell, nothing stuck
+                return code
+            self._leave()
+            _exit(code)
+
+    def _claim(self, code: int, line: str) -> tuple[bool, int, str]:
+        """(first, code, line): this rank's failure if its claim is the first, else the
+        first one's as another rank claimed it."""
+        if self._store is None:
+            return True, code, line
+        value = f"{code} {line}"
+        try:
+            got = self._store.compare_set(f"{_KEY}/failed", "", value)
+        except Exception:  # the store is gone with rank 0: nobody to tell
+            return True, code, line
+        got = got.decode() if isinstance(got, bytes) else got
+        if got == value:
+            return True, code, line
+        first_code, _, first_line = got.partition(" ")
+        return False, int(first_code), first_line
+
+    def _leave(self) -> None:
+        """Say this rank is leaving; rank 0, which hosts the store, first waits (a few seconds
+        at most) for the others to have left, so that none of them finds the store gone
+        before it has seen the claim."""
+        if self._store is None:
+            return
+        with contextlib.suppress(Exception):  # the store is gone: nothing to wait for
+            if self.rank != 0:
+                self._store.add(f"{_KEY}/left", 1)
+                return
+            deadline = time.monotonic() + ACK_WAIT_S
+            while time.monotonic() < deadline:
+                if self._store.add(f"{_KEY}/left", 0) >= self.world_size - 1:
+                    return
+                time.sleep(0.05)
+
+    # -- failures seen from here -----------------------------------------------------------
+
+    def check(self) -> None:
+        """One look at the store and this machine's other ranks; ends the run when one failed
+        or died. The watcher thread calls it every POLL_S; trainer/signals.py calls it on a
+        stop signal (a launcher's SIGTERM after one of its ranks died)."""
+        if self._store is None:
+            return
+        now = time.monotonic()
+        try:
+            self._store.add(f"{_KEY}/beat/{self.rank}", 1)
+            if self._store.check([f"{_KEY}/failed"]):
+                code, _, line = self._store.get(f"{_KEY}/failed").decode().partition(" ")
+                self._end(int(code), line, claim=False)
+            self._lost_since = None
+            if self.rank == 0:
+                self._check_beats(now)
+            self._check_local_peers()
+        except (RuntimeError, OSError) as err:  # the store does not answer: rank 0 is gone?
+            self._lost_since = self._lost_since or now
+            if now - self._lost_since >= STORE_LOST_S:
+                self._end(OTHER, f"rank {self.rank} lost the run's store on rank 0 ({err})")
+
+    def _check_local_peers(self) -> None:
+        if self._peers is None:
+            keys = [f"{_KEY}/pid/{r}" for r in range(self.world_size)]
+            if not self._store.check(keys):
+                return  # not every rank is up yet
+            here, self._peers = _machine(), {}
+            for rank, value in enumerate(self._store.multi_get(keys)):
+                machine, pid, started = value.decode().split(" ")
+                if machine == here and rank != self.rank:
+                    self._peers[rank] = (int(pid), float(started))
+        for rank, (pid, started) in self._peers.items():
+            if _gone(pid, started):
+                self._end(OTHER, f"rank {rank} (pid {pid}) exited or was killed (seen by rank "
+                                 f"{self.rank} during {self.activity()}); its log may say why")  # fmt: skip
+
+    def _check_beats(self, now: float) -> None:
+        keys = [f"{_KEY}/beat/{r}" for r in range(1, self.world_size)]
+        if not self._store.check(keys):
+            return
+        for rank, value in enumerate(self._store.multi_get(keys), start=1):
+            count = int(value)
+            last = self._beats.get(rank)
+            if last is None or last[0] != count:
+                self._beats[rank] = (count, now)
+            elif now - last[1] > PEER_SILENCE_S:
+                self._end(OTHER, f"rank {rank} has not been heard from for {now - last[1]:.0f} s "
+                                 f"(its process or machine is gone)")  # fmt: skip
+
+    def _watch(self) -> None:
+        while not self._closing.wait(POLL_S):
+            self.check()
+
+
+def _store_client():
+    """A client of the rendezvous store (MASTER_ADDR:MASTER_PORT, hosted by rank 0), on its own
+    connection: the watcher's calls never wait behind the main thread's."""
+    return dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+        timeout=datetime.timedelta(seconds=STORE_LOST_S), wait_for_workers=False,
+    )  # fmt: skip
+
+
+def _exit(code: int):
+    """Kill this process's children (DataLoader workers ignore SIGTERM), flush the logs and
+    leave at once: no interpreter shutdown, which would wait for the workers and for threads
+    stuck in a collective."""
+    with contextlib.suppress(Exception):
+        import psutil
+
+        for child in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                child.send_signal(signal.SIGKILL)
+    for handler in logging.getLogger().handlers:
+        with contextlib.suppress(Exception):
+            handler.flush()
+    os._exit(code)
