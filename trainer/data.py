@@ -373,23 +373,26 @@ class BatchLoader:
             yield from unpack_group(packed)
 
     def close(self) -> None:
-        """End the worker processes now, whatever they are doing.
+        """End the worker processes now.
 
-        They ignore SIGTERM (trainer/signals.py), so the DataLoader's own shutdown, which
-        ends a busy worker with SIGTERM, cannot end them, and the interpreter's exit would
-        then wait for them forever: after a failure, close the loader before leaving. The
-        workers are SIGKILLed: their only state is the batches they were building.
+        They ignore SIGTERM (trainer/signals.py), which is how the DataLoader's shutdown ends a
+        worker that does not stop when asked, and the interpreter's exit would then wait for
+        them forever: after a failure, close the loader before leaving. The DataLoader's
+        shutdown asks each worker to stop (a worker busy with a batch gets up to 5 s, torch's
+        MP_STATUS_CHECK_INTERVAL); what is still alive then is SIGKILLed: a worker's only state
+        is the batch it was building.
         """
         while self._iterators:
             iterator = self._iterators.pop()
-            # _workers: torch's list of worker processes (no public accessor; present since
-            # the DataLoader had workers). Killed first, so the shutdown's joins are instant.
+            # Private, as the DataLoader has no public way to end its workers at once; both
+            # date from its first multi-process version.
+            shutdown = getattr(iterator, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()  # also stops torch from reporting the kills below as failures
             for worker in getattr(iterator, "_workers", ()):
                 if worker.is_alive():
                     worker.kill()
-            shutdown = getattr(iterator, "_shutdown_workers", None)
-            if shutdown is not None:
-                shutdown()
+                    worker.join()
 
 
 def make_loader(stream: PretrainingStream, num_workers: int) -> BatchLoader:

@@ -12,7 +12,9 @@ rank killed outright. What happens (trainer/run.py installs it on every rank):
   own child processes (DataLoader workers ignore SIGTERM, trainer/signals.py, so they would
   otherwise keep the interpreter's exit waiting forever) and leaves with ``os._exit``:
   **2** for a data error (a corrupt shard, with or without DataLoader workers), **3** for a
-  non-finite loss or weight, **1** for anything else.
+  non-finite loss or weight, **1** for anything else. A one-process run returns the code
+  from ``main`` instead: the trainer has closed its DataLoaders (trainer/data.py) as the
+  error passed, and no other rank can keep it waiting.
 - **Every other rank** learns it from a watcher thread (:class:`RunWatch`) that polls the
   store every :data:`POLL_S` seconds, even while its main thread waits in a collective for
   the rank that is gone, and exits with the same code, quietly (a line in its log file).
@@ -199,13 +201,11 @@ class RunWatch:
         ``usage``: a bad flag, config, checkpoint or data found at start-up (nothing ran):
         exit 2 with the error's own message, as every command does, and no resume hint.
         """
-        if usage:
-            code, line = DATA_ERROR, str(err)
-        else:
-            code = exit_code(err)
-            line = f"{self.activity()} failed on rank {self.rank}: {cause(err)}"
+        if usage:  # the message says it all: no traceback, as for every command
+            return self._end(DATA_ERROR, str(err), hint=False)
+        line = f"{self.activity()} failed on rank {self.rank}: {cause(err)}"
         logger.info("stopping: traceback of: %s", line, exc_info=err)  # the log file only
-        return self._end(code, line, hint=not usage)
+        return self._end(exit_code(err), line)
 
     def _end(self, code: int, line: str, *, hint: bool = True, claim: bool = True) -> int:
         """Claim the failure (first claim wins), say it once if this rank's claim won, and

@@ -30,9 +30,12 @@ Ctrl-C or SIGTERM (a cluster's, before preemption): every rank finishes the step
 and saves a checkpoint; rank 0 prints the command that resumes the run. A second signal exits
 at once. Details, launchers and ``--signal-grace``: trainer/signals.py.
 
-Exit codes: 0 done, 2 bad arguments, configuration or data, 3 non-finite loss or weights,
-130 stopped by SIGINT (Ctrl-C), 143 stopped by SIGTERM (128 + the signal's number; resume
-with ``--resume auto``).
+A failure on any rank (an exception, a dead DataLoader worker or rank) ends every rank and
+the launcher within seconds, with one line on the console: trainer/failure.py.
+
+Exit codes: 0 done, 1 a failure during the run, 2 bad arguments, configuration or data (a
+corrupt shard mid-run too), 3 non-finite loss or weights, 130 stopped by SIGINT (Ctrl-C), 143
+stopped by SIGTERM (128 + the signal's number; resume with ``--resume auto``).
 """
 
 from __future__ import annotations
