@@ -72,12 +72,29 @@ def main(argv: Sequence[str] | None = None) -> int:
             console.uninstall(handlers)
         return 2
     rank = _launcher_rank()
+    fresh = not Path(config.output_dir).exists()
     handlers = _setup_logging(rank, config.output_dir)
+    code = 1
     try:
         with _prints_to(handlers), _stop_request(argv, config) as stop:
-            return _run(config, stop, _log_path(rank, config.output_dir))
+            code = _run(config, stop, _log_path(rank, config.output_dir))
+            return code
     finally:
         console.uninstall(handlers)
+        if code == 2 and fresh:
+            _remove_if_only_logs(config.output_dir, _log_path(rank, config.output_dir))
+
+
+def _remove_if_only_logs(output_dir: str, log_path: Path) -> None:
+    """A run refused at start-up (exit 2) in an --output-dir it created leaves nothing: its
+    log (the console had the error) and the directories, once empty. Each rank removes its
+    own log; the last one out removes the directories."""
+    with contextlib.suppress(OSError):
+        if any(path.name != log_path.parent.name for path in Path(output_dir).iterdir()):
+            return  # it got further: a corrupt shard met mid-run keeps its log
+        log_path.unlink()
+        log_path.parent.rmdir()  # fails while another rank's log or anything else is there
+        Path(output_dir).rmdir()
 
 
 def _run(config, stop, log_path: Path) -> int:

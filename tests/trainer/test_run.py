@@ -144,7 +144,10 @@ def test_bad_batch_sizes_and_missing_data_fail_before_training(tiny_shards, tmp_
     argv = args(tmp_path, tiny_shards, "--max-steps", "1", train_batch_size=7)
     assert main(argv) == 2
     assert "batch sizes" in caplog.text and "do not fit 1 rank(s)" in caplog.text
+    assert not (tmp_path / "out").exists()  # a refused run leaves no folder behind
+    (tmp_path / "out").mkdir()
     assert main(args(tmp_path, tmp_path / "no-such-dir", "--max-steps", "1")) == 2
+    assert (tmp_path / "out" / "logs").is_dir()  # not ours to remove: the folder was there
     assert "--data" in caplog.text and "no-such-dir" in caplog.text
     assert main(["--data", str(tiny_shards)]) == 2
     assert not (tmp_path / "out" / "checkpoints").exists()
