@@ -262,7 +262,7 @@ def _build(argv: Sequence[str], log_file: str | None, verbose: bool,
     descriptor 2 (Beam's workers included) goes there too while the pipeline runs."""
     from apache_beam.options.pipeline_options import StandardOptions
 
-    from .build import EmptyBuildError, build_graph, make_plan, prepare_output, refuse_empty_build
+    from . import build
     from .config import parse_build_args
     from .documents import LONG_SENTENCE_CHARS
     from .shard_format import read_manifest
@@ -270,8 +270,8 @@ def _build(argv: Sequence[str], log_file: str | None, verbose: bool,
     try:
         config, beam_args = parse_build_args(argv)
         beam_args = check_beam_options(beam_args)
-        plan = make_plan(config)
-        created = prepare_output(config)
+        plan = build.make_plan(config)
+        created = build.prepare_output(config)
     except (ValueError, OSError) as e:  # FileNotFoundError and FileExistsError included
         logger.error("%s", e)
         return 2
@@ -284,14 +284,15 @@ def _build(argv: Sequence[str], log_file: str | None, verbose: bool,
                 runner.rsplit(".", 1)[-1], given)  # fmt: skip
     if not verbose:
         logger.info("Beam's log: %s (--verbose or BERT_VERBOSE=1 shows it here)", log_file)
-    failed = run_pipeline(options, lambda p: build_graph(p, config, plan), log_file, verbose,
-                          "build")  # fmt: skip
-    if failed:
+    failed = run_pipeline(options, lambda p: build.build_graph(p, config, plan), log_file,
+                          verbose, "build")  # fmt: skip
+    if failed:  # nothing half-written stays: what the job wrote goes, the error stays shown
+        build.discard_build(config.output, created)
         return failed
     manifest = read_manifest(config.output)
     try:
-        refuse_empty_build(manifest, config, created)
-    except EmptyBuildError as e:
+        build.refuse_empty_build(manifest, config, created)
+    except build.EmptyBuildError as e:
         logger.error("%s", e)
         return 2
     elapsed = time.perf_counter() - start

@@ -140,6 +140,23 @@ class EmptyBuildError(ValueError):
     """The build made 0 rows: nothing a trainer could read."""
 
 
+def discard_build(out: str, created_output: bool) -> None:
+    """Remove what a build wrote to ``out`` (an empty or failed one): the manifest first (the
+    directory is an unfinished build from then on), then the shards, vocab, tokenizer, parts
+    and temporaries, then ``out`` itself if the build created it (a local one, now empty;
+    object stores have no directories). prepare_output left nothing else of those names."""
+    patterns = [shard_format.MANIFEST_NAME, "shard-*.arrow", shard_format.VOCAB_NAME,
+                shard_format.TOKENIZER_NAME]  # fmt: skip
+    for pattern in patterns:  # one at a time, in order: the manifest first
+        found = FileSystems.match([FileSystems.join(out, pattern)])[0].metadata_list
+        if found:
+            FileSystems.delete(sorted(m.path for m in found))
+    remove_leftovers(out)
+    if created_output and FileSystems.get_scheme(out) is None:
+        with contextlib.suppress(OSError):  # not empty: someone else's files, kept
+            os.rmdir(out)
+
+
 def refuse_empty_build(manifest: dict, config: BuildConfig, created_output: bool) -> None:
     """Undo a build that made 0 rows and say why; a build with rows passes.
 
@@ -154,16 +171,7 @@ def refuse_empty_build(manifest: dict, config: BuildConfig, created_output: bool
     if manifest["num_rows"]:
         return
     out = config.output
-    names = [shard_format.MANIFEST_NAME, *(e["name"] for e in manifest["shards"])]
-    names += [manifest["vocab"]["file"], manifest["vocab"].get("tokenizer_file")]
-    paths = [FileSystems.join(out, name) for name in names if name]
-    for path in paths:  # one at a time, in order: the manifest first
-        if FileSystems.exists(path):
-            FileSystems.delete([path])
-    remove_leftovers(out)
-    if created_output and FileSystems.get_scheme(out) is None:
-        with contextlib.suppress(OSError):  # not empty: someone else's files, kept
-            os.rmdir(out)
+    discard_build(out, created_output)
     skipped = ", ".join(f"{kind} {n}" for kind, n in manifest["skipped"].items()) or "nothing"
     raise EmptyBuildError(
         f"{manifest['stats']['documents']} documents -> 0 rows (skipped: {skipped}): "
