@@ -80,7 +80,7 @@ def build_shards(run_dir: Path, workers: int) -> None:
         return
     py = sys.executable
     beam = [f"--direct_num_workers={workers}", "--direct_running_mode=multi_processing"]
-    run_stage("corpus", [py, "-m", "pipeline.corpus", "--output", str(corpus), "--files", "10",
+    run_stage("corpus", [py, "-m", "pipeline.cli.corpus", "--output", str(corpus), "--files", "10",
                          "--sources", "docstrings", "reference"], run_dir)  # fmt: skip
     train_files = sorted(str(p) for p in corpus.glob("stdlib-docs-00[0-8].txt"))
     run_stage("shards", [py, "-m", "pipeline", "build", "--input", *train_files, "--output",
@@ -117,7 +117,7 @@ def model_json(run_dir: Path, preset: str, layers: int) -> tuple[str, str]:
     """(name, --model): ``preset`` with ``layers`` layers as a config.json in RUN_DIR (the
     shards' vocab), or the preset's name when ``layers`` is its own depth or 0."""
     from model import PRESETS, BertConfig
-    from pipeline.shard_format import read_manifest
+    from pipeline.shards.shard_format import read_manifest
 
     if layers in (0, PRESETS[preset][0]):
         return preset, preset

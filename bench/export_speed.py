@@ -5,16 +5,16 @@
     python bench/export_speed.py --keep /tmp/export-bench   # reuse the built shards next time
 
 Shards: ``--data``, or ``python -m pipeline build`` on the standard library's docstrings and
-reference (``pipeline.corpus``, ``--mb`` of text) with the main job's settings
+reference (``pipeline.cli.corpus``, ``--mb`` of text) with the main job's settings
 (scripts/quickstart.sh: vocab 8000, seq 128, P 20), so ids, lengths and masks are real
 ones: deflate's speed depends on them, synthetic uniform ids would understate it.
 
 Each round runs, in turn on the same page-cached shards (so machine noise hits all alike):
 
 - ``read``, the peer: what a trainer's map-style dataset does, every row's columns into
-  numpy through the reference reader (``pipeline.shard_format.open_shard`` + ``iter_rows``:
+  numpy through the reference reader (``pipeline.shards.shard_format.open_shard`` + ``iter_rows``:
   memory-mapped, each row's four lists and its label as int64 arrays);
-- ``hdf5`` and ``tfrecord``: ``pipeline.export.export_shard`` per shard, exactly the
+- ``hdf5`` and ``tfrecord``: ``pipeline.beam.export.export_shard`` per shard, exactly the
   job's per-shard work (verify size and sha256 against the manifest, pad, encode, write
   the file atomically into a temp directory), without Beam's fixed start-up cost.
 
@@ -40,10 +40,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipeline import export as job  # noqa: E402
-from pipeline import export_formats as formats  # noqa: E402
-from pipeline import shard_format  # noqa: E402
-from pipeline.corpus import write_corpus  # noqa: E402
+from pipeline.beam import export as job  # noqa: E402
+from pipeline.cli.corpus import write_corpus  # noqa: E402
+from pipeline.shards import export_formats as formats  # noqa: E402
+from pipeline.shards import shard_format  # noqa: E402
 
 
 def build_shards(work: Path, mb: float) -> Path:

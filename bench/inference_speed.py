@@ -37,7 +37,7 @@ from finetune.data import collate, encode, load_examples, load_tokenizer
 from finetune.train import run
 from model import BertConfig, BertForPreTraining, BertForSequenceClassification, BertModel
 from model.export_onnx import INPUT_NAMES, OnnxExportable, export_onnx, quantize, session
-from pipeline.vocab import SPECIAL_TOKENS, write_vocab
+from pipeline.core.vocab import SPECIAL_TOKENS, write_vocab
 
 logger = logging.getLogger("bench.inference_speed")
 WORDS = [f"w{i}" for i in range(50)]

@@ -8,7 +8,7 @@ Measures what one rank's process gets: trainer.data.PretrainingStream through a
 torch DataLoader, i.e. the shuffled stream order, memory-mapped row reads, dynamic padding
 to int64 tensors (and re-masking with ``--masking dynamic``). Without ``--data`` it writes
 synthetic shards shaped like the pipeline's (90% of rows 128 tokens, the rest shorter,
-round(0.15 n) masks up to 20) to a temporary directory with pipeline.shard_writer. Target:
+round(0.15 n) masks up to 20) to a temporary directory with pipeline.shards.shard_writer. Target:
 50,000 rows/s per process, enough for one core to feed eight GPUs training BERT-Large at
 seq 128. Prints one JSON line per configuration.
 """
@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from pipeline import shard_format, shard_writer
+from pipeline.shards import shard_format, shard_writer
 from trainer.data import DynamicMasker, PretrainingStream, StreamSpec, make_loader
 from trainer.shards import ShardSet
 

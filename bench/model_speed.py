@@ -69,7 +69,7 @@ def row_lengths(spec: str, batch: int, seq: int, g: torch.Generator) -> list[int
         return [max(3, min(seq, round(float(v)))) for v in x]
     if not Path(spec).is_dir():
         raise ValueError(f"--lengths must be google, docstrings or a shard directory, got {spec!r}")
-    from pipeline.shard_format import join_path, open_shard, read_manifest
+    from pipeline.shards.shard_format import join_path, open_shard, read_manifest
 
     manifest = read_manifest(spec)
     table = open_shard(join_path(spec, manifest["shards"][0]["name"]))

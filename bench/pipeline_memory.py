@@ -9,7 +9,7 @@ Each build is ``python -m pipeline build --vocab_file ... --dupe_factor 5`` on
 - ``direct``: the DirectRunner's engine with ``--direct_num_workers=2
   --direct_running_mode=multi_processing``: the driver (the FnApiRunner, which holds
   every PCollection between stages) and its two SDK worker processes;
-- ``dask``: a fresh Dask cluster started with the ``dask`` CLI (``pipeline/dask_cluster.py``:
+- ``dask``: a fresh Dask cluster started with the ``dask`` CLI (``tests/dask_cluster.py``:
   a scheduler and two ``dask worker --nworkers 1 --nthreads 1`` processes) and the
   build submitted to it with ``--dask_npartitions`` = the number of input files: the
   client, the scheduler, each worker (and its nanny).
@@ -17,7 +17,7 @@ Each build is ``python -m pipeline build --vocab_file ... --dupe_factor 5`` on
 psutil samples the resident set size (RSS) of every process of the build's tree and of
 the cluster every ``--interval`` seconds; the table gives each process's peak, when it
 peaked, and the peak of their sum. Without ``--input`` the corpus is English prose
-from Python's own documentation (``pipeline.corpus``, all four sources: docstrings, the
+from Python's own documentation (``pipeline.cli.corpus``, all four sources: docstrings, the
 language reference, test docstrings, prose comments), repeated to ``--mb`` MB in
 ``--files`` files, and without ``--vocab_file`` a vocab is learned once from 8 MB of
 it (not measured). ``--timeline DIR`` writes every sample as CSV, one file per build.
@@ -42,8 +42,8 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipeline.corpus import write_corpus  # noqa: E402
-from pipeline.dask_cluster import DASK_RUNNER, DaskCluster, worker_env  # noqa: E402
+from pipeline.cli.corpus import write_corpus  # noqa: E402
+from tests.dask_cluster import DASK_RUNNER, DaskCluster, worker_env  # noqa: E402
 
 DIRECT = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
 

@@ -5,7 +5,7 @@
     python bench/pipeline_speed.py --input 'corpus/*.jsonl' --vocab_file vocab.txt
 
 The corpus is ``--input`` (any format the build reads), or the Python standard
-library's docstrings and language reference (``pipeline.corpus``, English prose)
+library's docstrings and language reference (``pipeline.cli.corpus``, English prose)
 repeated to each ``--mb`` size in 8 files. Without ``--vocab_file`` a vocab is learned
 once beforehand from the first corpus (not timed). Each job runs ``python -m pipeline
 build`` on the DirectRunner (multi-processing, N workers) with ``--vocab_file`` and
@@ -22,8 +22,8 @@ of prose (Beam's imports, runner and worker start-up, stopping): what every job 
 whatever its size.
 
 ``--profile`` then runs the build's steps on the first corpus as plain function calls
-in this process, on one core, without Beam (pipeline/documents.py, instances.py,
-writing.py: read, tokenize, bucket, NSP planning, masking, grouping rows by shard,
+in this process, on one core, without Beam (pipeline/beam/document_steps.py, instance_steps.py,
+shard_steps.py: read, tokenize, bucket, NSP planning, masking, grouping rows by shard,
 writing), and sets their seconds against the 1w-1t job's wall clock: the rest is
 Beam's (fixed cost, moving and shuffling the elements between steps).
 """
@@ -49,15 +49,15 @@ sys.path.insert(0, str(ROOT))
 
 from apache_beam.io.filesystems import FileSystems  # noqa: E402
 
-import pipeline.instances  # noqa: E402
-from pipeline.build import make_plan, prepare_output, resolve_input_format  # noqa: E402
-from pipeline.config import parse_build_args  # noqa: E402
-from pipeline.corpus import write_corpus  # noqa: E402
-from pipeline.documents import DocumentBatch, ReadDocuments, Tokenize, TokenizedBatch  # noqa: E402
-from pipeline.instances import MakeInstances, split_into_buckets  # noqa: E402
-from pipeline.sources import read_documents  # noqa: E402
-from pipeline.vocab import build_tokenizer, read_vocab  # noqa: E402
-from pipeline.writing import JoinParts, WriteShard, parts_per_shard  # noqa: E402
+import pipeline.beam.instance_steps  # noqa: E402
+from pipeline.beam.build import make_plan, prepare_output, resolve_input_format  # noqa: E402
+from pipeline.beam.config import parse_build_args  # noqa: E402
+from pipeline.beam.document_steps import DocumentBatch, ReadDocuments, Tokenize, TokenizedBatch  # noqa: E402
+from pipeline.beam.instance_steps import MakeInstances, split_into_buckets  # noqa: E402
+from pipeline.beam.shard_steps import JoinParts, WriteShard, parts_per_shard  # noqa: E402
+from pipeline.cli.corpus import write_corpus  # noqa: E402
+from pipeline.core.sources import read_documents  # noqa: E402
+from pipeline.core.vocab import build_tokenizer, read_vocab  # noqa: E402
 
 
 def build(inputs: str, out: Path, extra: list[str], dupe: int) -> float:
@@ -148,8 +148,8 @@ def profile_steps(inputs: str, vocab_file: str, dupe: int, out: Path) -> dict[st
                 buckets[bucket].append(part)
     make = MakeInstances(config, plan.num_shards)
     make._masked_block = timing(s, "masking", make._masked_block)
-    real_plan = pipeline.instances.plan_document
-    pipeline.instances.plan_document = timing(s, "nsp plan", real_plan)
+    real_plan = pipeline.beam.instance_steps.plan_document
+    pipeline.beam.instance_steps.plan_document = timing(s, "nsp plan", real_plan)
     try:
         with timed(s, "instances"):
             groups = defaultdict(list)
@@ -157,7 +157,7 @@ def profile_steps(inputs: str, vocab_file: str, dupe: int, out: Path) -> dict[st
                 for group, data in make.process((bucket, buckets[bucket]), vocab):
                     groups[group].append(data)
     finally:
-        pipeline.instances.plan_document = real_plan
+        pipeline.beam.instance_steps.plan_document = real_plan
     # MakeInstances beyond planning and masking: seeds, the bucket's concat and sort,
     # the rows' shard keys and grouping, their bytes.
     s["seeds, keys, row bytes"] = s.pop("instances") - s["nsp plan"] - s["masking"]

@@ -36,8 +36,8 @@ from tokenizers import BertWordPieceTokenizer
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pipeline.text import basic_tokenize
-from pipeline.vocab import build_tokenizer, learn_wordpiece_vocab
+from pipeline.core.text import basic_tokenize
+from pipeline.core.vocab import build_tokenizer, learn_wordpiece_vocab
 
 _DOCSTRING_NODES = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 

@@ -52,7 +52,7 @@ def build_shards(tmp: Path, *, n_docs: int = 120, num_shards: int = 3, **options
     Defaults: vocab 200, dupe 3, seq 48, 3 shards (about 1,200 rows). ``options`` are more
     pipeline flags without the dashes, e.g. ``dupe_factor=1``.
     """
-    from pipeline.__main__ import main
+    from pipeline.cli.main import main
 
     corpus = make_corpus(tmp / "corpus", n_docs=n_docs)
     flags = {"vocab_size": 200, "dupe_factor": 3, "max_seq_length": 48, "num_shards": num_shards}
@@ -119,7 +119,7 @@ def make_finetune_init(path: Path) -> Path:
     """A random-init tiny BertForPreTraining HF directory with a vocab.txt, dropout off
     (hidden 64, 2 layers, seq <= 64), for ``python -m finetune --init``."""
     from model import BertConfig, BertForPreTraining
-    from pipeline.vocab import SPECIAL_TOKENS, write_vocab
+    from pipeline.core.vocab import SPECIAL_TOKENS, write_vocab
 
     torch.manual_seed(0)
     vocab = [*SPECIAL_TOKENS, *FINETUNE_WORDS, *DIGITS, "digit", "##w"]

@@ -14,16 +14,16 @@ from tests.helpers import make_corpus
 
 # (module whose main(argv) runs the command, argv with a misspelt flag, what it suggests)
 TYPOS = [
-    ("pipeline.__main__", ["build", "--input", "x", "--output", "o", "--vocab-sise", "9"],
+    ("pipeline.cli.main", ["build", "--input", "x", "--output", "o", "--vocab-sise", "9"],
      "unknown option --vocab-sise (did you mean --vocab_size?)"),
-    ("pipeline.__main__", ["export", "s", "--to", "tfrecord", "--output", "o", "--log-fil", "l"],
+    ("pipeline.cli.main", ["export", "s", "--to", "tfrecord", "--output", "o", "--log-fil", "l"],
      "unknown option --log-fil (did you mean --log_file?)"),
-    ("pipeline.__main__", ["stats", "s", "--plot-dri", "p"],
+    ("pipeline.cli.main", ["stats", "s", "--plot-dri", "p"],
      "unknown option --plot-dri (did you mean --plot-dir?)"),
-    ("pipeline.__main__", ["inspect", "s", "--wrods"], "unknown option --wrods (did you mean --words?)"),
-    ("pipeline.__main__", ["validate", "s", "--shrad", "1"],
+    ("pipeline.cli.main", ["inspect", "s", "--wrods"], "unknown option --wrods (did you mean --words?)"),
+    ("pipeline.cli.main", ["validate", "s", "--shrad", "1"],
      "unknown option --shrad"),
-    ("pipeline.corpus", ["--output", "o", "--max_bm", "1"],
+    ("pipeline.cli.corpus", ["--output", "o", "--max_bm", "1"],
      "unknown option --max_bm (did you mean --max-mb?)"),
     ("trainer.run", ["--mdoel", "tiny"], "unknown option --mdoel (did you mean --model?)"),
     ("trainer.export", ["c", "h", "--vocba", "v"], "unknown option --vocba (did you mean --vocab?)"),
@@ -57,8 +57,8 @@ def test_a_misspelt_flag_is_one_line_naming_the_closest(module, argv, says, capf
 
 
 def test_the_pipelines_flags_with_hyphens(tmp_path):
-    from pipeline.config import parse_build_args
-    from pipeline.export import parse_export_args
+    from pipeline.beam.config import parse_build_args
+    from pipeline.beam.export import parse_export_args
 
     config, beam_args = parse_build_args(["--input", "x", "--output", "o", "--vocab-size",
                                           "100", "--max-seq-length=64", "--runner=X"])  # fmt: skip
@@ -72,7 +72,7 @@ def test_the_pipelines_flags_with_hyphens(tmp_path):
 def test_beams_options_with_hyphens_reach_beam():
     """Beam drops ``--direct-num-workers=2`` silently (it reads it as known, then discards
     it as unparseable); it is handed on in Beam's spelling, its own hyphenated one kept."""
-    from pipeline.__main__ import check_beam_options
+    from pipeline.cli.main import check_beam_options
 
     given = ["--direct-num-workers=2", "--direct_running_mode", "multi_processing",
              "--job-server-timeout=5", "--job_endpoint", "localhost:1"]  # fmt: skip
@@ -99,11 +99,11 @@ def test_the_other_spelling_reaches_the_command(tmp_path, capfd):
     """Past the flags: a bad value is refused naming the flag, a missing input exits 1."""
     missing = str(tmp_path / "missing")
     capfd.readouterr()
-    assert exit_code("pipeline.__main__", ["stats", missing, "--plot_dir", "p"]) == 1
+    assert exit_code("pipeline.cli.main", ["stats", missing, "--plot_dir", "p"]) == 1
     for module, argv, says in [
-        ("pipeline.__main__", ["inspect", missing, "--num-rows", "x"], "--num_rows: invalid int"),
+        ("pipeline.cli.main", ["inspect", missing, "--num-rows", "x"], "--num_rows: invalid int"),
         ("trainer.fillmask", [missing, missing, "--top_k", "x"], "--top-k: invalid int"),
-        ("pipeline.corpus", ["--output", missing, "--max_mb", "x"], "--max-mb: invalid float"),
+        ("pipeline.cli.corpus", ["--output", missing, "--max_mb", "x"], "--max-mb: invalid float"),
     ]:  # fmt: skip
         assert exit_code(module, argv) == 2
         err = capfd.readouterr().err
@@ -111,15 +111,15 @@ def test_the_other_spelling_reaches_the_command(tmp_path, capfd):
 
 
 def test_help_still_works(capsys):
-    for module, argv in [("trainer.run", ["--help"]), ("pipeline.__main__", ["build", "-h"]),
+    for module, argv in [("trainer.run", ["--help"]), ("pipeline.cli.main", ["build", "-h"]),
                          ("trainer.summary", ["--help"])]:  # fmt: skip
         assert exit_code(module, argv) == 0
         assert "usage:" in capsys.readouterr().out
 
 
 def test_a_build_with_hyphenated_flags(tmp_path):
-    from pipeline.__main__ import main
-    from pipeline.shard_format import read_manifest
+    from pipeline.cli.main import main
+    from pipeline.shards.shard_format import read_manifest
 
     corpus = make_corpus(tmp_path / "corpus", n_docs=20, n_files=1)
     out = tmp_path / "out"

@@ -1,6 +1,6 @@
 """The ```python snippets of the docs run here, on real shards, and do what they say.
 
-Every ```python block of README.md, pipeline/FORMAT.md and deploy/README.md runs against the
+Every ```python block of README.md, pipeline/shards/FORMAT.md and deploy/README.md runs against the
 installed packages, in its doc's order and in one namespace per doc, from a directory laid
 out as the doc says: ``runs/quickstart/shards`` (built by the pipeline, in-process),
 ``runs/hdf5`` (its export) and, for FORMAT.md, ``shards/``. Then what each block claims is
@@ -26,13 +26,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline import shard_format
-from pipeline.__main__ import main as pipeline_main
-from pipeline.vocab import read_vocab
+from pipeline.cli.main import main as pipeline_main
+from pipeline.core.vocab import read_vocab
+from pipeline.shards import shard_format
 from tests.helpers import REPO, build_shards
 
 # Each doc whose ```python blocks run, and the directory (under a test's root) they run from.
-DOCS = {"README.md": ".", "pipeline/FORMAT.md": "runs/quickstart", "deploy/README.md": "."}
+DOCS = {"README.md": ".", "pipeline/shards/FORMAT.md": "runs/quickstart", "deploy/README.md": "."}
 NOT_RUN = re.compile(r"<!--\s*not run:(.*?)-->")
 # A fenced block, maybe indented (inside a list item): indent, language, code.
 FENCE = re.compile(r"^([ \t]*)```(\w*)[^\n]*\n(.*?)^\1```", flags=re.MULTILINE | re.DOTALL)
@@ -241,7 +241,7 @@ def check_format_md(namespace: dict, root: Path) -> None:
 
 CLAIMS = {
     "README.md": check_readme,
-    "pipeline/FORMAT.md": check_format_md,
+    "pipeline/shards/FORMAT.md": check_format_md,
     "deploy/README.md": lambda namespace, root: None,  # no ```python blocks yet
 }
 

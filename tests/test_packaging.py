@@ -24,12 +24,12 @@ TRAINING_STACK = ("torch", "deepspeed", "datasets", "matplotlib", "tensorboard",
                   "transformers")  # fmt: skip
 # Import name -> distribution name, for the third-party modules pipeline/ imports.
 DISTRIBUTIONS = {"apache_beam": "apache-beam", "numpy": "numpy", "pyarrow": "pyarrow",
-                 "tokenizers": "tokenizers", "google": "protobuf", "h5py": "h5py"}  # fmt: skip
-# Installed for a worker without being imported by pipeline/: Beam's TFRecord framing
-# (`pipeline export --to tfrecord`) needs a CRC32C library and takes this one.
-USED_BY_BEAM = ["google-crc32c"]
+                 "tokenizers": "tokenizers", "google": "protobuf", "h5py": "h5py",
+                 "google_crc32c": "google-crc32c"}  # fmt: skip
+# Installed for a worker without being imported by pipeline/ (none today).
+USED_BY_BEAM: list[str] = []
 # Imported only inside a function, for an option a worker never runs (`stats --plot`),
-# or for a runner of its own extra (`dask`: pipeline/dask_compat.py, the DaskRunner's).
+# or for a runner of its own extra (`dask`: pipeline/beam/dask_compat.py, the DaskRunner's).
 OPTIONAL = {"matplotlib", "dask"}
 # Import name -> distribution, for what model/, trainer/ and finetune/ import beyond the
 # base install:
@@ -88,7 +88,7 @@ def requirements(metadata: str, extra: str | None = None) -> list[str]:
 def third_party_imports(package: Path) -> set[str]:
     """Top-level names of every module ``package`` imports, lazily or not, beyond itself."""
     names = set()
-    for path in package.glob("*.py"):
+    for path in package.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
                 names |= {alias.name.split(".")[0] for alias in node.names}
@@ -146,7 +146,7 @@ loaded = sorted({name.split(".")[0] for name in sys.modules} & set(sys.argv[2].s
 assert not loaded, f"importing pipeline/ loads {loaded}"
 for name in sys.argv[2].split(","):
     sys.modules[name] = None  # `import name` raises ModuleNotFoundError from now on
-from pipeline.__main__ import main
+from pipeline.cli.main import main
 out = sys.argv[1]
 assert main(["build", "--input", out + "/corpus.txt", "--output", out + "/shards",
              "--vocab_size", "60", "--max_seq_length", "32", "--dupe_factor", "1"]) == 0

@@ -20,7 +20,7 @@ A batch (:func:`collate`) holds int64 tensors with BERT's names:
 
 Masking: ``static`` uses the shards' masks. ``dynamic`` (RoBERTa-style) restores the
 original ids from ``masked_lm_ids`` and re-masks with Google's rules
-(pipeline.masking.mask_instances) using ``numpy_rng(seed, "dynamic", p, B)``, where ``p`` is
+(pipeline.core.masking.mask_instances) using ``numpy_rng(seed, "dynamic", p, B)``, where ``p`` is
 the stream position of the micro-batch's first row (the stream position fixes the epoch,
 so every epoch gets fresh masks). The masks are the same for any number of workers and
 on resume; they change if the micro-batch boundaries change (another world size x micro
@@ -40,9 +40,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from pipeline.masking import MaskingConfig, MaskingVocab, mask_instances
-from pipeline.rng import numpy_rng
-from pipeline.shard_format import ShardFormatError
+from pipeline.core.masking import MaskingConfig, MaskingVocab, mask_instances
+from pipeline.core.rng import numpy_rng
+from pipeline.shards.shard_format import ShardFormatError
 
 from .order import StreamOrder, rank_positions
 from .shards import ShardSet

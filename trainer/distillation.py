@@ -57,8 +57,8 @@ import torch.nn.functional as F
 
 from model import BertConfig, BertForPreTraining, BertPreTrainingOutput, load_hf
 from model.hf import CONFIG_NAME, WEIGHTS_NAME
-from pipeline.shard_format import VOCAB_NAME
-from pipeline.vocab import parse_vocab
+from pipeline.core.vocab import parse_vocab
+from pipeline.shards.shard_format import VOCAB_NAME
 
 from .config import TrainConfig
 from .metrics import model_flops

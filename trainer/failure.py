@@ -55,7 +55,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from pipeline.shard_format import ShardFormatError
+from pipeline.shards.shard_format import ShardFormatError
 
 from .checkpoint import NonFiniteError
 

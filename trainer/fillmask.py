@@ -5,7 +5,7 @@
 
 The export must carry its tokenizer (trainer/export.py writes it). Sentences come from a
 held-out shard directory (local or gs://, s3://): rows are stored already masked
-(pipeline/FORMAT.md), so the original ids are put back from ``masked_lm_ids`` and one segment
+(pipeline/shards/FORMAT.md), so the original ids are put back from ``masked_lm_ids`` and one segment
 (A or B) is decoded with the shards' vocab.txt. Or from text files, split into sentences by
 the pipeline's splitter. In each sentence one whole word that the export's tokenizer keeps as
 a single token (not a special token, not punctuation) is replaced by ``[MASK]`` and
@@ -29,9 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import shard_format
+from pipeline.core.text import split_sentences
 from pipeline.options import CommandParser
-from pipeline.text import split_sentences
+from pipeline.shards import shard_format
 
 from .hf_tokenizer import TOKENIZER_CONFIG_NAME, read_shard_vocab
 
@@ -49,7 +49,7 @@ def restore_masked(row: Mapping[str, np.ndarray]) -> np.ndarray:
     Example: input_ids [2, 4, 9, 3], masked_lm_positions [1], masked_lm_ids [7] -> [2, 7, 9, 3].
 
     Args:
-        row: a shard row (pipeline.shard_format.iter_rows): int arrays ``input_ids`` (L,),
+        row: a shard row (pipeline.shards.shard_format.iter_rows): int arrays ``input_ids`` (L,),
             ``masked_lm_positions`` (P,), ``masked_lm_ids`` (P,).
     """
     ids = np.array(row["input_ids"], dtype=np.int64)  # a copy: rows may be read-only views

@@ -1,6 +1,6 @@
 """Tokenizer files of a Hugging Face export, made from the vocab of the shards it trained on.
 
-A shard directory (pipeline/FORMAT.md) holds ``vocab.txt`` and, in ``manifest.json``, its
+A shard directory (pipeline/shards/FORMAT.md) holds ``vocab.txt`` and, in ``manifest.json``, its
 sha256, size and ``vocab.do_lower_case``. :func:`save_tokenizer` writes what
 ``transformers.AutoTokenizer.from_pretrained`` needs beside ``config.json``::
 
@@ -22,9 +22,9 @@ import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline import shard_format
-from pipeline.shard_writer import atomic_write_bytes
-from pipeline.vocab import build_tokenizer, parse_vocab, vocab_text
+from pipeline.core.vocab import build_tokenizer, parse_vocab, vocab_text
+from pipeline.shards import shard_format
+from pipeline.shards.shard_writer import atomic_write_bytes
 
 TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP_NAME = "special_tokens_map.json"
@@ -35,7 +35,7 @@ TOKENIZER_FILES = (
     TOKENIZER_CONFIG_NAME,
     SPECIAL_TOKENS_MAP_NAME,
 )
-# transformers' names for BERT's special tokens (pipeline/wordpiece.py SPECIAL_TOKENS).
+# transformers' names for BERT's special tokens (pipeline/core/wordpiece.py SPECIAL_TOKENS).
 _SPECIAL_TOKENS = {
     "unk_token": "[UNK]",
     "sep_token": "[SEP]",
@@ -67,7 +67,7 @@ def read_shard_vocab(directory: str | os.PathLike) -> Vocab:
     """The vocab of a shard directory (local or URI), checked against its manifest.
 
     Args:
-        directory: holds manifest.json and vocab.txt (pipeline/FORMAT.md).
+        directory: holds manifest.json and vocab.txt (pipeline/shards/FORMAT.md).
 
     Raises:
         ShardFormatError: no manifest.json (the shards are gone or unfinished) or a bad one.
@@ -92,7 +92,7 @@ def tokenizer_config(vocab: Vocab, model_max_length: int) -> dict:
     """The ``tokenizer_config.json`` of ``vocab``: BertTokenizer with the shards' casing.
 
     ``strip_accents`` is None: accents are stripped exactly when lowercasing, as in the
-    pipeline's tokenizer (pipeline/vocab.py ``build_tokenizer``).
+    pipeline's tokenizer (pipeline/core/vocab.py ``build_tokenizer``).
     """
     return {
         "tokenizer_class": "BertTokenizer",

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.rng import derive_seed
+from pipeline.core.rng import derive_seed
 
 from . import checkpoint, distributed, metrics, ops, prepare, universal
 from .config import TrainConfig

@@ -30,7 +30,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from pipeline.rng import numpy_rng
+from pipeline.core.rng import numpy_rng
 
 
 def rank_positions(start: int, k: int, micro: int, world_size: int, rank: int) -> np.ndarray:

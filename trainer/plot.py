@@ -147,7 +147,9 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
         FileNotFoundError: RUN_DIR has no metrics.jsonl.
         ValueError: it holds no training record.
     """
-    from pipeline.stats import save_png
+    import io
+
+    from pipeline.shards.shard_writer import atomic_write_bytes
 
     run_dir = Path(run_dir)
     train, evaluation = read_metrics(run_dir / "metrics.jsonl")
@@ -163,7 +165,9 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
         "throughput.png": throughput_figure(train, title),
     }
     for name, fig in figures.items():
-        save_png(fig, out / name)
+        png = io.BytesIO()
+        fig.savefig(png, format="png", dpi=100)
+        atomic_write_bytes(out / name, png.getvalue())
     return [out / name for name in figures]
 
 

@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 
 from model import PRESETS, BertConfig, BertForPreTraining, load_hf
-from pipeline import shard_format
-from pipeline.rng import derive_seed
-from pipeline.vocab import parse_vocab
+from pipeline.core.rng import derive_seed
+from pipeline.core.vocab import parse_vocab
+from pipeline.shards import shard_format
 
 from .config import TrainConfig
 from .data import DynamicMasker

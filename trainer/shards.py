@@ -1,4 +1,4 @@
-"""Random access to the rows of a shard directory, memory-mapped, through pipeline.shard_format.
+"""Random access to the rows of a shard directory, memory-mapped, through pipeline.shards.shard_format.
 
 A :class:`ShardSet` knows every shard's row count from ``manifest.json`` and opens shards
 lazily (a small LRU per process: local shards are memory maps, so "open" costs little and
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.fs as pafs
 
-from pipeline import shard_format
+from pipeline.shards import shard_format
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ class ShardSet:
 
     Args:
         directory: holds manifest.json; a local path or a URI pyarrow.fs understands.
-        manifest: from pipeline.shard_format.read_manifest(directory), if already read.
+        manifest: from pipeline.shards.shard_format.read_manifest(directory), if already read.
         max_open: shards kept open per process (least recently used ones are closed).
 
     Raises:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.__main__ import main as pipeline_main
-from pipeline.corpus import write_corpus
+from pipeline.cli.corpus import write_corpus
+from pipeline.cli.main import main as pipeline_main
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))

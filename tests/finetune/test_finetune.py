@@ -177,17 +177,6 @@ def test_config_flags_override_json_and_unknown_keys_fail(tmp_path):
         FinetuneConfig(task="qa", init="i", train="t", eval="e", warmup_ratio=1.5)
 
 
-def test_old_command_warns_and_runs_the_new_one(tmp_path, caplog):
-    """``python -m trainer.finetune`` lives one more release: a warning naming the new
-    command, then the same behaviour (here: the same exit 2 on a missing file)."""
-    from trainer.finetune import main as old_main
-
-    argv = ["--task", "classification", "--init", str(tmp_path), "--train", "nope.jsonl"]
-    assert old_main([*argv, "--eval", "nope.jsonl"]) == 2
-    (warning,) = [r for r in caplog.records if r.levelname == "WARNING"]
-    assert "deprecated" in warning.message and "python -m finetune" in warning.message
-
-
 def test_a_head_of_the_task_keeps_its_label_order_and_refuses_unknown_labels(
     tmp_path, init_dir, caplog
 ):

@@ -17,7 +17,7 @@ from model import (  # noqa: E402
     HeadConfig,
 )
 from model.export_onnx import example_inputs, main, session  # noqa: E402
-from pipeline.wordpiece import SPECIAL_TOKENS  # noqa: E402
+from pipeline.core.wordpiece import SPECIAL_TOKENS  # noqa: E402
 from trainer.hf_tokenizer import Vocab, save_tokenizer  # noqa: E402
 
 CFG = BertConfig(

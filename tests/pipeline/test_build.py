@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import shard_format
-from pipeline.__main__ import check_beam_options, main
-from pipeline.documents import TokenizedBatch
-from pipeline.stats import compute_stats
-from pipeline.vocab import SPECIAL_TOKENS, read_vocab
+from pipeline.beam.document_steps import TokenizedBatch
+from pipeline.cli.main import check_beam_options, main
+from pipeline.cli.stats import compute_stats
+from pipeline.core.vocab import SPECIAL_TOKENS, read_vocab
+from pipeline.shards import shard_format
 from tests.helpers import WORDS, make_corpus
 
 BASE = ["--vocab_size", "200", "--dupe_factor", "3", "--max_seq_length", "48",
@@ -151,7 +151,7 @@ def test_a_failed_build_prints_one_line_and_logs_the_traceback(corpus, tmp_path,
 
         return p | beam.Create([1]) | beam.Map(fail)
 
-    monkeypatch.setattr("pipeline.build.build_graph", broken_graph)
+    monkeypatch.setattr("pipeline.beam.build.build_graph", broken_graph)
     monkeypatch.delenv("BERT_VERBOSE", raising=False)
     log = tmp_path / "build.log"
     argv = ["build", "--input", corpus, "--output", str(tmp_path / "out"), "--log_file", str(log)]
@@ -215,7 +215,7 @@ def test_jsonl_input_counts_skipped_records(tmp_path):
 
 
 def test_document_ids_do_not_depend_on_how_paths_are_spelt(corpus, built, tmp_path, monkeypatch):
-    from pipeline.build import common_root
+    from pipeline.beam.build import common_root
 
     assert common_root(["/a/b/x", "/a/c/y"]) == "/a"
     assert common_root(["c/x.txt"]) == "c"
@@ -230,7 +230,7 @@ def test_document_ids_do_not_depend_on_how_paths_are_spelt(corpus, built, tmp_pa
 
 
 def test_tokenizer_threads_resolution():
-    from pipeline.config import resolve_tokenizer_threads
+    from pipeline.beam.config import resolve_tokenizer_threads
 
     direct = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
     assert resolve_tokenizer_threads(3, "DataflowRunner", 1, 8) == 3  # asked for: kept
@@ -242,8 +242,8 @@ def test_tokenizer_threads_resolution():
 
 
 def test_buckets_hold_at_least_bucket_size_documents(built):
-    from pipeline.config import BuildConfig
-    from pipeline.instances import num_buckets, split_into_buckets
+    from pipeline.beam.config import BuildConfig
+    from pipeline.beam.instance_steps import num_buckets, split_into_buckets
 
     assert num_buckets(1191, 1000) == 1  # too few for two: one bucket of all
     assert num_buckets(10**6, 1000) == 10**6 // 1192
@@ -377,12 +377,12 @@ def test_a_killed_writers_temporary_file_is_removed(corpus, built, tmp_path, mon
     """A worker killed mid-write leaves write_atomic's temporary file; the runner writes
     the file again under another name. The manifest step removes the orphan, and so
     does the next build's start."""
-    import pipeline.writing
+    import pipeline.beam.shard_steps
 
     out = tmp_path / "out"
     out.mkdir()
     (out / ".shard-00001-of-00003.arrow.0123abcd.tmp").write_bytes(b"an earlier build's")
-    real = pipeline.writing.write_atomic
+    real = pipeline.beam.shard_steps.write_atomic
 
     def killed_once_then_retried(path, data):
         name = os.path.basename(path)
@@ -390,7 +390,7 @@ def test_a_killed_writers_temporary_file_is_removed(corpus, built, tmp_path, mon
             (out / f".{name}.deadbeef.tmp").write_bytes(b"half a part")  # the killed attempt
         return real(path, data)
 
-    monkeypatch.setattr(pipeline.writing, "write_atomic", killed_once_then_retried)
+    monkeypatch.setattr(pipeline.beam.shard_steps, "write_atomic", killed_once_then_retried)
     assert main(["build", "--input", corpus, "--output", str(out), *BASE]) == 0
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
     assert digest(out) == digest(built)
@@ -401,12 +401,12 @@ def test_shards_written_in_parts_hold_the_rows_of_a_whole_write(
 ):
     import pyarrow as pa
 
-    import pipeline.writing
+    import pipeline.beam.shard_steps
 
     # 3 shards are written in parts by default (fewer than PARALLEL_WRITES); with
     # PARALLEL_WRITES = 1 each shard is one write. Same rows, same order.
-    assert pipeline.writing.parts_per_shard(3) > 1
-    monkeypatch.setattr(pipeline.writing, "PARALLEL_WRITES", 1)
+    assert pipeline.beam.shard_steps.parts_per_shard(3) > 1
+    monkeypatch.setattr(pipeline.beam.shard_steps, "PARALLEL_WRITES", 1)
     whole = tmp_path / "whole"
     assert main(["build", "--input", corpus, "--output", str(whole), *BASE]) == 0
     for i in range(3):
@@ -575,7 +575,7 @@ def test_a_misspelt_beam_option_stops_the_build(corpus, tmp_path, capfd):
 
 
 def test_config_file_gives_options_flags_override_it(corpus, tmp_path, capfd):
-    from pipeline.config import parse_build_args
+    from pipeline.beam.config import parse_build_args
 
     path = tmp_path / "build.json"
     path.write_text(json.dumps({"input": [corpus], "output": "o", "dupe_factor": 4,

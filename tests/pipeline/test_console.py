@@ -15,7 +15,7 @@ def record(name, level, msg, *args):
     ("name", "level", "msg", "shown"),
     [
         ("pipeline", logging.INFO, "done in 3.0 s", True),
-        ("pipeline.build", logging.INFO, "1 input file(s)", True),
+        ("pipeline.beam.build", logging.INFO, "1 input file(s)", True),
         ("pipelines", logging.INFO, "not ours, only the prefix", False),
         ("apache_beam.runners.worker.sdk_worker", logging.INFO, "Control channel established.", False),
         ("apache_beam.io", logging.WARNING, "Discarding unparseable args: ['--x']", True),

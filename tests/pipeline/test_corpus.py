@@ -1,7 +1,7 @@
 import pytest
 
-from pipeline.corpus import comment_blocks, document_sentences, write_corpus
-from pipeline.text import iter_txt_documents
+from pipeline.cli.corpus import comment_blocks, document_sentences, write_corpus
+from pipeline.core.text import iter_txt_documents
 
 
 def test_corpus_is_deterministic_and_in_googles_format(tmp_path):

@@ -1,6 +1,6 @@
 """Beam's DaskRunner on a Dask cluster started as operators start one: ``dask scheduler``
 and two ``dask worker --nworkers 1 --nthreads 1 --memory-limit ...`` processes
-(``pipeline/dask_cluster.py``), the build submitted with ``--dask_client_address``.
+(``tests/dask_cluster.py``), the build submitted with ``--dask_client_address``.
 The workers are separate processes: the DoFns and the DaskRunner fix reach them only
 through the package (here PYTHONPATH), as on real machines.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.dask_cluster import DASK_RUNNER, DaskCluster, worker_env
+from tests.dask_cluster import DASK_RUNNER, DaskCluster, worker_env
 
 from .test_build import BASE, digest, make_corpus
 

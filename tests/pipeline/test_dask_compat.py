@@ -1,10 +1,10 @@
-"""pipeline/dask_compat.py: which Beam versions get the DaskRunner fix, and that it says so."""
+"""pipeline/beam/dask_compat.py: which Beam versions get the DaskRunner fix, and that it says so."""
 
 import logging
 
 import pytest
 
-from pipeline import dask_compat
+from pipeline.beam import dask_compat
 
 
 @pytest.mark.parametrize(
@@ -33,11 +33,11 @@ def test_install_logs_and_replaces_the_pardo_translation(caplog):
 
     original = te.TRANSLATIONS[ParDo]
     try:
-        with caplog.at_level(logging.INFO, logger="pipeline.dask_compat"):
+        with caplog.at_level(logging.INFO, logger="pipeline.beam.dask_compat"):
             dask_compat.install()
             dask_compat.install()  # idempotent: once is enough
         wanted, why = dask_compat.plan(apache_beam.__version__)
-        ours = [r.getMessage() for r in caplog.records if r.name == "pipeline.dask_compat"]
+        ours = [r.getMessage() for r in caplog.records if r.name == "pipeline.beam.dask_compat"]
         assert ours == [why]
         assert getattr(te.TRANSLATIONS[ParDo], "_bert_pipeline_fix", False) is wanted
     finally:

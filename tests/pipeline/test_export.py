@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipeline.__main__ import main
+from pipeline.cli.main import main
 from tests.helpers import make_corpus
 
 h5py = pytest.importorskip("h5py")
@@ -297,7 +297,7 @@ def test_the_main_jobs_build_exports_on_its_runner(tmp_path):
 
 
 def test_pad_rows_and_changed_spans_known_answers():
-    from pipeline.export_formats import _changed_spans, pad_rows
+    from pipeline.shards.export_formats import _changed_spans, pad_rows
 
     padded = pad_rows(np.array([0, 2, 3]), np.array([5, 6, 7]), 3, np.int32)
     assert padded.tolist() == [[5, 6, 0], [7, 0, 0]] and padded.dtype == np.int32
@@ -312,7 +312,7 @@ def test_rows_survive_many_record_batches_and_a_reused_message(tmp_path):
     and shards): every field of every row as the consumers read it."""
     from tfrecord import example_pb2
 
-    from pipeline import export_formats, shard_format, shard_writer
+    from pipeline.shards import export_formats, shard_format, shard_writer
 
     rng = np.random.default_rng(0)
     seq, pred = 12, 4
@@ -356,7 +356,7 @@ def test_rows_survive_many_record_batches_and_a_reused_message(tmp_path):
 
 
 def test_an_empty_shard_exports_to_empty_files(tmp_path):
-    from pipeline import export_formats, shard_format, shard_writer
+    from pipeline.shards import export_formats, shard_format, shard_writer
 
     columns = {name: [] for name in shard_format.COLUMNS}
     data = shard_writer.encode_shard(columns, shard_format.shard_schema(50, 12))

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import shard_format
-from pipeline.__main__ import main
-from pipeline.shard_writer import encode_manifest
+from pipeline.cli.main import main
+from pipeline.shards import shard_format
+from pipeline.shards.shard_writer import encode_manifest
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "golden"
 PINNED_WITH = "Python 3.11, numpy 2.4.6, pyarrow 25.0.1, tokenizers 0.23.3, apache-beam 2.77.0"
@@ -41,7 +41,7 @@ BUILDS = {
                          "--masked_lm_prob", "0.2", "--short_seq_prob", "0.3",
                          "--num_shards", "3", "--bucket_size", "3", "--random_seed", "12"],
 }  # fmt: skip
-# Made with format_version 1, algorithm_version 2 (pipeline/shard_format.py); the shards and
+# Made with format_version 1, algorithm_version 2 (pipeline/shards/shard_format.py); the shards and
 # vocab.txt are algorithm_version 1's (the corpus holds no literal special-token text).
 VERSIONS = {"format_version": 1, "algorithm_version": 2}
 GOLDEN = {
@@ -66,9 +66,9 @@ build of the same input and seed now gives other bytes than before this change.
 
 If that is what you meant (a change to vocab learning, NSP pairs, masking, bucketing,
 sharding, row order or the shard layout):
-  1. bump ALGORITHM_VERSION in pipeline/shard_format.py (FORMAT_VERSION too if readers must
+  1. bump ALGORITHM_VERSION in pipeline/shards/shard_format.py (FORMAT_VERSION too if readers must
      change: it makes every reader refuse older shards);
-  2. say what changed in pipeline/FORMAT.md (the algorithm_version list) and in
+  2. say what changed in pipeline/shards/FORMAT.md (the algorithm_version list) and in
      CHANGELOG.md under [Unreleased];
   3. set VERSIONS and GOLDEN in tests/pipeline/test_golden.py to the values printed below.
 If it is not: your change altered the pipeline's output; find out why before going on.

@@ -1,8 +1,8 @@
-"""pipeline/inspect_cli.py decode_row: WordPieces as masked, or joined into words."""
+"""pipeline/cli/inspect_cli.py decode_row: WordPieces as masked, or joined into words."""
 
 import numpy as np
 
-from pipeline.inspect_cli import decode_row
+from pipeline.cli.inspect_cli import decode_row
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "ri", "##ver", "flows", "##s"]
 

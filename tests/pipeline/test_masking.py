@@ -1,11 +1,11 @@
-"""Tests for pipeline/masking.py: Google's masking rules, statistics, determinism."""
+"""Tests for pipeline/core/masking.py: Google's masking rules, statistics, determinism."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from pipeline.masking import (
+from pipeline.core.masking import (
     MaskingConfig,
     MaskingVocab,
     mask_flat,

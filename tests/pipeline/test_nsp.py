@@ -1,4 +1,4 @@
-"""Tests for pipeline/nsp.py: parity with Google's algorithm, invariants, statistics."""
+"""Tests for pipeline/core/nsp.py: parity with Google's algorithm, invariants, statistics."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from pipeline.nsp import (
+from pipeline.core.nsp import (
     BucketLayout,
     NspConfig,
     SpecialIds,

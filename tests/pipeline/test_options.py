@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from finetune.config import FinetuneConfig
-from pipeline.config import BuildConfig
+from pipeline.beam.config import BuildConfig
 from pipeline.options import (
     add_options,
     did_you_mean,

@@ -1,4 +1,4 @@
-"""Tests for pipeline/rng.py: known answers, process independence, separation."""
+"""Tests for pipeline/core/rng.py: known answers, process independence, separation."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import pipeline
-from pipeline.rng import derive_seed, numpy_rng, python_rng, shard_key
+from pipeline.core.rng import derive_seed, numpy_rng, python_rng, shard_key
 
 # Known answers: changing them changes every shard ever written with a given seed.
 KNOWN_SEED = 17840439719599173864  # derive_seed(12345, "doc-0", 0)
@@ -26,7 +26,7 @@ def test_known_answers():
 
 def test_independent_of_pythonhashseed():
     code = (
-        "from pipeline.rng import derive_seed, shard_key; "
+        "from pipeline.core.rng import derive_seed, shard_key; "
         "print(derive_seed(12345, 'doc-0', 0), shard_key(12345, 'doc-0', 0, 0), hash('doc-0'))"
     )
     repo_root = Path(pipeline.__file__).resolve().parent.parent
@@ -93,7 +93,7 @@ def test_no_parts_raise_value_error():
 
 
 def test_shard_keys_vectorised_matches_scalar():
-    from pipeline.rng import shard_keys
+    from pipeline.core.rng import shard_keys
 
     keys = shard_keys(7, "doc", 2, 50)
     assert keys.dtype == np.uint64
@@ -103,7 +103,7 @@ def test_shard_keys_vectorised_matches_scalar():
 
 
 def test_derive_seeds_equals_derive_seed():
-    from pipeline.rng import derive_seeds, shard_key_base
+    from pipeline.core.rng import derive_seeds, shard_key_base
 
     assert derive_seeds((12345, "doc-0"), [0]) == [KNOWN_SEED]
     parts = [0, 1, "x", 2**70]
@@ -112,7 +112,7 @@ def test_derive_seeds_equals_derive_seed():
 
 
 def test_derive_seed_grid_equals_derive_seed():
-    from pipeline.rng import derive_seed_grid
+    from pipeline.core.rng import derive_seed_grid
 
     assert derive_seed_grid((12345,), ["doc-0"], [0]) == [[KNOWN_SEED]]
     grid = derive_seed_grid((3, "nsp"), ["a", "b", 7], [0, 1, "x"])

@@ -1,6 +1,6 @@
 import numpy as np
 
-from pipeline.rows import RowBlock, take_ragged
+from pipeline.core.rows import RowBlock, take_ragged
 
 
 def test_take_ragged_known_answer():

@@ -1,4 +1,4 @@
-"""Tests for pipeline/shard_format.py and the snippets of pipeline/FORMAT.md."""
+"""Tests for pipeline/shards/shard_format.py and the snippets of pipeline/shards/FORMAT.md."""
 
 import json
 import os
@@ -14,7 +14,8 @@ import pyarrow as pa
 import pytest
 import torch
 
-from pipeline import shard_format, shard_writer
+from pipeline.cli.inspect_cli import validate_main
+from pipeline.shards import shard_format, shard_writer
 
 VOCAB_SIZE, MAX_SEQ = 30522, 128
 SPECIAL_IDS = {"pad": 0, "unk": 100, "cls": 101, "sep": 102, "mask": 103}
@@ -387,7 +388,7 @@ def test_datasets_reads_shards_with_integer_formats(tmp_path):
 def test_verify_directory_accepts_a_complete_output(tmp_path, capsys):
     manifest = write_output(tmp_path)
     assert shard_format.verify_directory(tmp_path) == manifest
-    assert shard_format.main([str(tmp_path)]) == 0
+    assert validate_main([str(tmp_path)]) == 0
     assert f"OK: 3 shard(s), 12 rows checked in {tmp_path}" in capsys.readouterr().out
     (tmp_path / "tokenizer.json").write_text('{"changed": true}\n')
     with pytest.raises(shard_format.ShardFormatError, match=r"tokenizer\.json has another sha256"):
@@ -412,10 +413,10 @@ def test_truncated_shards_are_detected_naming_the_file(tmp_path):
     path.write_bytes(b"")
     with pytest.raises(shard_format.ShardFormatError, match="is truncated"):
         shard_format.open_shard(path)
-    assert shard_format.main([str(tmp_path)]) == 1
+    assert validate_main([str(tmp_path)]) == 1
 
 
-def test_python_m_pipeline_shard_format_and_format_are_aliases_of_validate(tmp_path):
+def test_python_m_pipeline_validate_checks_files_and_rows(tmp_path):
     write_output(tmp_path / "ok")
     # A row that does not start with [CLS] in a shard whose size and sha256 are the
     # manifest's: only the row checks of `validate` find it.
@@ -441,14 +442,9 @@ def test_python_m_pipeline_shard_format_and_format_are_aliases_of_validate(tmp_p
                 text=True,
                 timeout=120,
             )
-            for command in (
-                ["pipeline", "validate"],
-                ["pipeline.shard_format"],
-                ["pipeline.format"],
-            )
+            for command in (["pipeline", "validate"],)
         ]
         outputs = [(run.returncode, run.stdout, run.stderr) for run in runs]
-        assert outputs[0] == outputs[1] == outputs[2], outputs
         assert outputs[0][0] == returncode and expected in outputs[0][1] + outputs[0][2], outputs
 
 
@@ -479,7 +475,7 @@ def rewrite_rows(directory: Path, manifest: dict, columns: dict) -> Path:
 def test_validate_rejects_a_special_token_where_the_format_puts_none(
     tmp_path, token, where, expected
 ):
-    from pipeline.inspect_cli import validate
+    from pipeline.shards.validate import validate
 
     manifest = write_output(tmp_path, (9,))
     columns = make_columns(0, 9)
@@ -508,7 +504,7 @@ def test_validate_rejects_a_special_token_where_the_format_puts_none(
 
 
 def test_validate_allows_unk_anywhere_and_any_id_at_a_masked_position(tmp_path):
-    from pipeline.inspect_cli import validate
+    from pipeline.shards.validate import validate
 
     manifest = write_output(tmp_path, (9,))
     columns = make_columns(0, 9)
@@ -522,9 +518,7 @@ def test_validate_allows_unk_anywhere_and_any_id_at_a_masked_position(tmp_path):
     assert validate(str(tmp_path))["num_rows"] == 9
 
 
-def test_old_module_name_pipeline_format_reexports_the_reader():
-    from pipeline import format as old_name
-
+def test_the_readers_public_names_are_its_all():
     public = {
         name
         for name, value in vars(shard_format).items()
@@ -532,9 +526,6 @@ def test_old_module_name_pipeline_format_reexports_the_reader():
     }
     constants = {name for name in vars(shard_format) if name.isupper() and not name.startswith("_")}
     assert set(shard_format.__all__) == public | constants
-    assert old_name.__all__ == shard_format.__all__
-    for name in shard_format.__all__:
-        assert getattr(old_name, name) is getattr(shard_format, name), name
 
 
 def test_flipped_byte_is_detected_by_sha256(tmp_path):

@@ -5,7 +5,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.sources import read_documents
+from pipeline.core.sources import read_documents
 
 
 def items(data: bytes, fmt="txt", field="text"):
@@ -54,7 +54,7 @@ def test_parquet_column_and_missing_column(tmp_path):
 
 # ----------------------------------------------------------------------------- formats
 
-from pipeline.sources import HEAD_BYTES, check_format, format_from_name, sniff_format  # noqa: E402
+from pipeline.core.sources import HEAD_BYTES, check_format, format_from_name, sniff_format  # noqa: E402
 
 JSONL = b'{"id": 1, "text": "A first document."}\n{"id": 2, "text": "A second one."}\n'
 TXT = b"A first sentence.\nA second one.\n\nAnother document.\n"
@@ -108,7 +108,7 @@ def test_check_format_accepts_what_agrees():
 def test_check_utf8_refuses_a_mostly_invalid_head_and_reads_a_few_bad_lines():
     import random
 
-    from pipeline.sources import HEAD_BYTES, check_utf8
+    from pipeline.core.sources import HEAD_BYTES, check_utf8
 
     check_utf8("f", b"One a.\nTwo \xff b.\nThree c.\n")  # 1 of 3 lines bad: read
     check_utf8("f", b"A \xff.\nB.\n")  # half: read

@@ -8,9 +8,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipeline import shard_format, shard_writer
-from pipeline.config import BuildConfig
-from pipeline.documents import (
+from pipeline.beam.config import BuildConfig
+from pipeline.beam.document_steps import (
     CountWords,
     DocumentBatch,
     Noted,
@@ -20,11 +19,12 @@ from pipeline.documents import (
     TokenizedBatch,
     split_skips,
 )
-from pipeline.instances import MakeInstances, split_into_buckets
-from pipeline.rows import RowBlock
-from pipeline.text import basic_tokenize
-from pipeline.vocab import SPECIAL_TOKENS
-from pipeline.writing import JoinParts, WriteShard, parts_per_shard
+from pipeline.beam.instance_steps import MakeInstances, split_into_buckets
+from pipeline.beam.shard_steps import JoinParts, WriteShard, parts_per_shard
+from pipeline.core.rows import RowBlock
+from pipeline.core.text import basic_tokenize
+from pipeline.core.vocab import SPECIAL_TOKENS
+from pipeline.shards import shard_format, shard_writer
 
 # The FnApiRunner directly: Beam's DirectRunner would first try to download Prism.
 RUNNER = ["--runner=apache_beam.runners.portability.fn_api_runner.FnApiRunner"]

@@ -1,10 +1,10 @@
-"""Known answers for pipeline/text.py, and parity of basic_tokenize with BERT's BasicTokenizer."""
+"""Known answers for pipeline/core/text.py, and parity of basic_tokenize with BERT's BasicTokenizer."""
 
 import time
 
 import pytest
 
-from pipeline.text import basic_tokenize, iter_txt_documents, split_sentences
+from pipeline.core.text import basic_tokenize, iter_txt_documents, split_sentences
 
 # ---------------------------------------------------------------- basic_tokenize
 

@@ -11,8 +11,8 @@ from collections import Counter
 import pytest
 from tokenizers import BertWordPieceTokenizer
 
-from pipeline.text import basic_tokenize
-from pipeline.vocab import (
+from pipeline.core.text import basic_tokenize
+from pipeline.core.vocab import (
     SPECIAL_TOKENS,
     build_tokenizer,
     learn_wordpiece_vocab,
@@ -21,7 +21,7 @@ from pipeline.vocab import (
     special_ids,
     write_vocab,
 )
-from pipeline.wordpiece import _merge_word
+from pipeline.core.wordpiece import _merge_word
 
 TINY = {"low": 5, "lower": 2, "newest": 6, "widest": 3}
 TINY_ALPHABET = ["d", "e", "i", "l", "n", "o", "r", "s", "t", "w"]
@@ -104,7 +104,7 @@ def test_learner_stops_at_vocab_size_and_min_frequency(caplog):
     base = len(SPECIAL_TOKENS) + len(TINY_ALPHABET)
     assert learn_wordpiece_vocab(TINY, base) == [*SPECIAL_TOKENS, *TINY_ALPHABET]
     # With min_frequency=7 only the count-9 and count-7 merges happen.
-    with caplog.at_level(logging.WARNING, logger="pipeline.vocab"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.core.vocab"):
         tokens = learn_wordpiece_vocab(TINY, 100, min_frequency=7)
     assert tokens[base:] == ["##es", "##est", "lo", "low"]
     assert "stopped at 27 tokens" in caplog.text

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.shard_format import ShardFormatError, open_shard, row_to_numpy
+from pipeline.shards.shard_format import ShardFormatError, open_shard, row_to_numpy
 from trainer.data import DynamicMasker, PretrainingStream, StreamSpec, collate, make_loader
 from trainer.shards import ShardSet
 

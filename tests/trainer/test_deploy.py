@@ -108,7 +108,7 @@ def test_gpu_bench_model_config_changes_only_attention_dropout():
 
 
 def test_gpu_bench_shards_are_google_like(tmp_path):
-    from pipeline.shard_format import join_path, open_shard, read_manifest
+    from pipeline.shards.shard_format import join_path, open_shard, read_manifest
 
     gpu_bench = _gpu_bench()
     assert gpu_bench.write_shards(tmp_path, seq=32, rows=400)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from model import BertConfig, BertForPreTraining
-from pipeline.vocab import build_tokenizer, read_vocab
+from pipeline.core.vocab import build_tokenizer, read_vocab
 from trainer import export
 from trainer.hf_tokenizer import TOKENIZER_FILES, shard_dir_of
 

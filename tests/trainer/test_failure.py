@@ -9,9 +9,8 @@ import signal
 import time
 
 import pytest
-from torch.utils.data import DataLoader, IterableDataset
 
-from pipeline.shard_format import ShardFormatError
+from pipeline.shards.shard_format import ShardFormatError
 from trainer import checkpoint
 from trainer.checkpoint import NonFiniteError
 from trainer.data import BatchLoader, PretrainingStream, StreamSpec
@@ -28,15 +27,16 @@ def raised(err: BaseException) -> BaseException:
 
 
 def from_worker(err: BaseException) -> BaseException:
-    """``err`` as torch re-raises an error of a DataLoader worker in the main process."""
+    """``err`` as torch re-raises an error of a DataLoader worker in the main process (its
+    ExceptionWrapper, what the worker sends and the main process re-raises)."""
+    from torch._utils import ExceptionWrapper
 
-    class Failing(IterableDataset):
-        def __iter__(self):
-            raise err
-
-    loader = DataLoader(Failing(), batch_size=None, num_workers=1)
+    try:
+        raise err
+    except BaseException:
+        wrapped = ExceptionWrapper(where="in DataLoader worker process 0")
     with pytest.raises(type(err)) as info:
-        next(iter(loader))
+        wrapped.reraise()
     return info.value
 
 

@@ -1,6 +1,6 @@
-"""The WordPiece learner: a vocab from a word-count table (``pipeline/vocab.py`` saves it).
+"""The WordPiece learner: a vocab from a word-count table (``pipeline/core/vocab.py`` saves it).
 
-The Beam pipeline counts words with ``pipeline.text.basic_tokenize`` (a
+The Beam pipeline counts words with ``pipeline.core.text.basic_tokenize`` (a
 combiner), then this module learns the vocab from the count table in one
 process: memory grows with the number of distinct words, not the corpus size.
 ``tokenizers`` cannot train from counts (huggingface/tokenizers #89, #760), so

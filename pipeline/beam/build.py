@@ -32,25 +32,16 @@ from typing import NamedTuple
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from . import shard_format, shard_writer
-from .config import OUTPUT_BYTES_PER_INPUT_BYTE, TARGET_SHARD_BYTES, BuildConfig
-from .documents import (
+from pipeline.beam.config import OUTPUT_BYTES_PER_INPUT_BYTE, TARGET_SHARD_BYTES, BuildConfig
+from pipeline.beam.document_steps import (
     CountWords,
     ReadDocuments,
     Tokenize,
     learn_vocab,
     split_skips,
 )
-from .instances import MakeInstances, SummariseBuckets, split_into_buckets
-from .rows import RowBlock
-from .sources import HEAD_BYTES, check_format, format_from_name, sniff_format
-from .vocab import (
-    build_tokenizer,
-    parse_vocab,
-    special_ids,
-    vocab_text,
-)
-from .writing import (
+from pipeline.beam.instance_steps import MakeInstances, SummariseBuckets, split_into_buckets
+from pipeline.beam.shard_steps import (
     JoinParts,
     WriteShard,
     merge_stats,
@@ -59,6 +50,15 @@ from .writing import (
     write_atomic,
     write_shard,
 )
+from pipeline.core.rows import RowBlock
+from pipeline.core.sources import HEAD_BYTES, check_format, format_from_name, sniff_format
+from pipeline.core.vocab import (
+    build_tokenizer,
+    parse_vocab,
+    special_ids,
+    vocab_text,
+)
+from pipeline.shards import shard_format, shard_writer
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from .shard_writer import Ragged
+from pipeline.shards.shard_writer import Ragged
 
 # Rows per step of take_rows (about 300k values at BERT's lengths).
 _TAKE_ROWS = 4096
@@ -176,7 +176,7 @@ class RowBlock:
         return np.cumsum(steps[:-1], dtype=np.int8)
 
     def columns(self) -> dict[str, Ragged | np.ndarray]:
-        """The mapping :func:`pipeline.shard_writer.encode_shard` takes."""
+        """The mapping :func:`pipeline.shards.shard_writer.encode_shard` takes."""
         return {
             "input_ids": Ragged(self.input_ids, self.row_offsets),
             "segment_ids": Ragged(self.segment_ids(), self.row_offsets),

@@ -27,7 +27,7 @@ import json
 from collections.abc import Iterator
 from typing import BinaryIO
 
-from .text import iter_txt_documents, split_sentences
+from pipeline.core.text import iter_txt_documents, split_sentences
 
 Item = tuple[list[str] | None, str | None]
 

@@ -2,7 +2,7 @@
 
 A faithful port of ``create_instances_from_document`` from google-research/bert
 ``create_pretraining_data.py``, with masking split out (see
-``pipeline/masking.py``) and token ids instead of token strings. Given the same
+``pipeline/core/masking.py``) and token ids instead of token strings. Given the same
 ``random.Random`` state it makes the same calls to ``rng.random()`` and
 ``rng.randint()`` in the same order as Google's function (minus the masking
 calls) and so returns the same pairs; ``tests/pipeline/test_nsp.py`` checks
@@ -32,7 +32,7 @@ calls do (shorter ones loop over the cuts, which is cheaper there).
 Use (one document of a bucket, one dupe pass; tests: ``python -m pytest
 tests/pipeline/test_nsp.py``):
 
-    rng = pipeline.rng.python_rng(seed, "nsp", doc_id, dupe_index)  # as pipeline/instances.py
+    rng = pipeline.core.rng.python_rng(seed, "nsp", doc_id, dupe_index)  # as pipeline/beam/instance_steps.py
     instances = create_instances_from_document(bucket, index, NspConfig(), rng,
                                                SpecialIds(cls_id=101, sep_id=102))
 """

@@ -1,6 +1,6 @@
 """The bytes of exported shards: NVIDIA's HDF5 and Google's TFRecord of ``tf.train.Example``.
 
-Pure functions over one shard's Arrow table; ``pipeline/export.py`` runs them as a Beam job
+Pure functions over one shard's Arrow table; ``pipeline/beam/export.py`` runs them as a Beam job
 (``python -m pipeline export``). Both formats hold every row padded to ``max_seq_length`` L
 and ``max_predictions_per_seq`` P, in the shard's row order, with the same ids and masks:
 
@@ -23,8 +23,11 @@ from __future__ import annotations
 
 import functools
 import io
+import struct
 from collections.abc import Iterator, Mapping
+from typing import BinaryIO
 
+import google_crc32c
 import numpy as np
 import pyarrow as pa
 
@@ -304,21 +307,33 @@ def tfrecord_chunks(table: pa.Table, encoder: ExampleEncoder, max_seq_length: in
                     max_predictions_per_seq: int) -> Iterator[bytes]:  # fmt: skip
     """One shard as TFRecord bytes, one chunk per record batch (memory: one batch).
 
-    Framing and CRCs are Beam's ``_TFRecordUtil.write_record``: private, but it is what
-    Beam's WriteToTFRecord writes with; WriteToTFRecord itself cannot write one file per
-    shard, in the shard's order, atomically (it names and splits files its own way).
-
     Raises:
         ValueError: see padded_batch.
-        RuntimeError: Beam finds no crc32c implementation (google-crc32c, crcmod or snappy).
     """
-    from apache_beam.io.tfrecordio import _TFRecordUtil
-
     start = 0
     for batch in table.to_batches():
         padded = padded_batch(batch, max_seq_length, max_predictions_per_seq, start)
         start += batch.num_rows
         out = io.BytesIO()
         for record in encoder.encode(padded):
-            _TFRecordUtil.write_record(out, record)
+            write_tfrecord(out, record)
         yield out.getvalue()
+
+
+def write_tfrecord(out: BinaryIO, record: bytes) -> None:
+    """One TFRecord: length (uint64 LE), its masked CRC32C, the data, the data's masked CRC32C.
+
+    The framing TensorFlow's reader checks (tensorflow/core/lib/io/record_writer.h). Written
+    here over google-crc32c, the CRC library Beam's own TFRecord writer takes, so that the
+    contract layer needs no Beam (Beam's framing helper is private API besides); the tests
+    compare the bytes with Beam's writer and read them back with TensorFlow's reader.
+    """
+    length = struct.pack("<Q", len(record))
+    out.write(length + struct.pack("<I", _masked_crc32c(length)))
+    out.write(record + struct.pack("<I", _masked_crc32c(record)))
+
+
+def _masked_crc32c(data: bytes) -> int:
+    """TFRecord's masked CRC32C: the CRC rotated right by 15 bits plus 0xA282EAD8 (mod 2**32)."""
+    crc = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF

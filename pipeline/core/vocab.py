@@ -1,6 +1,6 @@
 """WordPiece vocab files: Google's ``vocab.txt`` and a ``tokenizers`` tokenizer for it.
 
-``pipeline/wordpiece.py`` learns a vocab from the pipeline's word-count table;
+``pipeline/core/wordpiece.py`` learns a vocab from the pipeline's word-count table;
 this module writes and reads ``vocab.txt`` (one token per line, id = line
 number, the five BERT special tokens first), finds the special ids and builds
 the ``tokenizers`` tokenizer (BERT normalisation and pre-tokenization,
@@ -15,14 +15,14 @@ from collections.abc import Sequence
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-from .shard_writer import atomic_write_bytes
-from .wordpiece import (
+from pipeline.core.wordpiece import (
     MAX_INPUT_CHARS_PER_WORD,
     PREFIX,
     SPECIAL_TOKENS,
     _check_tokens,
     learn_wordpiece_vocab,
 )
+from pipeline.shards.shard_writer import atomic_write_bytes
 
 __all__ = [
     "MAX_INPUT_CHARS_PER_WORD",

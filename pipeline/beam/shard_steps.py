@@ -18,9 +18,9 @@ import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from . import shard_format, shard_writer
-from .config import BuildConfig
-from .rows import RowBlock
+from pipeline.beam.config import BuildConfig
+from pipeline.core.rows import RowBlock
+from pipeline.shards import shard_format, shard_writer
 
 
 def write_atomic(path: str, data: bytes | Iterable[bytes]) -> tuple[int, str]:

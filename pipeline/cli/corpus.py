@@ -4,8 +4,8 @@ docstrings and its prose comments, written in Google's txt convention. 2.7 MB wi
 Python 3.11; the docstrings and reference alone (``--sources docstrings reference``,
 the main job's corpus): 1.9 MB.
 
-    python -m pipeline.corpus --output corpus/ --files 4
-    python -m pipeline.corpus --output corpus/ --max-mb 5 --repeat   # for benchmarks
+    python -m pipeline.cli.corpus --output corpus/ --files 4
+    python -m pipeline.cli.corpus --output corpus/ --max-mb 5 --repeat   # for benchmarks
 
 Each module, class and function docstring with at least ``min_words`` words, each
 block of consecutive comment lines that reads as prose (:func:`stdlib_comments`),
@@ -29,8 +29,8 @@ import tokenize
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from .options import CommandParser
-from .text import split_sentences
+from pipeline.core.text import split_sentences
+from pipeline.options import CommandParser
 
 logger = logging.getLogger(__name__)
 _DOCTEST = re.compile(r"^\s*(>>>|\.\.\.)")
@@ -193,7 +193,7 @@ def write_corpus(
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = CommandParser(
-        prog="python -m pipeline.corpus",
+        prog="python -m pipeline.cli.corpus",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -2,9 +2,10 @@
 
 An output directory holds ``shard-NNNNN-of-MMMMM.arrow`` files (Arrow IPC *stream* format,
 uncompressed, unpadded rows), ``vocab.txt``, ``tokenizer.json`` and ``manifest.json``, which is
-written last. ``pipeline/FORMAT.md`` documents all of it for readers without this module; this
-module is the executable reader (``pipeline/shard_writer.py`` the writer) and depends only on
-pyarrow, numpy and the standard library. ``pipeline/format.py``, its old name, re-exports it.
+written last. ``pipeline/shards/FORMAT.md`` documents all of it for readers without this module; this
+module is the executable reader (``pipeline/shards/shard_writer.py`` the writer,
+``pipeline/shards/validate.py`` the checker) and depends only on pyarrow, numpy and the
+standard library.
 
 Version 1 (``FORMAT_VERSION``). Columns, with X = uint16 if vocab_size <= 65536 else uint32 and
 Y = uint8 if max_seq_length <= 256 else uint16:
@@ -20,8 +21,7 @@ Schema metadata: ``bert_shard_format_version``, ``bert_shard_vocab_size`` and
 (vocab_size, max_seq_length) and every shard of a run has the same one.
 
 Check a directory from the shell: ``python -m pipeline validate DIR`` (every shard's files and
-rows; ``python -m pipeline.shard_format DIR`` and its old name ``python -m pipeline.format DIR``
-are aliases).
+rows).
 """
 
 from __future__ import annotations
@@ -30,18 +30,17 @@ import hashlib
 import json
 import os
 import re
-import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-# The reader's public names; pipeline/format.py (this module's old name) re-exports them.
+# The reader's public names.
 __all__ = [
     "ALGORITHM_VERSION", "COLUMNS", "DEFAULT_BATCH_SIZE", "FORMAT_VERSION", "LIST_COLUMNS",
     "MANIFEST_NAME", "SPECIAL_TOKENS", "TOKENIZER_NAME", "VOCAB_NAME", "ShardFormatError",
-    "check_vocab_compat", "iter_rows", "join_path", "main", "open_shard", "parse_shard_name",
+    "check_vocab_compat", "iter_rows", "join_path", "open_shard", "parse_shard_name",
     "read_bytes", "read_manifest", "row_to_numpy", "schema_params", "sha256_file", "shard_name",
     "shard_schema", "verify_directory", "verify_shard",
 ]  # fmt: skip
@@ -451,19 +450,3 @@ def check_vocab_compat(
                 f"the model uses id {model_id} for [{token.upper()}] but the shards use "
                 f"{data_ids[token]} (manifest vocab.special_ids.{token})"
             )
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m pipeline.shard_format DIR`` (or ``pipeline.format``): ``pipeline validate DIR``.
-
-    The same code, output and exit codes (pipeline/inspect_cli.py: files and rows
-    checked; 0 valid, 1 invalid, 2 bad arguments). Imported here only when run, so this
-    module stays a reader that needs nothing of the pipeline package.
-    """
-    from .inspect_cli import validate_main
-
-    return validate_main(sys.argv[1:] if argv is None else list(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

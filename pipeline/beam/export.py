@@ -10,7 +10,7 @@ A Beam job on the same runners as ``build``: one shard in, one file out, in para
 ``shard-00003-of-00010.tfrecord``), each shard verified against its manifest (size, sha256,
 rows) as it is read. Each file is written atomically; vocab.txt is copied (verified), and
 ``manifest.json`` last: the source manifest's sha256, format, field names, L and P, every
-file's rows and sha256. Rows keep their order, ids and masks; pipeline/export_formats.py
+file's rows and sha256. Rows keep their order, ids and masks; pipeline/shards/export_formats.py
 pads them each consumer's way (FORMAT.md, "Exports").
 
 Exit codes: 0 success; 1 the job failed (a corrupt shard is named), and what it wrote is
@@ -32,11 +32,11 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from . import export_formats as formats
-from . import shard_format
-from .options import CommandParser
-from .shard_writer import created_by, encode_manifest
-from .writing import write_atomic
+from pipeline.beam.shard_steps import write_atomic
+from pipeline.options import CommandParser
+from pipeline.shards import export_formats as formats
+from pipeline.shards import shard_format
+from pipeline.shards.shard_writer import created_by, encode_manifest
 
 logger = logging.getLogger(__name__)
 EXPORT_VERSION = 1  # of the export manifest's keys
@@ -132,7 +132,7 @@ def make_plan(config: ExportConfig) -> ExportPlan:
     Raises:
         ShardFormatError: no or a bad source manifest (the build did not finish).
         ValueError: P smaller than the shards' max_predictions_per_seq; the manifest has no
-            P and none was given; no crc32c implementation for TFRecord.
+            P and none was given.
         ImportError: h5py is missing (for nvidia-hdf5).
     """
     source = config.source
@@ -155,19 +155,9 @@ def make_plan(config: ExportConfig) -> ExportPlan:
         formats.import_h5py()
         names = {name: name for name in formats.HDF5_DTYPES}
     else:
-        _check_crc32c()
         names = formats.TFRECORD_NAMES[config.tfrecord_names or "v1"]
     return ExportPlan(config, manifest, hashlib.sha256(raw).hexdigest(),
                       manifest["schema"]["max_seq_length"], p, dict(names))  # fmt: skip
-
-
-def _check_crc32c() -> None:
-    from apache_beam.io.tfrecordio import _TFRecordUtil
-
-    try:
-        _TFRecordUtil._masked_crc32c(b"")
-    except RuntimeError as err:
-        raise ValueError(f"--to tfrecord: {err} ({formats.INSTALL_HINT})") from None
 
 
 def _existing(output: str, patterns: Sequence[str]) -> list[str]:
@@ -352,8 +342,8 @@ def export_graph(p: beam.Pipeline, plan: ExportPlan) -> beam.PCollection:
 
 def run_export(argv: Sequence[str], log_file: str | None, verbose: bool,
                handlers: list[logging.Handler]) -> int:  # fmt: skip
-    """The command's body under pipeline/__main__.py's console (run_with_console)."""
-    from .__main__ import beam_options, check_beam_options, job_log_file, run_pipeline
+    """The command's body under pipeline/cli/main.py's console (run_with_console)."""
+    from pipeline.beam.runner import beam_options, check_beam_options, job_log_file, run_pipeline
 
     try:
         config, beam_args = parse_export_args(argv)

@@ -11,7 +11,7 @@ others. This module runs exactly those commands as local processes, for the test
 
 The scheduler listens on a port the system picks (``--port 0``) and writes its address
 to a scheduler file, so two clusters never race for a port. Workers import the
-pipeline's DoFns and the DaskRunner fix (``pipeline/dask_compat.py``) by reference, so
+pipeline's DoFns and the DaskRunner fix (``pipeline/beam/dask_compat.py``) by reference, so
 they get ``PYTHONPATH`` with this checkout first (as a real worker gets the package
 installed). Each process leads its own process group; :meth:`DaskCluster.close`
 stops the groups (SIGTERM, then SIGKILL), and the scheduler's idle timeout and the

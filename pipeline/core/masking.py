@@ -22,9 +22,9 @@ and the randomness passed in, and neither is draw-for-draw compatible with Googl
 ``random.Random`` calls (the distribution is the same), as rows are masked in a few
 numpy calls instead of per-token Python:
 
-- :func:`mask_flat`, what ``python -m pipeline build`` uses (pipeline/instances.py):
+- :func:`mask_flat`, what ``python -m pipeline build`` uses (pipeline/beam/instance_steps.py):
   a row's random numbers are a function of its own 64-bit key, the key that also
-  picks its shard and its place in the shard: ``pipeline.rng.shard_keys(seed, doc_id,
+  picks its shard and its place in the shard: ``pipeline.core.rng.shard_keys(seed, doc_id,
   dupe_index, count)[i]`` for row ``i`` of a document's dupe pass. So the shards'
   masks are seeded from (seed, document id, dupe index, row index) and a whole
   bucket is masked in one call.
@@ -34,7 +34,7 @@ numpy calls instead of per-token Python:
 Use (tests: ``python -m pytest tests/pipeline/test_masking.py``):
 
     vocab = MaskingVocab.from_tokens(vocab_tokens)
-    keys = pipeline.rng.shard_keys(seed, doc_id, dupe_index, len(offsets) - 1)
+    keys = pipeline.core.rng.shard_keys(seed, doc_id, dupe_index, len(offsets) - 1)
     masked, selected = mask_flat(flat, offsets, keys, config, vocab)   # as the pipeline
     rows = mask_instances([x.input_ids for x in nsp_instances], config, vocab, gen)
 """
@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .rng import splitmix64
+from pipeline.core.rng import splitmix64
 
 # Google: 80% [MASK]; then a coin flip between keep (10%) and random id (10%).
 # One uniform u per prediction: u < 0.8 mask, u < 0.9 keep, else random id.
@@ -231,7 +231,7 @@ def mask_flat(
     Args:
         flat: int ``[N]``, the rows' ids concatenated, each in ``[0, vocab_size)``.
         offsets: int64 ``[R + 1]``, row ``r`` is ``flat[offsets[r]:offsets[r + 1]]``.
-        row_keys: uint64 ``[R]``, e.g. from :func:`pipeline.rng.shard_keys`.
+        row_keys: uint64 ``[R]``, e.g. from :func:`pipeline.core.rng.shard_keys`.
 
     Returns:
         (masked int32 ``[N]``, selected int64 ``[S]``): the masked ids and the

@@ -1,9 +1,9 @@
 """Beam steps that group documents into buckets and make masked NSP rows from them.
 
 A document's bucket is a seeded hash of its id; each bucket's documents are
-planned with Google's NSP algorithm (``pipeline/nsp.py``), gathered and masked
+planned with Google's NSP algorithm (``pipeline/core/nsp.py``), gathered and masked
 in a few vectorised calls, and sent on grouped by where they will be written.
-Part of ``python -m pipeline build`` (see ``pipeline/build.py``).
+Part of ``python -m pipeline build`` (see ``pipeline/beam/build.py``).
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
-from .config import BuildConfig
-from .documents import NAMESPACE, TokenizedBatch
-from .masking import MaskingConfig, MaskingVocab, mask_flat
-from .nsp import BucketLayout, NspConfig, SpecialIds, assemble_rows, plan_document
-from .rng import derive_seed_grid, derive_seeds, keys_from_bases
-from .rows import RowBlock
-from .writing import write_group
+from pipeline.beam.config import BuildConfig
+from pipeline.beam.document_steps import NAMESPACE, TokenizedBatch
+from pipeline.beam.shard_steps import write_group
+from pipeline.core.masking import MaskingConfig, MaskingVocab, mask_flat
+from pipeline.core.nsp import BucketLayout, NspConfig, SpecialIds, assemble_rows, plan_document
+from pipeline.core.rng import derive_seed_grid, derive_seeds, keys_from_bases
+from pipeline.core.rows import RowBlock
 
 
 def num_buckets(num_docs: int, bucket_size: int) -> int:

@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .options import CommandParser, add_options, option, parse_options
+from pipeline.options import CommandParser, add_options, option, parse_options
 
 INPUT_FORMATS = ("auto", "txt", "jsonl", "parquet")
 # Shards aim at this many bytes when --num_shards is not given (64-256 MB window).
@@ -50,7 +50,7 @@ class BuildConfig:
     num_shards: int | None = option(
         None, "number of output shards (default: from the input size, ~128 MB each)"
     )
-    # auto: from the files' names (pipeline/sources.py).
+    # auto: from the files' names (pipeline/core/sources.py).
     input_format: str = option(
         "auto",
         "txt: one sentence per line, blank line between documents; jsonl/parquet: "

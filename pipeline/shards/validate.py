@@ -1,31 +1,18 @@
-"""``python -m pipeline validate DIR`` and ``python -m pipeline inspect DIR -n 5``.
+"""Validate a shard directory the way a trainer relies on it: the contract of FORMAT.md, checked.
 
-``validate`` checks a build the way a trainer relies on it: the manifest, every
-shard's size, sha256, schema and row count, then every row's content (ids in
-the vocab, rows ``[CLS] ... [SEP]`` of at most ``max_seq_length``, segment ids 0
-then 1, special ids only where the format puts them, masked positions inside the
-row and increasing, at most ``max_predictions_per_seq`` of them, labels 0/1). It
-exits 1 naming the first bad file and what is wrong, 0 when all is well.
-
-``inspect`` decodes rows back to WordPieces, as the model sees them, with the masks
-shown: a masked position reads ``[input>target]``, e.g. ``[[MASK]>river]``
-(replaced by ``[MASK]``), ``[lake>river]`` (a random id) or ``[river>river]``
-(kept). Masking is per WordPiece, so a word may be partly masked:
-``ri [[MASK]>##ver]``. ``--words`` joins ``##`` pieces to the piece before them
-for easier reading (``ri ##ver`` -> ``river``), except at masked positions.
+The manifest, every shard's size, sha256, schema and row count, then every row's content
+(ids in the vocab, rows ``[CLS] ... [SEP]`` of at most ``max_seq_length``, segment ids 0
+then 1, special ids only where the format puts them, masked positions inside the row and
+increasing, at most ``max_predictions_per_seq`` of them, labels 0/1). The first problem
+raises ShardFormatError naming the file and the row. ``python -m pipeline validate DIR``
+runs it (pipeline/cli/inspect_cli.py).
 """
 
 from __future__ import annotations
 
-import argparse
-import os
-import sys
-from collections.abc import Sequence
-
 import numpy as np
 
-from . import shard_format, shard_writer
-from .options import CommandParser
+from pipeline.shards import shard_format, shard_writer
 
 
 def check_rows(table, manifest: dict, where: str) -> None:
@@ -57,7 +44,7 @@ def check_rows(table, manifest: dict, where: str) -> None:
 
 
 def check_special_ids(flat: dict, special: dict, where: str) -> None:
-    """Special ids only where the format puts them (pipeline/FORMAT.md, "Special tokens").
+    """Special ids only where the format puts them (pipeline/shards/FORMAT.md, "Special tokens").
 
     ``[CLS]`` at position 0, ``[SEP]`` at the end of A and of B, and no special id
     anywhere else except ``[UNK]`` (a word not in the vocab) and at masked positions,
@@ -144,91 +131,3 @@ def validate(directory: str) -> dict:
         path = shard_format.join_path(directory, entry["name"])
         check_rows(shard_format.open_shard(path), manifest, path)
     return manifest
-
-
-def decode_row(row: dict, vocab: Sequence[str], *, words: bool = False) -> str:
-    """One row as text: its WordPieces separated by spaces, masks as ``[input>target]``.
-
-    Args:
-        row: ``input_ids``, ``masked_lm_positions``, ``masked_lm_ids`` (1-D int arrays).
-        vocab: token strings by id.
-        words: join each ``##`` piece to the piece before it, unless either is masked.
-
-    Example: ``[CLS] the ri ##ver [MASK] [SEP]`` with position 4 masked (target
-    ``flows``) -> ``"[CLS] the ri ##ver [[MASK]>flows] [SEP]"``, or with ``words``
-    ``"[CLS] the river [[MASK]>flows] [SEP]"``.
-    """
-    targets = dict(zip(row["masked_lm_positions"].tolist(), row["masked_lm_ids"].tolist(),
-                       strict=True))  # fmt: skip
-    pieces: list[str] = []
-    joinable = False  # whether a ## piece may join pieces[-1] (one that is not a mask)
-    for position, token in enumerate(row["input_ids"].tolist()):
-        text = vocab[token]
-        if position in targets:
-            pieces.append(f"[{text}>{vocab[targets[position]]}]")
-        elif words and joinable and text.startswith("##"):
-            pieces[-1] += text[2:]
-        else:
-            pieces.append(text)
-        joinable = position not in targets
-    return " ".join(pieces)
-
-
-def inspect(directory: str, num_rows: int, shard: int, *, words: bool = False) -> list[str]:
-    """The first ``num_rows`` rows of shard ``shard`` decoded (:func:`decode_row`), with a
-    header line each."""
-    manifest = shard_format.read_manifest(directory)
-    shards = manifest["shards"]
-    if not 0 <= shard < len(shards):
-        raise ValueError(f"--shard {shard}: {directory} has shards 0..{len(shards) - 1}")
-    vocab_path = shard_format.join_path(directory, manifest["vocab"]["file"])
-    vocab = shard_format.read_bytes(vocab_path).decode("utf-8").splitlines()
-    table = shard_format.open_shard(shard_format.join_path(directory, shards[shard]["name"]))
-    lines = []
-    for index in range(min(num_rows, table.num_rows)):
-        row = shard_format.row_to_numpy(table, index)
-        random_next = "B is random" if row["next_sentence_label"] else "B follows A"
-        lines.append(f"--- {shards[shard]['name']} row {index}: {len(row['input_ids'])} "
-                     f"tokens, {len(row['masked_lm_ids'])} masked, {random_next}")  # fmt: skip
-        lines.append(decode_row(row, vocab, words=words))
-    return lines
-
-
-def validate_main(argv: Sequence[str]) -> int:
-    p = CommandParser(
-        prog="python -m pipeline validate",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("directory", help="a build's output directory (local or a URI)")
-    args = p.parse_args(argv)
-    try:
-        manifest = validate(args.directory)
-    except (shard_format.ShardFormatError, OSError) as err:
-        print(f"INVALID: {err}", file=sys.stderr)
-        return 1
-    print(f"OK: {len(manifest['shards'])} shard(s), {manifest['num_rows']} rows checked "
-          f"in {os.fspath(args.directory)}")  # fmt: skip
-    return 0
-
-
-def inspect_main(argv: Sequence[str]) -> int:
-    p = CommandParser(
-        prog="python -m pipeline inspect",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("directory", help="a build's output directory (local or a URI)")
-    p.add_argument("-n", "--num_rows", type=int, default=5, help="rows to show (default: 5)")
-    p.add_argument("--shard", type=int, default=0, help="shard index (default: 0)")
-    p.add_argument("--words", action="store_true",
-                   help="join ## pieces into words (masked pieces stay apart); "
-                        "default: every WordPiece on its own, as masked")  # fmt: skip
-    args = p.parse_args(argv)
-    try:
-        lines = inspect(args.directory, args.num_rows, args.shard, words=args.words)
-    except (shard_format.ShardFormatError, OSError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    print("\n".join(lines))
-    return 0

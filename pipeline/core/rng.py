@@ -13,7 +13,7 @@ SHA-256:
 
     derive_seed(42, "wiki.txt:17", 3)  # same value on every machine, forever
 
-What seeds what (pipeline/instances.py); a document's bucket is
+What seeds what (pipeline/beam/instance_steps.py); a document's bucket is
 ``derive_seed(seed, "bucket", doc_id) % num_buckets``, then per dupe pass:
 
     rng = python_rng(seed, "nsp", doc_id, dupe_index)   # random.Random: the NSP pairs
@@ -189,7 +189,7 @@ def shard_key(seed: int, doc_id: str, dupe_index: int, instance_index: int) -> i
 
     The pipeline writes the instance to shard ``key % num_shards``, sorts each
     shard by key and masks the row with randomness drawn from the key
-    (``pipeline.masking.mask_flat``), so instances of one document are scattered
+    (``pipeline.core.masking.mask_flat``), so instances of one document are scattered
     over shards and over positions within a shard, identically on every runner.
     The parts are prefixed with the tag ``"shard_key"`` so the key never equals a
     seed derived for another purpose from the same values.

@@ -1,10 +1,10 @@
-"""Writing shards and manifests in the format ``pipeline/shard_format.py`` reads.
+"""Writing shards and manifests in the format ``pipeline/shards/shard_format.py`` reads.
 
 ``encode_shard`` turns rows into the bytes of one shard (checking every value
 first), ``encode_shard_body``/``join_shard_bodies`` do the same in parts that
 are written in parallel and joined, ``build_manifest``/``encode_manifest`` make
 ``manifest.json``. The pipeline's writers use these; tests and benchmarks use
-them to make shards of their own. The contract is ``pipeline/FORMAT.md``.
+them to make shards of their own. The contract is ``pipeline/shards/FORMAT.md``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from importlib import metadata
 import numpy as np
 import pyarrow as pa
 
-from .shard_format import (
+from pipeline.shards.shard_format import (
     _EOS,
     _IPC_OPTIONS,
     _MAX_LIST_VALUES,

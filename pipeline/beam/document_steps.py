@@ -4,7 +4,7 @@ Documents travel in batches (one element per up to 512 documents of a file), so
 Beam's per-element cost is paid per batch. Dropped records travel as ``Skipped``
 and notable kept input as ``Noted``; :func:`split_skips` separates them for the
 manifest's ``skipped`` and ``stats.input``. Part of ``python -m pipeline build``
-(see ``pipeline/build.py``).
+(see ``pipeline/beam/build.py``).
 """
 
 from __future__ import annotations
@@ -23,11 +23,17 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindows
 
-from .config import BuildConfig
-from .rows import offsets_of, take_ragged
-from .sources import HEAD_BYTES, check_format, format_from_name, read_documents, sniff_format
-from .text import basic_tokenize
-from .vocab import SPECIAL_TOKENS, build_tokenizer, learn_wordpiece_vocab
+from pipeline.beam.config import BuildConfig
+from pipeline.core.rows import offsets_of, take_ragged
+from pipeline.core.sources import (
+    HEAD_BYTES,
+    check_format,
+    format_from_name,
+    read_documents,
+    sniff_format,
+)
+from pipeline.core.text import basic_tokenize
+from pipeline.core.vocab import SPECIAL_TOKENS, build_tokenizer, learn_wordpiece_vocab
 
 logger = logging.getLogger(__name__)
 NAMESPACE = "bert_pipeline"

@@ -21,9 +21,9 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow.compute as pc
 
-from . import shard_format
-from .options import CommandParser
-from .shard_writer import atomic_write_bytes
+from pipeline.options import CommandParser
+from pipeline.shards import shard_format
+from pipeline.shards.shard_writer import atomic_write_bytes
 
 logger = logging.getLogger(__name__)
 

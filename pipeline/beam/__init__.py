@@ -1,0 +1,1 @@
+"""The Beam jobs: build and export, their steps, the runner helpers."""

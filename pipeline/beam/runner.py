@@ -1,0 +1,204 @@
+"""Running our Beam jobs (build and export): the options, the runner, the log file.
+
+:func:`beam_options` turns the Beam arguments of a command into PipelineOptions (the
+FnApiRunner unless ``--runner`` says otherwise; Beam's SDK workers at WARNING) after
+:func:`check_beam_options` refused what Beam would silently drop; :func:`run_pipeline` runs a
+job and turns its failure into one error line (the traceback in the log file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import difflib
+import logging
+import os
+import tempfile
+
+logger = logging.getLogger("pipeline")
+DEFAULT_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
+
+
+def check_beam_options(beam_args: list[str], parser: argparse.ArgumentParser | None = None
+                       ) -> list[str]:  # fmt: skip
+    """Refuse what Beam would drop; return ``beam_args`` spelt as Beam declares them.
+
+    Beam discards an option it cannot parse (``--runer=...``) with one log line and runs on,
+    locally, and drops ``--direct-num-workers=2`` without a word: each flag is respelt as
+    Beam declares it (``--direct_num_workers=2``; its hyphenated ``--job-server-timeout``
+    kept). Beam's own parsers decide what is known, the chosen runner's included (its
+    module is imported first, so its options class counts). ``parser`` is the command's own
+    (default: build's), whose options are suggested too.
+
+    Raises:
+        ValueError: an unknown runner or option, with Beam's closest name.
+    """
+    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+    from apache_beam.runners.runner import create_runner
+
+    from pipeline.options import did_you_mean, respell
+
+    runner = PipelineOptions(beam_args).view_as(StandardOptions).runner
+    if runner:
+        try:
+            create_runner(runner)
+        except ValueError as err:  # Beam lists the valid names in its message
+            valid = str(err).split("Valid values are ", 1)[-1].replace(" or ", ", ").split(", ")
+            close = difflib.get_close_matches(runner, valid, n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]}?)" if close else f": {err}"
+            raise ValueError(f"--runner={runner} is not a Beam runner{hint}") from None
+        except ImportError as err:
+            raise ValueError(
+                f"--runner={runner}: cannot load it ({err}); install what it needs, e.g. "
+                "pip install 'apache-beam[dask]' for the DaskRunner"
+            ) from None
+    beam_names = _beam_flags()
+    beam_args = respell(beam_args, beam_names)
+    options = PipelineOptions(beam_args)
+    beam_logger = logging.getLogger("apache_beam.options.pipeline_options")
+    level = beam_logger.level
+    beam_logger.setLevel(logging.ERROR)  # its "Discarding unparseable args" is said below
+    try:
+        known = options.get_all_options()
+    finally:
+        beam_logger.setLevel(level)
+    unknown = sorted(set(options.get_all_options(retain_unknown_options=True)) - set(known))
+    if unknown:
+        parser = parser or _our_parser()
+        ours = [a for action in parser._actions for a in action.option_strings]
+        # Beam names an option by its dest (--vocab-sise -> vocab_sise): say it as given.
+        given = {a.partition("=")[0][2:].replace("-", "_"): a.partition("=")[0]
+                 for a in beam_args if a.startswith("--")}  # fmt: skip
+        names = [given.get(u, f"--{u}") for u in unknown]
+        problems = [name + did_you_mean(name, [*beam_names, *ours]) for name in names]
+        raise ValueError(
+            f"unknown option{'s' if len(problems) > 1 else ''} {', '.join(problems)}: not one "
+            f"of ours ({parser.prog} --help) nor of Apache Beam's pipeline options"
+        )
+    return beam_args
+
+
+def _beam_flags() -> list[str]:
+    """Every flag of Beam's options classes imported so far, as Beam spells it
+    (``--direct_num_workers``, ``--job-server-timeout``): the parser Beam builds to read them."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    names: list[str] = []
+
+    def collect(parser: argparse.ArgumentParser) -> None:
+        names.extend(name for action in parser._actions for name in action.option_strings)
+
+    PipelineOptions([]).get_all_options(add_extra_args_fn=collect)
+    return names
+
+
+def _our_parser() -> argparse.ArgumentParser:
+    from pipeline.beam.config import build_parser
+
+    parser = build_parser()
+    for flag in ("--verbose", "--log_file"):  # _console_args's
+        parser.add_argument(flag)
+    return parser
+
+
+def _quiet_beam_logs() -> None:
+    """Beam and Dask log every bundle at INFO; BEAM_LOG_LEVEL=INFO brings them back."""
+    level = os.environ.get("BEAM_LOG_LEVEL", "WARNING")
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith(("apache_beam", "distributed")):
+            logging.getLogger(name).setLevel(level)
+
+
+def with_tokenizer_threads(config, options):
+    """``config`` with ``tokenizer_threads`` resolved for the runner in ``options``."""
+    from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
+
+    from pipeline.beam.config import resolve_tokenizer_threads
+
+    threads = resolve_tokenizer_threads(
+        config.tokenizer_threads,
+        options.view_as(StandardOptions).runner,
+        options.view_as(DirectOptions).direct_num_workers,
+        os.cpu_count() or 1,
+    )
+    return dataclasses.replace(config, tokenizer_threads=threads)
+
+
+def _last_line(err: BaseException) -> str:
+    """A Beam error's message ends with the worker's exception; its traceback goes first."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[-1] if lines else type(err).__name__
+
+
+def job_log_file(log_file: str | None, verbose: bool, output: str, command: str,
+                 handlers: list[logging.Handler]) -> str | None:  # fmt: skip
+    """The log file of a Beam command that passed its checks (a refused run keeps the last
+    one's log): ``--log_file``, else :func:`default_log_file` emptied, unless verbose;
+    adds its handler to ``handlers``."""
+    from pipeline.console import add_log_file
+
+    if log_file is None and not verbose:
+        log_file = default_log_file(output, command)
+        open(log_file, "w").close()  # this run's log only (appended to below)
+    if log_file is not None:
+        handlers.append(add_log_file(log_file))
+    return log_file
+
+
+def beam_options(beam_args: list[str]):
+    """Our commands' PipelineOptions: Beam's SDK workers log at WARNING
+    and, without ``--runner``, the FnApiRunner (:data:`DEFAULT_RUNNER`) runs the job.
+
+    Returns:
+        (PipelineOptions, the Beam arguments as the user gave them, for the log).
+    """
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from pipeline.beam.dask_compat import install as install_dask_fix
+    from pipeline.beam.dask_compat import uses_dask
+
+    given = " ".join(beam_args) or "none"
+    if not any(a.startswith("--default_sdk_harness_log_level") for a in beam_args):
+        # Beam's workers log every bundle at INFO; keep the console for our progress.
+        beam_args = [*beam_args, "--default_sdk_harness_log_level=WARNING"]
+    if not any(a == "--runner" or a.startswith("--runner=") for a in beam_args):
+        # Beam's DirectRunner would first try to download its Prism runner; go
+        # straight to the engine it uses for batch jobs (in-process or
+        # --direct_running_mode=multi_processing with --direct_num_workers).
+        beam_args = [*beam_args, f"--runner={DEFAULT_RUNNER}"]
+    if uses_dask(beam_args):
+        install_dask_fix()
+    _quiet_beam_logs()
+    return PipelineOptions(beam_args), given
+
+
+def run_pipeline(options, add_steps, log_file: str | None, verbose: bool, what: str) -> int:
+    """Run ``add_steps(pipeline)`` on ``options``: 0, or 1 after one error line (the
+    worker's exception) with the traceback in the log file. Unless verbose, descriptor 2
+    (Beam's workers included) goes to the log file meanwhile."""
+    import apache_beam as beam
+
+    from pipeline.console import stderr_to
+
+    try:
+        quiet = contextlib.nullcontext() if verbose else stderr_to(log_file)
+        with quiet, beam.Pipeline(options=options) as p:
+            add_steps(p)
+    except Exception as e:  # the runner's failure, whatever its type: exit 1, not a traceback
+        where = f"; traceback and Beam's log: {log_file}" if log_file else ""
+        logger.error("%s failed: %s%s", what, _last_line(e), where, exc_info=True)
+        return 1
+    return 0
+
+
+def default_log_file(output: str, command: str = "build") -> str:
+    """Beside a local output directory, ``runs/shards/ -> runs/shards.build.log`` (not in
+    it: the directory holds only what the manifest lists); for a remote one, a temporary file."""
+    if "://" in output:
+        fd, path = tempfile.mkstemp(prefix=f"pipeline-{command}-", suffix=".log")
+        os.close(fd)
+        return path
+    path = os.path.abspath(output.rstrip("/") or output) + f".{command}.log"
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    return path

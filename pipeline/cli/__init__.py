@@ -1,0 +1,1 @@
+"""The pipeline's command line: build, stats, inspect, validate, export, corpus."""

@@ -1,0 +1,181 @@
+"""Command line: ``python -m pipeline build ...`` and ``python -m pipeline stats DIR``.
+
+    python -m pipeline build --input 'corpus/*.txt' --output shards/ --dupe_factor 5
+    python -m pipeline build --help          # every option and its default
+    python -m pipeline stats shards/ [--plot]
+    python -m pipeline export shards/ --to nvidia-hdf5 --output hdf5/   # pipeline/beam/export.py
+
+``build`` prints its own progress lines; Beam's logs and its workers' output go to a log
+file whose path it prints: ``OUTPUT.build.log`` beside a local output directory, or
+``--log_file PATH``. ``--verbose`` or ``BERT_VERBOSE=1`` puts everything on the console.
+
+Exit codes: 0 success, 1 the job failed, 2 bad arguments or input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections.abc import Sequence
+
+from pipeline.beam.runner import (
+    beam_options,
+    check_beam_options,
+    job_log_file,
+    run_pipeline,
+    with_tokenizer_threads,
+)
+
+logger = logging.getLogger("pipeline")
+
+USAGE = """usage: python -m pipeline {build,stats,inspect,validate,export} [options]
+
+  build     raw text -> vocab -> NSP pairs -> masked Arrow shards (Apache Beam)
+  stats     summary statistics of a shard directory (optionally as PNG plots)
+  inspect   decode rows back to WordPieces (--words: words) with the masks shown
+  validate  check every shard and row against the manifest; exit 1 naming a bad file
+  export    shards -> NVIDIA's HDF5 or Google's TFRecord for other trainers (Apache Beam)
+
+Run `python -m pipeline build --help` for the options of one command."""
+
+
+def _console_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    """``--verbose`` and ``--log_file`` (how the build talks, not what it writes); the rest."""
+    from pipeline.options import CommandParser
+
+    p = CommandParser(add_help=False, allow_abbrev=False)
+    p.add_argument("--verbose", action="store_true")
+    p.add_argument("--log_file", default=None)
+    return p.parse_known_args(list(argv))
+
+
+def run_build(argv: Sequence[str]) -> int:
+    """The build with a readable console: Beam's logs and its workers' output go to a log
+    file (``--log_file``, default :func:`default_log_file`) unless --verbose or BERT_VERBOSE=1."""
+    return run_with_console(argv, _build)
+
+
+def run_with_console(argv: Sequence[str], body) -> int:
+    """``body(argv, log_file, verbose, handlers) -> exit code`` with our console installed
+    (pipeline/console.py): run_build's for any Beam command."""
+    from pipeline import console
+
+    own, argv = _console_args(argv)
+    verbose = console.verbose_requested(own.verbose)
+    stream = None if verbose else console.console_stream()
+    handlers = console.install(("pipeline",), verbose=verbose, stream=stream)
+    try:
+        return body(argv, own.log_file, verbose, handlers)
+    finally:
+        console.uninstall(handlers)
+        if stream is not None:
+            stream.close()
+
+
+def _build(argv: Sequence[str], log_file: str | None, verbose: bool,
+           handlers: list[logging.Handler]) -> int:  # fmt: skip
+    """Plan, run and summarise the build. The log file takes every record; unless verbose,
+    descriptor 2 (Beam's workers included) goes there too while the pipeline runs."""
+    from apache_beam.options.pipeline_options import StandardOptions
+
+    from pipeline.beam import build
+    from pipeline.beam.config import parse_build_args
+    from pipeline.beam.document_steps import LONG_SENTENCE_CHARS
+    from pipeline.shards.shard_format import read_manifest
+
+    try:
+        config, beam_args = parse_build_args(argv)
+        beam_args = check_beam_options(beam_args)
+        plan = build.make_plan(config)
+        created = build.prepare_output(config)
+    except (ValueError, OSError) as e:  # FileNotFoundError and FileExistsError included
+        logger.error("%s", e)
+        return 2
+    log_file = job_log_file(log_file, verbose, config.output, "build", handlers)
+    options, given = beam_options(beam_args)
+    config = with_tokenizer_threads(config, options)
+    start = time.perf_counter()
+    runner = options.view_as(StandardOptions).runner or "DirectRunner"
+    logger.info("building shards in %s on %s (Beam args: %s)", config.output,
+                runner.rsplit(".", 1)[-1], given)  # fmt: skip
+    if not verbose:
+        logger.info("Beam's log: %s (--verbose or BERT_VERBOSE=1 shows it here)", log_file)
+    failed = run_pipeline(options, lambda p: build.build_graph(p, config, plan), log_file,
+                          verbose, "build")  # fmt: skip
+    if failed:  # nothing half-written stays: what the job wrote goes, the error stays shown
+        build.discard_build(config.output, created)
+        return failed
+    manifest = read_manifest(config.output)
+    try:
+        build.refuse_empty_build(manifest, config, created)
+    except build.EmptyBuildError as e:
+        logger.error("%s", e)
+        return 2
+    elapsed = time.perf_counter() - start
+    stats, skipped = manifest["stats"], manifest["skipped"]
+    logger.info(
+        "done in %.1f s: %d documents -> %d rows in %d shards; random-next %.1f%%, "
+        "%.1f masks/row, %.1f%% of rows shorter than %d; skipped %s",
+        elapsed, stats["documents"], manifest["num_rows"], len(manifest["shards"]),
+        100 * stats["random_next_share"], stats["masks_per_row"], 100 * stats["short_row_share"],
+        config.max_seq_length, skipped or "nothing",
+    )  # fmt: skip
+    long = stats.get("input", {}).get("long_sentences", 0)
+    if long:
+        logger.warning(
+            "%d sentence(s) of %s characters or more (txt: lines) kept whole: a row holds "
+            "at most %d tokens of one sentence, so most of such text is lost; split it into "
+            "sentences, one per line (the files and documents are named in %s)",
+            long, f"{LONG_SENTENCE_CHARS:,}", config.max_seq_length,
+            log_file or "the lines above",
+        )  # fmt: skip
+    single = stats.get("input", {}).get("single_document_files", 0)
+    if single:
+        logger.warning(
+            "%d of %d txt input file(s) hold a single document (no blank line in them); "
+            "if a file holds many documents, put a blank line between them (the txt "
+            "convention NSP relies on) or use jsonl, one document per record",
+            single, len(plan.files),
+        )  # fmt: skip
+    return 0
+
+
+def _run_export(*args) -> int:
+    """pipeline/beam/export.py, imported only now: Beam logs on import, and with no handler yet
+    Python's logging would add its own and print every line twice."""
+    from pipeline.beam.export import run_export
+
+    return run_export(*args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command == "build":
+        return run_build(rest)  # sets up its own logging (pipeline/console.py)
+    if command == "export":
+        return run_with_console(rest, _run_export)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if command == "stats":
+        from pipeline.cli.stats import main as stats_main
+
+        return stats_main(rest)
+    if command in ("inspect", "validate"):
+        from pipeline.cli import inspect_cli
+
+        return (inspect_cli.inspect_main if command == "inspect" else inspect_cli.validate_main)(
+            rest
+        )
+    print(f"unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Beam-free algorithms: text, sources, WordPiece, vocab, NSP, masking, seeds, rows."""

@@ -1,0 +1,1 @@
+"""The shard contract: format, reader, writer, exports (no Beam)."""
