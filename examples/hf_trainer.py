@@ -1,7 +1,7 @@
 """Pretrain transformers' BertForPreTraining on our shards with the Hugging Face Trainer.
 
 Uses only `datasets`, `transformers`, `torch` and the shard directory's
-`manifest.json` (format: pipeline/FORMAT.md) — no code from this project:
+`manifest.json` (format: pipeline/shards/FORMAT.md) — no code from this project:
 
     python examples/hf_trainer.py --shards runs/quickstart/shards --output-dir runs/hf --max-steps 50
 

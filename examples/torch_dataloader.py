@@ -1,4 +1,4 @@
-"""Plain PyTorch over our shards, with only the reader module `pipeline.shard_format`.
+"""Plain PyTorch over our shards, with only the reader module `pipeline.shards.shard_format`.
 
     python examples/torch_dataloader.py --shards runs/quickstart/shards --steps 20
 
@@ -18,7 +18,7 @@ import sys
 import numpy as np
 import torch
 
-from pipeline.shard_format import open_shard, read_manifest, row_to_numpy
+from pipeline.shards.shard_format import open_shard, read_manifest, row_to_numpy
 
 
 class ShardDataset(torch.utils.data.Dataset):

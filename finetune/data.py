@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer
 
-from pipeline.vocab import build_tokenizer, read_vocab
+from pipeline.core.vocab import build_tokenizer, read_vocab
 
 IGNORE_INDEX = -100
 SIMILARITY_LABELS = ("score",)  # the one output of the similarity head

@@ -227,7 +227,7 @@ def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
     ``tempfile.mkstemp`` or of safetensors' ``save_file`` (0.8), which would leave exports
     and checkpoints unreadable to the group and others. After the block the file is fsynced, renamed (atomic on POSIX)
     and the directory fsynced; if the block raises, the temp file is removed and ``path``
-    is untouched. pipeline/shard_writer.py ``atomic_write_bytes`` does the same for the pipeline,
+    is untouched. pipeline/shards/shard_writer.py ``atomic_write_bytes`` does the same for the pipeline,
     which must not import model/ (it imports torch).
 
         with atomic_output("hf/model.safetensors") as temp:

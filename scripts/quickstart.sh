@@ -10,7 +10,7 @@
 #                standard library's docstrings and reference, written offline
 #   HELDOUT      held-out input files/globs            (default: 10% of the default corpus)
 #   CORPUS_SOURCES  parts of the default corpus (default: "docstrings reference", 1.8 MB;
-#                also "test-docstrings comments": 2.7 MB, see pipeline/corpus.py)
+#                also "test-docstrings comments": 2.7 MB, see pipeline/cli/corpus.py)
 #   VOCAB_SIZE   learned WordPiece vocab size          (default: 8000)
 #   DUPE_FACTOR  masking passes over the data          (default: 5)
 #   MAX_SEQ      max_seq_length                        (default: 128)
@@ -59,7 +59,7 @@ stages_total=3  # pipeline, statistics, training; then the optional ones
 
 if [ -z "${CORPUS:-}" ]; then
   stage "corpus: Python's docs -> $run/corpus" corpus \
-  python -m pipeline.corpus --output "$run/corpus" --files 10 --sources ${CORPUS_SOURCES:-docstrings reference}
+  python -m pipeline.cli.corpus --output "$run/corpus" --files 10 --sources ${CORPUS_SOURCES:-docstrings reference}
   corpus="$run/corpus/stdlib-docs-00[0-8].txt"
 else
   corpus="$CORPUS"
