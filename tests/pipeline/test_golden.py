@@ -69,7 +69,7 @@ sharding, row order or the shard layout):
   1. bump ALGORITHM_VERSION in pipeline/shards/shard_format.py (FORMAT_VERSION too if readers must
      change: it makes every reader refuse older shards);
   2. say what changed in pipeline/shards/FORMAT.md (the algorithm_version list) and in
-     CHANGELOG.md under [Unreleased];
+     CHANGELOG.md under "Shard bytes" of the coming release;
   3. set VERSIONS and GOLDEN in tests/pipeline/test_golden.py to the values printed below.
 If it is not: your change altered the pipeline's output; find out why before going on.
 (A new pyarrow, numpy, tokenizers or Python can change the bytes too: these digests were
