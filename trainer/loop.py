@@ -238,7 +238,7 @@ class Trainer:
             s.window_start = s.clock_start = time.perf_counter()
             s.out_of_time = c.budget_s is not None and s.clock_base >= c.budget_s
             self.stop.training = True  # from now on a first signal stops after the step
-            warned = not c.signal_grace  # 0: no check
+            check_grace = bool(c.signal_grace)  # at the first checkpoint only; 0: no check
             while not self.done():
                 start = time.perf_counter()
                 self.activity = f"step {s.step + 1}"
@@ -251,7 +251,9 @@ class Trainer:
                     writer.write(self.evaluate())
                 if c.save_every and s.step % c.save_every == 0:
                     self._save()
-                    warned = warned or self._warn_grace(step_s)
+                    if check_grace:
+                        self._warn_grace(step_s)
+                        check_grace = False
             if s.last_saved != s.step:
                 self._save()
             evaluated = c.eval_every and s.step % c.eval_every == 0
@@ -400,12 +402,11 @@ class Trainer:
         s.last_saved = s.step
         self.save_s = time.perf_counter() - start
 
-    def _warn_grace(self, step_s: float) -> bool:
-        """Warn (rank 0) when a step and a save would not fit in --signal-grace; True: checked."""
+    def _warn_grace(self, step_s: float) -> None:
+        """Warn (rank 0) when a step and a save would not fit in --signal-grace."""
         warning = grace_warning(step_s, self.save_s, self.config.signal_grace)
         if warning and self.info.is_main:
             logger.warning("%s", warning)
-        return True
 
     def last_checkpoint(self) -> str | None:
         """The directory of this run's last checkpoint, or None."""
