@@ -274,10 +274,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _max_len(model: nn.Module) -> int:
-    config = bert_config(model)
-    return config.max_position_embeddings
-
-
 if __name__ == "__main__":
     sys.exit(main())
