@@ -43,6 +43,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from pipeline.core.masking import MaskingConfig, MaskingVocab, mask_instances
 from pipeline.core.rng import numpy_rng
 from pipeline.shards.shard_format import ShardFormatError
+from pipeline.shards.validate import check_predictions, check_values
 
 from .order import StreamOrder, rank_positions
 from .shards import ShardSet
@@ -89,8 +90,10 @@ def collate(
     """Pad unpadded rows into one batch (see the module docstring for the keys).
 
     The values are checked here, on the host, so that the model need not check them on the
-    device (model/bert.py): ids in [0, vocab_size), segment ids 0/1, masked positions inside
-    their row, next_sentence_label 0/1.
+    device (model/bert.py), by the format's own rule (pipeline/shards/validate.py
+    ``check_values``, ``check_predictions``): ids in [0, vocab_size), segment ids 0/1,
+    masked positions inside their row and at most ``max_predictions``, next_sentence_label
+    0/1.
 
     Args:
         rows: B rows, each ({input_ids, segment_ids, masked_lm_positions, masked_lm_ids:
@@ -105,6 +108,8 @@ def collate(
             of range (naming the tensor and the row of the batch).
     """
     lengths = [len(row["input_ids"]) for row, _ in rows]
+    counts = [len(row["masked_lm_positions"]) for row, _ in rows]
+    check_predictions(counts, max_predictions, rows_of="the batch")
     longest = max(lengths)
     width = max(longest, min(max_width, math.ceil(longest / PAD_MULTIPLE) * PAD_MULTIPLE))
     b = len(rows)
@@ -113,26 +118,13 @@ def collate(
     attention_mask = np.zeros((b, width), dtype=np.int64)
     positions = np.zeros((b, max_predictions), dtype=np.int64)
     ids = np.zeros((b, max_predictions), dtype=np.int64)
-    for i, ((row, _), n) in enumerate(zip(rows, lengths, strict=True)):
+    for i, ((row, _), n, k) in enumerate(zip(rows, lengths, counts, strict=True)):
         input_ids[i, :n] = row["input_ids"]
         segment_ids[i, :n] = row["segment_ids"]
         attention_mask[i, :n] = 1
-        k = len(row["masked_lm_positions"])
-        if k > max_predictions:
-            raise ValueError(
-                f"a row has {k} masked positions > max_predictions_per_seq {max_predictions}"
-            )
         positions[i, :k] = row["masked_lm_positions"]
         ids[i, :k] = row["masked_lm_ids"]
     labels = np.fromiter((label for _, label in rows), dtype=np.int64, count=b)
-    lengths = np.asarray(lengths, dtype=np.int64)
-    _check_range("segment_ids", segment_ids, 2)
-    _check_range("next_sentence_label", labels[:, None], 2)
-    # Padding entries are position 0: inside every row (rows hold at least [CLS]).
-    _check_range("masked_lm_positions", positions, lengths[:, None], "the row's length")
-    if vocab_size is not None:
-        _check_range("input_ids", input_ids, vocab_size)
-        _check_range("masked_lm_ids", ids, vocab_size)
     tensors = {
         "input_ids": input_ids,
         "segment_ids": segment_ids,
@@ -141,30 +133,15 @@ def collate(
         "masked_lm_ids": ids,
         "next_sentence_label": labels,
     }
-    return {k: torch.from_numpy(v) for k, v in tensors.items()}
-
-
-def _check_range(name: str, values: np.ndarray, upper, what: str = "") -> None:
-    """Every value of ``values`` (B, W) in [0, upper); ``upper`` an int or (B, 1) per row.
-
-    Raises:
-        ValueError: ``"input_ids values must be in [0, 200), got 250 in row 3 of the batch"``.
-    """
-    if not values.size:
-        return
-    if np.isscalar(upper):
-        if values.min() >= 0 and values.max() < upper:  # two reductions, no temporaries
-            return
-    elif ((values >= 0) & (values < upper)).all():
-        return
-    bad = (values < 0) | (values >= upper)
-    row, col = (int(i[0]) for i in np.nonzero(bad))
-    limit = int(np.broadcast_to(upper, (values.shape[0], 1))[row, 0])
-    limit_text = f"{limit} ({what})" if what else f"{limit}"
-    raise ValueError(
-        f"{name} values must be in [0, {limit_text}), got {values[row, col]} in row {row} "
-        "of the batch"
+    # The format's value rule, on the padded batch: padding is pad_id (an id) and 0 (a
+    # segment id, and a position inside every row: rows hold at least [CLS]).
+    check_values(
+        tensors,
+        vocab_size=vocab_size,
+        row_length=np.asarray(lengths, dtype=np.int64)[:, None],
+        rows_of="the batch",
     )
+    return {k: torch.from_numpy(v) for k, v in tensors.items()}
 
 
 class DynamicMasker:

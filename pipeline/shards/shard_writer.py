@@ -19,6 +19,7 @@ from importlib import metadata
 import numpy as np
 import pyarrow as pa
 
+from pipeline.shards import validate
 from pipeline.shards.shard_format import (
     _EOS,
     _IPC_OPTIONS,
@@ -33,7 +34,6 @@ from pipeline.shards.shard_format import (
     LIST_COLUMNS,
     _check_int,
     _check_manifest,
-    _list_to_numpy,
     _reject_unknown,
     schema_params,
     shard_schema,
@@ -74,7 +74,7 @@ def encode_shard(
     labels = _as_int64(columns["next_sentence_label"], "next_sentence_label", "iub")
     if labels.ndim != 1:
         raise ValueError("next_sentence_label must be a 1-D sequence with one value per row")
-    _check_rows(flat, labels, vocab_size, max_seq_length)
+    validate.check_rows(flat, labels, vocab_size=vocab_size, max_seq_length=max_seq_length)
     arrays = [_list_array(*flat[name], schema.field(name).type) for name in LIST_COLUMNS]
     arrays.append(_from_numpy(labels.astype(np.uint8), pa.uint8()))
     rows = pa.RecordBatch.from_arrays(arrays, schema=schema)
@@ -201,78 +201,6 @@ def _flatten(name: str, rows: Sequence | Ragged) -> tuple[np.ndarray, np.ndarray
     if not arrays:
         return np.zeros(0, dtype=np.int64), offsets
     return np.concatenate(arrays, dtype=np.int64, casting="unsafe"), offsets
-
-
-def _check_rows(flat: dict, labels: np.ndarray, vocab_size: int, max_seq_length: int) -> None:
-    offsets = flat["input_ids"][1]
-    lengths = np.diff(offsets)
-    _require(lengths >= 1, offsets, "input_ids", "is empty")
-    _require(lengths <= max_seq_length, offsets, "input_ids", f"is longer than {max_seq_length=}")
-    for name, other in (("segment_ids", "input_ids"), ("masked_lm_ids", "masked_lm_positions")):
-        bad = np.flatnonzero(np.diff(flat[name][1]) != np.diff(flat[other][1]))
-        if bad.size:
-            raise ValueError(f"{name}: row {bad[0]} has a different length than its {other}")
-    for name in ("input_ids", "masked_lm_ids"):
-        values, name_offsets = flat[name]
-        if not _within(values, 0, vocab_size - 1):
-            bad = (values < 0) | (values >= vocab_size)
-            _require_values(~bad, values, name_offsets, name, f"outside [0, {vocab_size=})")
-    segments, _ = flat["segment_ids"]
-    if not _within(segments, 0, 1):
-        ok = (segments == 0) | (segments == 1)
-        _require_values(ok, segments, offsets, "segment_ids", "not 0/1")
-    positions, position_offsets = flat["masked_lm_positions"]
-    row_length = np.repeat(lengths, np.diff(position_offsets))
-    inside = (positions >= 0) & (positions < row_length)
-    _require_values(inside, positions, position_offsets, "masked_lm_positions", "outside the row")
-    increasing = np.ones(positions.size, dtype=bool)
-    increasing[1:] = positions[1:] > positions[:-1]
-    increasing[position_offsets[:-1][np.diff(position_offsets) > 0]] = True  # row starts
-    _require_values(
-        increasing, positions, position_offsets, "masked_lm_positions", "not increasing"
-    )
-    bad = np.flatnonzero((labels != 0) & (labels != 1))
-    if bad.size:
-        raise ValueError(f"next_sentence_label: row {bad[0]} has {labels[bad[0]]}, not 0/1")
-
-
-def _within(values: np.ndarray, low: int, high: int) -> bool:
-    """All values in [low, high]: two reductions, no temporary arrays (the fast path;
-    the caller finds the first bad value only when this fails)."""
-    return not values.size or (int(values.min()) >= low and int(values.max()) <= high)
-
-
-def check_table_rows(table: pa.Table, vocab_size: int, max_seq_length: int) -> dict:
-    """The row checks :func:`encode_shard` makes before writing, on a shard read back.
-
-    Returns:
-        ``{list column: (values int64, offsets int64)}``, the columns as checked.
-
-    Raises:
-        ValueError: the first bad value, naming the column and row.
-    """
-    flat = {}
-    for name in LIST_COLUMNS:
-        offsets, values = _list_to_numpy(table.column(name).combine_chunks())
-        flat[name] = (values, offsets.astype(np.int64))
-    labels = table.column("next_sentence_label").to_numpy().astype(np.int64)
-    _check_rows(flat, labels, vocab_size, max_seq_length)
-    return flat
-
-
-def _require(ok: np.ndarray, offsets: np.ndarray, name: str, what: str) -> None:
-    bad = np.flatnonzero(~ok)
-    if bad.size:
-        raise ValueError(
-            f"{name}: row {bad[0]} {what} (length {offsets[bad[0] + 1] - offsets[bad[0]]})"
-        )
-
-
-def _require_values(ok: np.ndarray, values: np.ndarray, offsets: np.ndarray, name: str, what: str):
-    bad = np.flatnonzero(~ok)
-    if bad.size:
-        row = int(np.searchsorted(offsets, bad[0], side="right")) - 1
-        raise ValueError(f"{name}: row {row} has value {values[bad[0]]} {what}")
 
 
 def _list_array(values: np.ndarray, offsets: np.ndarray, list_type: pa.DataType) -> pa.Array:

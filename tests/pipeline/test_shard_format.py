@@ -225,9 +225,12 @@ def _set_value(column, row, index, value):
     [
         (
             _set_value("input_ids", 2, 1, 30522),
-            r"input_ids: row 2 has value 30522 outside \[0, vocab_size=30522\)",
+            r"input_ids values must be in \[0, 30522\), got 30522 in row 2",
         ),
-        (_set_value("input_ids", 1, 0, -1), "input_ids: row 1 has value -1"),
+        (
+            _set_value("input_ids", 1, 0, -1),
+            r"input_ids values must be in \[0, 30522\), got -1 in row 1",
+        ),
         (
             _set_row("input_ids", 0, np.arange(129)),
             "input_ids: row 0 is longer than max_seq_length=128",
@@ -249,7 +252,10 @@ def _set_value(column, row, index, value):
             _set_row("masked_lm_ids", 1, np.arange(30)),
             "masked_lm_ids: row 1 has a different length than its masked_lm_positions",
         ),
-        (_set_row("next_sentence_label", 4, 2), "next_sentence_label: row 4 has 2, not 0/1"),
+        (
+            _set_row("next_sentence_label", 4, 2),
+            r"next_sentence_label values must be in \[0, 2\), got 2 in row 4",
+        ),
     ],
 )
 def test_encode_rejects_bad_rows_naming_column_and_row(mutate, message):
@@ -269,11 +275,15 @@ def test_encode_rejects_bad_values_in_valid_shapes():
         "next_sentence_label": [0],
     }
     cases = [
-        ("segment_ids", [np.array([0, 0, 0, 1, 2])], "segment_ids: row 0 has value 2 not 0/1"),
+        (
+            "segment_ids",
+            [np.array([0, 0, 0, 1, 2])],
+            r"segment_ids values must be in \[0, 2\), got 2 in row 0",
+        ),
         (
             "masked_lm_positions",
             [np.array([1, 5])],
-            "masked_lm_positions: row 0 has value 5 outside the row",
+            r"masked_lm_positions values must be in \[0, 5 \(the row's length\)\), got 5 in row 0",
         ),
         (
             "masked_lm_positions",
@@ -285,7 +295,11 @@ def test_encode_rejects_bad_values_in_valid_shapes():
             [np.array([3, 3])],
             "masked_lm_positions: row 0 has value 3 not increasing",
         ),
-        ("masked_lm_ids", [np.array([5, 30522])], "masked_lm_ids: row 0 has value 30522"),
+        (
+            "masked_lm_ids",
+            [np.array([5, 30522])],
+            r"masked_lm_ids values must be in \[0, 30522\), got 30522 in row 0",
+        ),
     ]
     for column, value, message in cases:
         with pytest.raises(ValueError, match=message):

@@ -24,7 +24,7 @@ from pipeline.beam.shard_steps import JoinParts, WriteShard, parts_per_shard
 from pipeline.core.rows import RowBlock
 from pipeline.core.text import basic_tokenize
 from pipeline.core.vocab import SPECIAL_TOKENS
-from pipeline.shards import shard_format, shard_writer
+from pipeline.shards import shard_format, validate
 
 # The FnApiRunner directly: Beam's DirectRunner would first try to download Prism.
 RUNNER = ["--runner=apache_beam.runners.portability.fn_api_runner.FnApiRunner"]
@@ -174,7 +174,9 @@ def test_buckets_and_writers_on_a_test_pipeline(tmp_path):
     total = 0
     for i in range(num_shards):
         table = shard_format.open_shard(str(tmp_path / "out" / shard_format.shard_name(i, 2)))
-        shard_writer.check_table_rows(table, len(VOCAB), 16)
+        validate.check_rows(
+            *validate.table_columns(table), vocab_size=len(VOCAB), max_seq_length=16
+        )
         total += table.num_rows
         assert table.num_rows > 0 and isinstance(table, pa.Table)
     assert total >= 30 * 2
