@@ -2,6 +2,11 @@
 
 Import them (``from tests.helpers import make_corpus``; pyproject.toml puts the repository
 root on pytest's path); a test file never loads another test file.
+
+This module imports no torch at the top (what needs model/ or trainer/ imports it inside
+the function): tests/conftest.py loads it, and tests/pipeline runs on the base install
+(``pip install -e .``, no torch; scripts/test.sh checks it). What is torch through and
+through lives in tests/torch_helpers.py.
 """
 
 from __future__ import annotations
@@ -9,9 +14,6 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-
-import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -118,6 +120,8 @@ DIGITS = [str(i) for i in range(10)]
 def make_finetune_init(path: Path) -> Path:
     """A random-init tiny BertForPreTraining HF directory with a vocab.txt, dropout off
     (hidden 64, 2 layers, seq <= 64), for ``python -m finetune --init``."""
+    import torch
+
     from model import BertConfig, BertForPreTraining
     from pipeline.core.vocab import SPECIAL_TOKENS, write_vocab
 
@@ -286,32 +290,3 @@ def launch(files: Path, data: Path, out: Path, *extra: str, steps: int, save_eve
         cmd, cwd=REPO, env=rank_env(fault, BERT_TEST_FAULT_LOG=f"{out}.faults"),
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
-
-
-class CountHostSyncs(TorchDispatchMode):
-    """Counts what waits for the device: a tensor read as Python numbers (.item(), int(),
-    bool(); .tolist(), which on CPU bypasses the dispatcher) or a data-dependent shape."""
-
-    SYNCS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default)
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += func in self.SYNCS
-        return func(*args, **(kwargs or {}))
-
-    def __enter__(self):
-        tolist = self._tolist = torch.Tensor.tolist
-
-        def counted(tensor):
-            self.count += 1
-            return tolist(tensor)
-
-        torch.Tensor.tolist = counted
-        return super().__enter__()
-
-    def __exit__(self, *exc):
-        torch.Tensor.tolist = self._tolist
-        return super().__exit__(*exc)

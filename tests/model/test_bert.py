@@ -9,7 +9,7 @@ import torch
 
 from model import BertConfig, BertForPreTraining
 from model.bert import dense_labels_to_positions
-from tests.helpers import CountHostSyncs
+from tests.torch_helpers import CountHostSyncs
 
 TINY = dict(
     vocab_size=99,

@@ -13,7 +13,7 @@ from model import (
     HeadConfig,
 )
 from model.unpad import Packing, attention_path
-from tests.helpers import CountHostSyncs
+from tests.torch_helpers import CountHostSyncs
 
 CFG = BertConfig(
     vocab_size=99,

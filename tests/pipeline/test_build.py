@@ -23,6 +23,8 @@ BASE = ["--vocab_size", "200", "--dupe_factor", "3", "--max_seq_length", "48",
         "--max_predictions_per_seq", "8", "--num_shards", "3", "--bucket_size", "10",
         "--random_seed", "7"]  # fmt: skip
 
+DASK_EXTRA = "Beam's DaskRunner needs the [dask] extra (distributed)"
+
 
 def digest(directory: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
@@ -163,7 +165,7 @@ def test_a_failed_build_prints_one_line_and_logs_the_traceback(corpus, tmp_path,
 
 @pytest.mark.slow
 def test_dask_runner_gives_identical_bytes(corpus, built, tmp_path):
-    pytest.importorskip("distributed")
+    pytest.importorskip("distributed", reason=DASK_EXTRA)
     run_cli(corpus, tmp_path / "dask", "--runner=apache_beam.runners.dask.dask_runner.DaskRunner")
     assert digest(tmp_path / "dask") == digest(built)
     manifest = json.loads((tmp_path / "dask" / "manifest.json").read_text())
@@ -171,6 +173,7 @@ def test_dask_runner_gives_identical_bytes(corpus, built, tmp_path):
 
 
 def test_stats_command_writes_plots(built, tmp_path, capsys):
+    pytest.importorskip("matplotlib", reason="--plot draws with matplotlib (the [train] extra)")
     assert main(["stats", str(built), "--plot", "--plot-dir", str(tmp_path)]) == 0
     assert "random_next_share" in capsys.readouterr().out
     for name in ("lengths.png", "masking.png"):
@@ -569,7 +572,7 @@ def test_a_misspelt_beam_option_stops_the_build(corpus, tmp_path, capfd):
     # Options of the chosen runner are known (its module is imported to learn them).
     check_beam_options(["--runner=FlinkRunner", "--flink_master=localhost:8081",
                         "--environment_type=LOOPBACK", "--parallelism=2"])  # fmt: skip
-    pytest.importorskip("distributed")
+    pytest.importorskip("distributed", reason=DASK_EXTRA)
     check_beam_options(["--runner=apache_beam.runners.dask.dask_runner.DaskRunner",
                         "--dask_client_address=localhost:8786"])  # fmt: skip
 

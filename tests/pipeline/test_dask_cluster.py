@@ -23,7 +23,9 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def cluster(tmp_path):
     """A fresh cluster per test (one test kills a worker); stopped however the test ends."""
-    pytest.importorskip("distributed")
+    pytest.importorskip(
+        "distributed", reason="Beam's DaskRunner needs the [dask] extra (distributed)"
+    )
     cluster = DaskCluster(tmp_path / "dask-cluster", workers=2, memory_limit="2GiB")
     try:
         yield cluster.start()

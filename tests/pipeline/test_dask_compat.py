@@ -26,7 +26,7 @@ def test_plan_by_version(version, wanted, says):
 
 
 def test_install_logs_and_replaces_the_pardo_translation(caplog):
-    pytest.importorskip("dask.bag")
+    pytest.importorskip("dask.bag", reason="the [dask] extra")
     import apache_beam
     from apache_beam import ParDo
     from apache_beam.runners.dask import transform_evaluator as te

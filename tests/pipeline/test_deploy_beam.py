@@ -72,6 +72,7 @@ def test_dask_script_passes_the_cluster_and_its_partitions(tmp_path):
 
 def test_dask_script_shows_the_worker_flags_the_tests_run():
     """The commands dask.sh gives for real machines start workers as the cluster tests do."""
+    pytest.importorskip("distributed", reason="the `dask` command comes with the [dask] extra")
     from tests.dask_cluster import worker_command
 
     shown = (BEAM / "dask.sh").read_text()

@@ -14,16 +14,13 @@ import struct
 import sys
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pyarrow as pa
 import pytest
 
 from pipeline.cli.main import main
 from tests.helpers import make_corpus
-
-h5py = pytest.importorskip("h5py")
-tfrecord_reader = pytest.importorskip("tfrecord.reader")
-tfrecord_writer = pytest.importorskip("tfrecord.writer")
 
 # A cap of 5 masks where a full row of 48 tokens would get round(0.15 * 45) = 7: rows hit it.
 FLAGS = ["--vocab_size", "200", "--dupe_factor", "2", "--max_seq_length", "48",
@@ -34,6 +31,14 @@ L, P = 48, 5
 GOOGLE_SPEC = {"input_ids": "int", "input_mask": "int", "segment_ids": "int",
                "masked_lm_positions": "int", "masked_lm_ids": "int",
                "masked_lm_weights": "float", "next_sentence_labels": "int"}  # fmt: skip
+
+
+def tfrecord(module: str):
+    """``tfrecord.MODULE`` (reader, writer, example_pb2): how Google's consumers read the
+    records, outside TensorFlow; in the test extra, not the base install (a test that needs
+    it calls this first and skips there)."""
+    why = "the tfrecord package (the test extra) parses the records as Google's readers do"
+    return pytest.importorskip(f"tfrecord.{module}", reason=why)
 
 
 @pytest.fixture(scope="module")
@@ -85,12 +90,12 @@ def records(path: Path) -> list[bytes]:
     offset = 0
     for record in out:  # the same bytes, the other crc32c implementation
         (length,) = struct.unpack("<Q", data[offset : offset + 8])
-        assert data[offset + 8 : offset + 12] == tfrecord_writer.TFRecordWriter.masked_crc(
+        assert data[offset + 8 : offset + 12] == tfrecord("writer").TFRecordWriter.masked_crc(
             data[offset : offset + 8])  # fmt: skip
         body = data[offset + 12 : offset + 12 + length]
         assert body == record
         end = offset + 12 + length
-        assert data[end : end + 4] == tfrecord_writer.TFRecordWriter.masked_crc(body)
+        assert data[end : end + 4] == tfrecord("writer").TFRecordWriter.masked_crc(body)
         offset = end + 4
     assert offset == len(data)
     return out
@@ -98,7 +103,7 @@ def records(path: Path) -> list[bytes]:
 
 def google_examples(path: Path, spec: dict, seq: int, pred: int) -> list[dict]:
     """Parsed with the tfrecord package as run_pretraining.py's fixed-length features."""
-    parsed = list(tfrecord_reader.tfrecord_loader(str(path), None, spec))
+    parsed = list(tfrecord("reader").tfrecord_loader(str(path), None, spec))
     for example in parsed:
         for name, values in example.items():
             width = 1 if name == "next_sentence_labels" else pred if "masked" in name else seq
@@ -158,6 +163,7 @@ def test_hdf5_rows_are_the_arrow_rows_by_nvidias_rule(shards, tmp_path):
 
 @pytest.mark.parametrize("names", ["v1", "v2"])
 def test_tfrecord_rows_are_the_arrow_rows_by_googles_spec(shards, tmp_path, names):
+    tfrecord("reader")
     out, pred = tmp_path / names, P if names == "v1" else P + 3  # a larger P pads
     assert export(shards, out, "--to", "tfrecord", "--tfrecord-names", names,
                   "--max_predictions_per_seq", str(pred)) == 0  # fmt: skip
@@ -183,7 +189,8 @@ def test_tfrecord_rows_are_the_arrow_rows_by_googles_spec(shards, tmp_path, name
 
 
 def test_tensorflow_parses_the_records(shards, tmp_path):
-    tf = pytest.importorskip("tensorflow")
+    tfrecord("reader")
+    tf = pytest.importorskip("tensorflow", reason="TensorFlow itself, as run_pretraining.py parses")
     out = tmp_path / "tf"
     assert export(shards, out, "--to", "tfrecord") == 0
     spec = {name: tf.io.FixedLenFeature([1 if name == "next_sentence_labels" else
@@ -269,6 +276,7 @@ def test_an_earlier_export_is_kept_unless_overwrite(shards, tmp_path, capfd):
 @pytest.mark.slow
 def test_the_main_jobs_build_exports_on_its_runner(tmp_path):
     """scripts/quickstart.sh's build flags and Beam runner, on a small corpus."""
+    tfrecord("reader")
     runner = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
     corpus = make_corpus(tmp_path / "corpus", n_docs=60)
     built = tmp_path / "shards"
@@ -310,9 +318,9 @@ def test_pad_rows_and_changed_spans_known_answers():
 def test_rows_survive_many_record_batches_and_a_reused_message(tmp_path):
     """Random rows in batches of 3 (the encoder rewrites only what changed, across batches
     and shards): every field of every row as the consumers read it."""
-    from tfrecord import example_pb2
-
     from pipeline.shards import export_formats, shard_format, shard_writer
+
+    example_pb2 = tfrecord("example_pb2")
 
     rng = np.random.default_rng(0)
     seq, pred = 12, 4

@@ -45,7 +45,10 @@ PARITY_TEXTS = [
 
 @pytest.mark.parametrize("do_lower_case", [True, False])
 def test_basic_tokenize_matches_bert_basic_tokenizer(do_lower_case):
-    legacy = pytest.importorskip("transformers.models.bert.tokenization_bert_legacy")
+    legacy = pytest.importorskip(
+        "transformers.models.bert.tokenization_bert_legacy",
+        reason="parity with Hugging Face's BERT tokenizer (transformers, in the test extra)",
+    )
     reference = legacy.BasicTokenizer(do_lower_case=do_lower_case)
     for text in PARITY_TEXTS:
         assert basic_tokenize(text, do_lower_case) == reference.tokenize(text), text

@@ -27,6 +27,8 @@ TINY = {"low": 5, "lower": 2, "newest": 6, "widest": 3}
 TINY_ALPHABET = ["d", "e", "i", "l", "n", "o", "r", "s", "t", "w"]
 TINY_ALPHABET += ["##d", "##e", "##i", "##o", "##r", "##s", "##t", "##w"]
 
+HF_PARITY = "parity with Hugging Face's BERT tokenizer (transformers, in the test extra)"
+
 
 def stdlib_documents(max_chars: int) -> list[str]:
     """Docstrings of the standard library, one document per module, sorted files."""
@@ -270,8 +272,10 @@ def parity_vocab(request, corpus):
 def hf_references(tokens, do_lower_case, directory):
     """transformers tokenizers for the vocab, each with its size checked (a 5-token
     fallback would map every word to [UNK] and still "run")."""
-    transformers = pytest.importorskip("transformers")
-    legacy = pytest.importorskip("transformers.models.bert.tokenization_bert_legacy")
+    transformers = pytest.importorskip("transformers", reason=HF_PARITY)
+    legacy = pytest.importorskip(
+        "transformers.models.bert.tokenization_bert_legacy", reason=HF_PARITY
+    )
     write_vocab(directory / "vocab.txt", tokens)
     save_tokenizer_json(directory / "tokenizer.json", build_tokenizer(tokens, do_lower_case))
     vocab = {token: i for i, token in enumerate(tokens)}
@@ -317,7 +321,9 @@ def test_text_is_text_tokenizer_matches_googles_basic_and_wordpiece(parity_vocab
     """The pipeline's tokenizer (``specials_in_text=False``) against Google's algorithm as
     transformers keeps it (BasicTokenizer with nothing exempt from splitting, then
     WordpieceTokenizer): equal on every parity text, a literal ``[MASK]`` included."""
-    legacy = pytest.importorskip("transformers.models.bert.tokenization_bert_legacy")
+    legacy = pytest.importorskip(
+        "transformers.models.bert.tokenization_bert_legacy", reason=HF_PARITY
+    )
     tokens, do_lower_case = parity_vocab
     vocab = {token: i for i, token in enumerate(tokens)}
     basic = legacy.BasicTokenizer(do_lower_case=do_lower_case, never_split=[])

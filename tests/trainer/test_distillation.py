@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from model import BertConfig, BertForPreTraining, load_hf
-from tests.helpers import CountHostSyncs
+from tests.torch_helpers import CountHostSyncs
 from trainer import distillation, export, loop
 from trainer.config import parse_args
 from trainer.distillation import (
