@@ -13,8 +13,10 @@ The known keys come from the installed DeepSpeed, so a newer version's keys are 
 
 - top level: the keys ``DeepSpeedConfig`` reads, recorded once by parsing an empty config
   (DeepSpeed has no model of its top level, and some of its keys exist only as literals);
-- ``zero_optimization``, ``bf16``, ``fp16``, the monitors, ...: the fields and aliases of the
-  pydantic model DeepSpeed validates the section with, nested models included;
+- ``zero_optimization``, ``bf16``, ``fp16``, the monitors, ...: DeepSpeed's own pydantic
+  model of the section validates it (``model_validate``, its ``extra="forbid"``), nested
+  sections included; each key it refuses as extra gets the closest of that model's fields
+  and aliases;
 - ``optimizer`` / ``scheduler``: ``type`` must name a class DeepSpeed can build; ``params``
   are that class's keyword arguments, for the class DeepSpeed picks as
   ``DeepSpeedEngine._configure_basic_optimizer`` does (``torch_adam``, ZeRO offload), plus
@@ -97,7 +99,7 @@ def _unknown(path: str, key: str, known, why: str = "") -> str:
     close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
     if close:
         hints = [why, f"did you mean {close[0]}?"]
-    elif len(known) <= 12:
+    elif 0 < len(known) <= 12:
         hints = [why, f"known: {', '.join(sorted(known))}"]
     else:
         hints = [why]
@@ -165,27 +167,54 @@ def _section_model(section: str):
 
 
 def _model_problems(model, section: dict[str, Any], path: str) -> list[str]:
-    """Keys of ``section`` that are neither a field nor an alias of ``model``, recursively."""
-    fields = dict(model.model_fields)
-    fields.update({f.alias: f for f in model.model_fields.values() if f.alias})
+    """The keys of ``section`` DeepSpeed's model refuses (its ``extra="forbid"``), nested
+    sections included, each with the closest key the model takes there.
+
+    The model validates as DeepSpeed builds the section (``"auto"`` values dropped first);
+    its other errors (a wrong type, a rule between keys) are left to ``deepspeed.initialize``,
+    which raises them as it does without this check.
+    """
+    from deepspeed.utils import logger
+    from pydantic import ValidationError
+
+    disabled, logger.disabled = logger.disabled, True  # its deprecation warnings: later, once
+    try:
+        model.model_validate(section)
+        return []
+    except ValidationError as err:
+        errors = [e for e in err.errors() if e["type"] == "extra_forbidden"]
+    finally:
+        logger.disabled = disabled
     problems = []
-    for key, value in section.items():
-        field = fields.get(key)
-        if field is None:
-            problems.append(_unknown(f"{path}.{key}", key, fields))
-        elif isinstance(value, dict) and (sub := _nested_model(field.annotation)) is not None:
-            problems += _model_problems(sub, value, f"{path}.{key}")
+    for error in errors:
+        *parents, key = error["loc"]
+        where = ".".join(map(str, [path, *error["loc"]]))
+        names = _names(_model_at(model, parents))  # {field name or alias: field name}
+        if key in names:  # a field given by its name and its alias: DeepSpeed refuses one
+            other = next(k for k, n in names.items() if n == names[key] and k != key)
+            problems.append(f"{where} is also given as {other} (keep one)")
+        else:
+            problems.append(_unknown(where, str(key), names))
     return problems
 
 
-def _nested_model(annotation):
-    """``Optional[OffloadConfig]`` -> OffloadConfig; None when no pydantic model is in it."""
+def _model_at(model, loc):
+    """The model of the section at ``loc`` inside ``model``: ``("offload_optimizer",)`` ->
+    DeepSpeedZeroOffloadOptimizerConfig; None where the path leads to no model."""
     from pydantic import BaseModel
 
-    for kind in (annotation, *typing.get_args(annotation)):
-        if isinstance(kind, type) and issubclass(kind, BaseModel):
-            return kind
-    return None
+    for key in loc:
+        name = _names(model).get(key)
+        kind = model.model_fields[name].annotation if name else None
+        kinds = (kind, *typing.get_args(kind))  # Optional[Model] -> Model
+        model = next((k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)), None)
+    return model
+
+
+def _names(model) -> dict[str, str]:
+    """{field name or alias: field name}: the keys ``model`` takes; {} for None."""
+    fields = model.model_fields if model is not None else {}
+    return {n: n for n in fields} | {f.alias: n for n, f in fields.items() if f.alias}
 
 
 def _builder_problems(ds: dict[str, Any], section: str) -> list[str]:

@@ -32,6 +32,7 @@ def test_every_deploy_config_passes(path):
 
 def test_valid_keys_outside_deploy_pass():
     ds = json.loads(ZERO3.read_text())
+    del ds["zero_optimization"]["stage3_prefetch_bucket_size"]  # the alias of prefetch_bucket_size
     ds["zero_optimization"].update(  # a field's name and its alias, a nested model
         prefetch_bucket_size=10, stage3_param_persistence_threshold=10,
         offload_optimizer={"device": "cpu", "pin_memory": True},
@@ -60,6 +61,9 @@ def test_valid_keys_outside_deploy_pass():
          "(did you mean stage3_max_live_parameters?)"),
         ("zero_optimization.offload_optimizer", {"device": "cpu", "pin_memroy": True},
          "unknown key zero_optimization.offload_optimizer.pin_memroy (did you mean pin_memory?)"),
+        ("zero_optimization.prefetch_bucket_size", 1,  # zero3.json has its alias: DeepSpeed refuses both
+         "zero_optimization.prefetch_bucket_size is also given as stage3_prefetch_bucket_size "
+         "(keep one)"),
         ("bf16.enable", True, "unknown key bf16.enable (did you mean enabled?)"),
         ("optimizer.typ", "AdamW", "unknown key optimizer.typ (did you mean type?)"),
         ("optimizer.params.weight_decy", 0.1,
