@@ -1,4 +1,11 @@
-"""BERT in PyTorch, equivalent to the reference, with Hugging Face import/export."""
+"""BERT in PyTorch, equivalent to the reference, with Hugging Face import/export.
+
+Modules: config (``BertConfig``, presets, ``config.json``), bert (the encoder and the
+pretraining heads, ``load_hf``), unpad (the packed, variable-length attention path bert
+runs on real tokens only), heads (fine-tuning heads), hf (Hugging Face directories as
+state dicts), embed (sentence embeddings), export_onnx (a Hugging Face directory to ONNX:
+``python -m model.export_onnx``). It imports nothing of trainer/.
+"""
 
 import importlib.util
 

@@ -1,10 +1,25 @@
 """DeepSpeed ZeRO pretraining of model/ BERT on pipeline/ shards (entry point: trainer/run.py).
 
-Pretraining modules, in the order a run uses them: config (flags), dsconfig + dskeys (the
-DeepSpeed JSON, its keys checked against DeepSpeed's), distributed (process group, RNG states),
-ops (a line before DeepSpeed compiles an op), prepare (checks, model), shards + order + data
-(the streamed batches), loop (training), metrics, evaluate, checkpoint, export (+ hf_tokenizer:
-the shards' tokenizer files in the export); fillmask is a demo on an export.
+Modules, in the order a run uses them:
+
+- run: the command, ``main(argv) -> int``; config: its flags and JSON (``TrainConfig``);
+- signals: Ctrl-C / SIGTERM finish the step, save and print the resume command;
+  failure: any rank's failure ends every rank, with one line;
+- distributed: the process group and RNG states;
+- loop: the run itself (``Trainer``), which uses, in order:
+  - prepare: paths, shards, the model config against the manifest, the model;
+  - dsconfig + dskeys: the DeepSpeed JSON, its batch sizes and its keys checked against
+    DeepSpeed's; schedule: the time budget (``--max-minutes``) as a learning-rate schedule;
+  - distillation: the frozen teacher of ``--teacher``;
+  - ops: a line before DeepSpeed compiles an op;
+  - checkpoint: save and resume; universal: resume on another number of ranks;
+  - shards + order + data: the streamed batches (random access, the seeded order, padding
+    and dynamic masks);
+  - metrics: what is logged (loss, accuracies, tokens/s, MFU); evaluate: held-out loss;
+- export: a checkpoint to a Hugging Face directory (+ hf_tokenizer: the shards' tokenizer
+  files in it);
+- plot, summary: what a run wrote (``python -m trainer.plot`` / ``trainer.summary``);
+  fillmask: a demo on an export (``python -m trainer.fillmask``).
 """
 
 import importlib.util
