@@ -205,7 +205,19 @@ class RunWatch:
             return self._end(DATA_ERROR, str(err), hint=False)
         line = f"{self.activity()} failed on rank {self.rank}: {cause(err)}"
         logger.info("stopping: traceback of: %s", line, exc_info=err)  # the log file only
+        dead = self._dead_peers()
+        if dead:  # a collective broke because a rank died: that rank is the cause
+            return self._end(OTHER, f"{self._died(*dead[0])}: {line}")
         return self._end(exit_code(err), line)
+
+    def _dead_peers(self) -> list[tuple[int, int]]:
+        """(rank, pid) of this machine's other ranks whose process is gone."""
+        return [(rank, pid) for rank, (pid, started) in (self._peers or {}).items()
+                if _gone(pid, started)]  # fmt: skip
+
+    def _died(self, rank: int, pid: int) -> str:
+        return (f"rank {rank} (pid {pid}) exited or was killed (seen by rank {self.rank} during "
+                f"{self.activity()}; its log may say why)")  # fmt: skip
 
     def _end(self, code: int, line: str, *, hint: bool = True, claim: bool = True) -> int:
         """Claim the failure (first claim wins), say it once if this rank's claim won, and
@@ -231,7 +243,7 @@ class RunWatch:
     def _claim(self, code: int, line: str) -> tuple[bool, int, str]:
         """(first, code, line): this rank's failure if its claim is the first, else the
         first one's as another rank claimed it."""
-        if self._store is None:
+        if self._store is None or 0 in dict(self._dead_peers()):  # rank 0 hosted the store
             return True, code, line
         value = f"{code} {line}"
         try:
@@ -248,15 +260,16 @@ class RunWatch:
         """Say this rank is leaving; rank 0, which hosts the store, first waits (a few seconds
         at most) for the others to have left, so that none of them finds the store gone
         before it has seen the claim."""
-        if self._store is None:
+        dead = dict(self._dead_peers())
+        if self._store is None or 0 in dead:
             return
         with contextlib.suppress(Exception):  # the store is gone: nothing to wait for
             if self.rank != 0:
                 self._store.add(f"{_KEY}/left", 1)
                 return
             deadline = time.monotonic() + ACK_WAIT_S
-            while time.monotonic() < deadline:
-                if self._store.add(f"{_KEY}/left", 0) >= self.world_size - 1:
+            while time.monotonic() < deadline:  # the dead never leave
+                if self._store.add(f"{_KEY}/left", 0) >= self.world_size - 1 - len(dead):
                     return
                 time.sleep(0.05)
 
@@ -269,6 +282,9 @@ class RunWatch:
         if self._store is None:
             return
         now = time.monotonic()
+        dead = self._dead_peers()  # first: with rank 0 gone, the store calls would wait
+        if dead:
+            self._end(OTHER, self._died(*dead[0]))
         try:
             self._store.add(f"{_KEY}/beat/{self.rank}", 1)
             if self._store.check([f"{_KEY}/failed"]):
@@ -277,13 +293,14 @@ class RunWatch:
             self._lost_since = None
             if self.rank == 0:
                 self._check_beats(now)
-            self._check_local_peers()
+            self._find_local_peers()
         except (RuntimeError, OSError) as err:  # the store does not answer: rank 0 is gone?
             self._lost_since = self._lost_since or now
             if now - self._lost_since >= STORE_LOST_S:
                 self._end(OTHER, f"rank {self.rank} lost the run's store on rank 0 ({err})")
 
-    def _check_local_peers(self) -> None:
+    def _find_local_peers(self) -> None:
+        """Once every rank has published its process: which ones share this machine."""
         if self._peers is None:
             keys = [f"{_KEY}/pid/{r}" for r in range(self.world_size)]
             if not self._store.check(keys):
@@ -293,10 +310,6 @@ class RunWatch:
                 machine, pid, started = value.decode().split(" ")
                 if machine == here and rank != self.rank:
                     self._peers[rank] = (int(pid), float(started))
-        for rank, (pid, started) in self._peers.items():
-            if _gone(pid, started):
-                self._end(OTHER, f"rank {rank} (pid {pid}) exited or was killed (seen by rank "
-                                 f"{self.rank} during {self.activity()}); its log may say why")  # fmt: skip
 
     def _check_beats(self, now: float) -> None:
         keys = [f"{_KEY}/beat/{r}" for r in range(1, self.world_size)]

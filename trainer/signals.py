@@ -41,6 +41,7 @@ import os
 import select
 import shlex
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -171,10 +172,17 @@ def grace_warning(step_s: float, save_s: float, grace_s: float) -> str | None:
 
 def ignore_in_worker(worker_id: int | None = None) -> None:
     """A DataLoader ``worker_init_fn``: the worker ignores SIGINT and SIGTERM (module
-    docstring); it ends with the main process, which owns the stop."""
+    docstring); it ends with the main process, which owns the stop: on Linux the kernel
+    SIGKILLs it when its rank dies (a rank killed outright cannot stop its workers, which
+    would otherwise live on until torch's watchdog notices, holding the job's output open)."""
     signal.set_wakeup_fd(-1)  # inherited from the main process by fork: its pipe, not ours
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
+    if sys.platform == "linux":
+        import ctypes
+
+        pr_set_pdeathsig = 1  # <linux/prctl.h>
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL))
 
 
 class StopRequest:

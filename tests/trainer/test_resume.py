@@ -67,9 +67,9 @@ def runs(small_shards, zero2_files, straight_run):
                     port=port, **RUN)  # fmt: skip
     exited = time.time()
     # One rank killed: the other and the launcher exit at once, the survivor saying why. The
-    # launcher exits with the first failed rank's status: the killed one's, -9 (247).
-    assert killed.returncode not in (0, 1), killed.stderr[-3000:]
-    assert "exits with return code = -9" in killed.stdout + killed.stderr
+    # launcher exits with the status of the first failed rank it sees: the survivor's 1 or
+    # the killed one's -9 (247).
+    assert killed.returncode in (1, 247), killed.stderr[-3000:]
     console = killed.stdout + killed.stderr
     assert len(error_lines(console)) == 1 and "Traceback" not in console, console[-3000:]
     assert re.search(r"rank 1 \(pid \d+\) exited or was killed", console), console[-3000:]
