@@ -276,9 +276,10 @@ class BertModel(nn.Module):
         ``predicted`` (B, P) bool marks real MLM predictions: the Packing then indexes
         them too (``prediction_index``). The padded path runs when ``unpad`` is off,
         when the batch has no padding, and when a row has no real token at all. Any
-        padding is worth removing: on CPU, unpadded measured 1.04-1.06x faster than padded
-        at 96-97% real tokens (bench/model_speed.py --lengths google; tiny and small) and
-        1.7-1.8x at 57%; on CUDA the varlen and jagged kernels need no grid at all.
+        padding is worth removing, a little of it too: the Linears, the GELU and the
+        LayerNorms then run on real tokens only (bench/model_speed.py prints unpadded
+        against padded: ``--lengths google`` for nearly full rows, ``--lengths docstrings``
+        for the main job's); on CUDA the varlen and jagged kernels need no grid at all.
         """
         if self.unpad:
             packing = Packing.from_mask(attention_mask, predicted)
@@ -382,7 +383,8 @@ class BertForPreTraining(nn.Module):
         return model
 
     def set_gradient_checkpointing(self, enabled: bool = True) -> None:
-        """Recompute each layer's activations in backward (less memory, ~30% more time)."""
+        """Recompute each layer's activations in backward (less memory; each layer's
+        forward runs twice)."""
         self.bert.encoder.gradient_checkpointing = enabled
 
     def set_unpadded(self, enabled: bool = True, *, attention_path: str = "auto") -> None:

@@ -12,14 +12,16 @@ Attention has three paths, picked per call by :func:`attention_path`:
   dropout is applied (the kernel has no dropout): no padding anywhere.
 - ``nested``: ``scaled_dot_product_attention`` on jagged nested tensors
   (``torch.nested.nested_tensor_from_jagged``); FlashAttention or memory-efficient
-  attention on CUDA, with dropout. On CPU it falls back to a math kernel that measured
-  about 4x slower than ``padded``, so it is used on CPU only when asked for (tests).
+  attention on CUDA, with dropout. On CPU it falls back to a math kernel, slower than
+  ``padded``'s dense grids, so it is used on CPU only when asked for (tests). No bench
+  switches the path; bench/model_speed.py times the step on the one picked by default.
 - ``padded``: q, k, v are scattered into padded grids for attention alone and gathered
   back (the CPU default). The rows are sorted by length and cut into up to four groups
   (:class:`AttentionGroups`), each on a grid as wide as its longest row, so little
-  attention goes to padding either: on the main job's row lengths (mean 73 of 128) it
-  took a tiny training step from 86 to 76 ms against one (B, T) grid. The cost is two
-  copies per layer and, when grouped, a reordering of the rows.
+  attention goes to padding either, which pays on rows of mixed lengths like the main
+  job's (mean 73 of 128): bench/length_bucketing.py and ``bench/model_speed.py --lengths
+  docstrings`` time the step on them. The cost is two copies per layer and, when grouped,
+  a reordering of the rows.
 
 Rows are read where ``attention_mask`` is 1, in order; they need not be right-padded.
 Position ids stay the tokens' original positions.
@@ -195,7 +197,8 @@ class _Pack(torch.autograd.Function):
 
     The indices are distinct, so the gradient is a scatter with no collisions:
     ``index_copy`` does it without the atomic adds of ``index_select``'s own backward
-    (``index_add``), which measured about 80 ms per call on a (4096, 512) grid on CPU.
+    (``index_add``), which are slow on CPU for a grid as large as a batch's (4096, 512);
+    bench/model_speed.py times the unpadded step that runs it.
     """
 
     @staticmethod
@@ -276,8 +279,9 @@ def packed_attention(
         def jagged(t: torch.Tensor) -> torch.Tensor:  # (N, A, D) -> (B, A, j, D)
             # The row lengths' extremes are given, not left to SDPA: it reads them (flash
             # and memory-efficient kernels, backend choice) and, if absent, computes each
-            # with a host sync, per tensor and per layer (10 of the 11 syncs a step measured
-            # on CUDA for a 2-layer model; the other is the packing's own).
+            # with a host sync, per tensor and per layer: nearly all of a CUDA step's syncs
+            # (the packing's own is the only other; bench/model_speed.py --device cuda
+            # times the step).
             nt = torch.nested.nested_tensor_from_jagged(
                 t.contiguous(),
                 offsets,
