@@ -127,7 +127,8 @@ def _share_cpu_threads() -> None:
     """On CPU, split the cores between the ranks of this node (unless OMP_NUM_THREADS says).
 
     Two ranks with torch's default of one thread per core each oversubscribe the machine:
-    measured 5x slower on 2 cores than one thread per rank.
+    their threads wait on each other at every op. No bench runs two ranks on one node;
+    bench/train_speed.py times one rank's step on this machine's threads.
     """
     if "OMP_NUM_THREADS" in os.environ:
         return

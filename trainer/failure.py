@@ -63,8 +63,9 @@ logger = logging.getLogger(__name__)
 
 POLL_S = 0.5  # how often each rank looks at the store and its machine's other ranks
 # A live rank beats every POLL_S from a thread that needs the GIL only for microseconds; the
-# main thread releases it in every torch op, collective and torch.save (a 1.6 GB save still
-# let a thread tick every 50 ms). A minute of silence is a dead process or machine.
+# main thread releases it in every torch op, collective and torch.save, so a thread ticks
+# through a large save too (no bench times it). A minute of silence is a dead process or
+# machine.
 PEER_SILENCE_S = 60.0
 STORE_LOST_S = 5.0  # rank 0, which hosts the store, is gone: no answer for this long
 ACK_WAIT_S = 3.0  # rank 0 (the store's host) waits this long for the others to leave first

@@ -189,7 +189,8 @@ class Trainer:
         self.own_grad_norm = self.engine.zero_optimization_stage() == 0 and self.precision == "fp32"
         if self.own_grad_norm and self.info.world_size == 1:
             # Averaging gradients over one process is the identity, but DeepSpeed still
-            # flattens, all-reduces and copies them back: ~5% of a BERT-Base CPU step.
+            # flattens, all-reduces and copies them back (bench/train_speed.py times the
+            # trainer's step against the bare one; give it a ZeRO-0 fp32 --ds-config).
             self.engine.enable_backward_allreduce = False
         self.state = RunState()
         resume = self.resume
