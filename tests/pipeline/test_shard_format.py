@@ -8,11 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import datasets
 import numpy as np
 import pyarrow as pa
 import pytest
-import torch
 
 from pipeline.cli.inspect_cli import validate_main
 from pipeline.shards import shard_format, shard_writer
@@ -87,6 +85,13 @@ def vocab_entry(sha256="0" * 64, size=VOCAB_SIZE) -> dict:
 
 def as_lists(columns: dict) -> dict:
     return {name: [np.asarray(v).tolist() for v in values] for name, values in columns.items()}
+
+
+def hugging_face():
+    """(datasets, torch): how FORMAT.md's Hugging Face readers load the shards; in the test
+    extra, not the base install (tests/pipeline runs without them: these tests skip)."""
+    why = "reading shards through Hugging Face needs the test extra (datasets, torch)"
+    return pytest.importorskip("datasets", reason=why), pytest.importorskip("torch", reason=why)
 
 
 # ----------------------------------------------------------------------------- names and schema
@@ -323,6 +328,13 @@ def test_empty_shard_reads_as_zero_rows(tmp_path):
     assert [batch.num_rows for batch in pa.ipc.open_stream(path.read_bytes())] == [0]
     assert shard_format.open_shard(path).num_rows == 0
     assert list(shard_format.iter_rows(shard_format.open_shard(path))) == []
+
+
+def test_datasets_reads_an_empty_shard_as_zero_rows(tmp_path):
+    datasets, _ = hugging_face()
+    schema = shard_format.shard_schema(VOCAB_SIZE, MAX_SEQ)
+    path = tmp_path / shard_format.shard_name(0, 1)
+    shard_writer.atomic_write_bytes(path, shard_writer.encode_shard(make_columns(0, 0), schema))
     assert datasets.Dataset.from_file(str(path)).num_rows == 0
 
 
@@ -374,6 +386,7 @@ def test_open_shard_is_zero_copy_and_reads_file_uri(tmp_path):
 
 
 def test_datasets_reads_shards_with_integer_formats(tmp_path):
+    datasets, torch = hugging_face()
     manifest = write_output(tmp_path / "shards")
     files = [str(tmp_path / "shards" / entry["name"]) for entry in manifest["shards"]]
     one = datasets.Dataset.from_file(files[0])
@@ -692,6 +705,7 @@ def test_format_md_manifest_example_is_valid(tmp_path):
 
 
 def test_format_md_snippets_run_on_real_shards(tmp_path, monkeypatch):
+    datasets, torch = hugging_face()
     write_output(tmp_path / "shards", (5, 0, 7))
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")
