@@ -4,6 +4,16 @@
 # pytest, e.g. `bash scripts/test.sh -k model`, or `bash scripts/test.sh -m "not slow"` for
 # the fast tier (no DeepSpeed launches or Beam worker processes). pytest prints the 15
 # slowest tests at the end (pyproject.toml).
+#
+# The base install: `pip install -e .` is the data pipeline alone (no torch), and it is what
+# Beam installs on its workers. So a run without arguments (CI's) first runs the pipeline's
+# fast tests (`tests/pipeline -m "not slow"`) in a second environment, .venv-base, that holds
+# `pip install -e . pytest` and nothing else: a torch import crept into pipeline/ or
+# tests/helpers.py fails there. Tests that need an extra (transformers, datasets, tfrecord,
+# matplotlib, dask) skip saying which. .venv-base is made once and reused while
+# pyproject.toml, setup.py and this script are unchanged (a stamp, as scripts/setup.sh
+# keeps); pip's cache serves its wheels. BERT_TEST_BASE=1 runs this check even with pytest
+# arguments, BERT_TEST_BASE=0 skips it.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck disable=SC1091
@@ -11,5 +21,31 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 export DS_ACCELERATOR="${DS_ACCELERATOR:-cpu}"
 ruff check . && ruff format --check .
+
+# base_install_tests: tests/pipeline's fast tier in .venv-base (pip install -e . pytest).
+base_install_tests() {
+  local venv="$root/.venv-base" stamp
+  stamp="$(cat pyproject.toml setup.py scripts/test.sh | python -c \
+    'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')"
+  if [ "$(cat "$venv/.base-stamp" 2>/dev/null)" != "$stamp" ] || [ ! -x "$venv/bin/python" ]; then
+    rm -rf "$venv"
+    setup_step "creating $venv (the base install: pip install -e . pytest)" \
+      python3 -m venv "$venv"
+    setup_step "installing the project without extras, and pytest" \
+      "$venv/bin/pip" install -e "$root" pytest
+    echo "$stamp" >"$venv/.base-stamp"
+  fi
+  if "$venv/bin/python" -c "import torch" 2>/dev/null; then
+    echo "the base install ($venv) holds torch: a base dependency pulls it in" >&2
+    return 1
+  fi
+  echo "[test] tests/pipeline on the base install ($venv, no torch)"
+  "$venv/bin/python" -m pytest tests/pipeline -m "not slow" -p no:cacheprovider -q \
+    --durations=5
+}
+if [ "${BERT_TEST_BASE:-$([ $# -eq 0 ] && echo 1 || echo 0)}" != 0 ]; then
+  base_install_tests
+fi
+
 # pytest exits 5 when it collects no test: that is a failure here too.
 python -m pytest "$@"
