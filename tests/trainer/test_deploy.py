@@ -181,3 +181,29 @@ def test_slurm_script_starts_one_no_ssh_launcher_per_node_from_one_hostfile(tmp_
         )
         assert f"--output-dir {out} " in line and line.endswith("--resume auto")
     assert len(launches) == 2
+
+
+@pytest.mark.slow
+def test_wheelhouse_for_this_machine_holds_deepspeed_and_its_needs_but_not_torch(tmp_path):
+    """deploy/wheelhouse.sh for the local Python and platform (it builds DeepSpeed and
+    fetches the rest from PyPI): a pure-Python DeepSpeed wheel, a wheel for each of
+    DeepSpeed's requirements but torch, none of torch's world, and the install list."""
+    import re
+    from importlib.metadata import requires
+
+    out = tmp_path / "wheels"
+    done = subprocess.run(["bash", str(DEPLOY / "wheelhouse.sh"), str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    wheels = {
+        re.sub(r"[-_.]+", "-", w.name.split("-")[0]).lower(): w.name for w in out.glob("*.whl")
+    }
+    assert wheels["deepspeed"].endswith("-py3-none-any.whl")
+    needed = {re.split(r"[<>=!~;\[ ]", r, maxsplit=1)[0].lower().replace("_", "-")
+              for r in requires("deepspeed") if "extra ==" not in r}  # fmt: skip
+    assert needed - {"torch"} <= set(wheels), needed - set(wheels)
+    assert not {"torch", "triton"} & set(wheels)
+    assert not [name for name in wheels if name.startswith("nvidia-")]
+    listed = (out / "requirements.txt").read_text().split()
+    assert listed[0].startswith("deepspeed==") and any(r.startswith("safetensors") for r in listed)
+    assert "pip install --no-index --find-links" in done.stdout
