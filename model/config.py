@@ -10,16 +10,14 @@ written here is read by ``transformers`` and the other way round::
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
-import secrets
-import stat
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from pipeline.shards.shard_writer import atomic_write_bytes
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 
@@ -213,50 +211,6 @@ class BertConfig:
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` (UTF-8) to the local ``path`` atomically (see :func:`atomic_output`)."""
-    with atomic_output(path) as temp, open(temp, "wb") as f:
-        f.write(text.encode("utf-8"))
-
-
-@contextlib.contextmanager
-def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
-    """A temp path beside ``path`` for the caller to write; renamed over ``path`` on success.
-
-    Readers see the old file or the whole new one. The file gets mode 0o666 less the umask
-    (0644 under umask 022), as ``open`` would create ``path`` itself: not the 0600 of
-    ``tempfile.mkstemp`` or of safetensors' ``save_file`` (0.8), which would leave exports
-    and checkpoints unreadable to the group and others. After the block the file is fsynced, renamed (atomic on POSIX)
-    and the directory fsynced; if the block raises, the temp file is removed and ``path``
-    is untouched. pipeline/shards/shard_writer.py ``atomic_write_bytes`` does the same for the pipeline,
-    which must not import model/ (it imports torch).
-
-        with atomic_output("hf/model.safetensors") as temp:
-            safetensors.torch.save_file(state, temp)
-
-    Raises:
-        OSError: from the file system.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    mode = stat.S_IMODE(os.fstat(fd).st_mode)  # 0o666 less the umask, learnt without os.umask
-    os.close(fd)
-    try:
-        yield temp
-        os.chmod(temp, mode)  # a writer may have replaced the file (safetensors: 0600)
-        fd = os.open(temp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(temp, path)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
-    if hasattr(os, "O_DIRECTORY"):  # make the rename itself durable
-        fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    """Write ``text`` (UTF-8) to ``path`` atomically (pipeline/shards/shard_writer.py
+    ``atomic_write_bytes``, the project's one atomic writer)."""
+    atomic_write_bytes(path, text.encode("utf-8"))

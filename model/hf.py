@@ -30,7 +30,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .config import BertConfig, atomic_output
+from pipeline.shards.shard_writer import atomic_output
+
+from .config import BertConfig
 
 logger = logging.getLogger(__name__)
 

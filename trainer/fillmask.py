@@ -334,7 +334,10 @@ def _run(args: argparse.Namespace) -> list[dict]:
     transformers.logging.disable_progress_bar()
     rng = random.Random(args.seed)
     tokenizer = transformers.AutoTokenizer.from_pretrained(check_export(args.export_dir))
-    if "://" in args.source or Path(args.source, shard_format.MANIFEST_NAME).is_file():
+    if (
+        shard_format.is_remote(args.source)
+        or Path(args.source, shard_format.MANIFEST_NAME).is_file()
+    ):
         sentences = shard_sentences(args.source, ROWS_PER_EXAMPLE * args.n, rng)
     else:
         sentences = text_sentences(args.source)

@@ -48,7 +48,7 @@ def check_paths(config: TrainConfig) -> TrainConfig:
         eval_data=_shard_directory(config.eval_data, "--eval-data"),
     )
     for flag, path in (("--data", config.data), ("--eval-data", config.eval_data)):
-        if path is None or "://" in path:
+        if path is None or shard_format.is_remote(path):
             continue
         if not Path(path).is_dir():
             raise FileNotFoundError(f"{flag} {path}: no such directory")
@@ -66,7 +66,7 @@ def _shard_directory(path: str | None, flag: str) -> str | None:
     """``shards/manifest.json`` -> ``shards`` (the flags take the directory); else ``path``."""
     if path is None or path.rstrip("/").rsplit("/", 1)[-1] != shard_format.MANIFEST_NAME:
         return path
-    if "://" in path:
+    if shard_format.is_remote(path):
         directory = path.rstrip("/").rsplit("/", 1)[0]
     elif Path(path).is_file():
         directory = str(Path(path).parent)

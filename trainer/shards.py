@@ -20,10 +20,8 @@ import os
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
-import pyarrow.fs as pafs
 
 from pipeline.shards import shard_format
 
@@ -73,28 +71,6 @@ class _OpenShard:
         return out
 
 
-def _is_remote(path: str) -> bool:
-    return "://" in path
-
-
-def _join(directory: str, name: str) -> str:
-    return (
-        f"{directory.rstrip('/')}/{name}"
-        if _is_remote(directory)
-        else os.path.join(directory, name)
-    )
-
-
-def _file_size(path: str) -> int:
-    if not _is_remote(path):
-        return os.path.getsize(path)
-    filesystem, inner = pafs.FileSystem.from_uri(path)
-    info = filesystem.get_file_info(inner)
-    if info.type == pafs.FileType.NotFound:
-        raise FileNotFoundError(f"{path} does not exist")
-    return info.size
-
-
 class ShardSet:
     """The shards of one directory; rows addressed by (shard index, row index).
 
@@ -133,15 +109,10 @@ class ShardSet:
 
     def read_text(self, name: str) -> str:
         """A UTF-8 file of the directory (e.g. vocab.txt), local or remote."""
-        path = self.path_of(name)
-        if not _is_remote(path):
-            return Path(path).read_text(encoding="utf-8")
-        filesystem, inner = pafs.FileSystem.from_uri(path)
-        with filesystem.open_input_stream(inner) as f:
-            return f.read().decode("utf-8")
+        return shard_format.read_bytes(self.path_of(name)).decode("utf-8")
 
     def path_of(self, name: str) -> str:
-        return _join(self.directory, name)
+        return shard_format.join_path(self.directory, name)
 
     def check(self, *, verify: bool = False, skip_corrupt: bool = False) -> list[str]:
         """The start-up check described in the module docstring; returns skipped file names.
@@ -168,14 +139,14 @@ class ShardSet:
 
     @staticmethod
     def _check_one(path: str, entry: Mapping, verify: bool) -> None:
-        size = _file_size(path)
+        size = shard_format.file_size(path)
         if size != entry["bytes"]:
             raise shard_format.ShardFormatError(
                 f"{path} has {size} bytes, manifest.json says {entry['bytes']} (truncated?)"
             )
         if verify:
             shard_format.verify_shard(path, entry)
-        elif not _is_remote(path):
+        elif not shard_format.is_remote(path):
             rows = shard_format.open_shard(path).num_rows
             if rows != entry["rows"]:
                 raise shard_format.ShardFormatError(

@@ -191,7 +191,7 @@ def prepare_output(config: ExportConfig) -> None:
 
 
 def _same_place(a: str, b: str) -> bool:
-    if "://" in a or "://" in b:
+    if shard_format.is_remote(a) or shard_format.is_remote(b):
         return a.rstrip("/") == b.rstrip("/")
     return os.path.realpath(a) == os.path.realpath(b)
 

@@ -16,6 +16,8 @@ import logging
 import os
 import tempfile
 
+from pipeline.shards import shard_format
+
 logger = logging.getLogger("pipeline")
 DEFAULT_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
 
@@ -195,7 +197,7 @@ def run_pipeline(options, add_steps, log_file: str | None, verbose: bool, what: 
 def default_log_file(output: str, command: str = "build") -> str:
     """Beside a local output directory, ``runs/shards/ -> runs/shards.build.log`` (not in
     it: the directory holds only what the manifest lists); for a remote one, a temporary file."""
-    if "://" in output:
+    if shard_format.is_remote(output):
         fd, path = tempfile.mkstemp(prefix=f"pipeline-{command}-", suffix=".log")
         os.close(fd)
         return path

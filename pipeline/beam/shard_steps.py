@@ -8,9 +8,6 @@ small build does not write on one worker. Part of ``python -m pipeline build``.
 
 from __future__ import annotations
 
-import hashlib
-import posixpath
-import uuid
 from collections.abc import Iterable, Iterator
 
 import apache_beam as beam
@@ -23,24 +20,26 @@ from pipeline.core.rows import RowBlock
 from pipeline.shards import shard_format, shard_writer
 
 
+class BeamFiles:
+    """Beam's FileSystems as shard_writer's RemoteFiles: a build writes a URI wherever its
+    runner can (gs://, s3://, hdfs://, azfs://, with the credentials of its options)."""
+
+    def create(self, uri: str):
+        return FileSystems.create(uri, compression_type=CompressionTypes.UNCOMPRESSED)
+
+    def rename(self, source: str, target: str) -> None:
+        FileSystems.rename([source], [target])
+
+    def discard(self, uri: str) -> None:
+        if FileSystems.exists(uri):
+            FileSystems.delete([uri])
+
+
 def write_atomic(path: str, data: bytes | Iterable[bytes]) -> tuple[int, str]:
-    """Write ``data`` (bytes, or chunks of them) through Beam's FileSystems under a
-    temporary name, then rename; returns the file's size and sha256 (hex)."""
-    directory, name = posixpath.split(path)
-    tmp = FileSystems.join(directory, f".{name}.{uuid.uuid4().hex}.tmp")
-    size, digest = 0, hashlib.sha256()
-    try:
-        with FileSystems.create(tmp, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            for chunk in [data] if isinstance(data, bytes) else data:
-                f.write(chunk)
-                digest.update(chunk)
-                size += len(chunk)
-        FileSystems.rename([tmp], [path])
-    except BaseException:
-        if FileSystems.exists(tmp):
-            FileSystems.delete([tmp])
-        raise
-    return size, digest.hexdigest()
+    """Write ``data`` (bytes, or chunks of them) atomically with the project's one writer
+    (shard_writer.atomic_write_bytes), a URI through Beam's FileSystems; returns the
+    file's size and sha256 (hex)."""
+    return shard_writer.atomic_write_bytes(path, data, remote=BeamFiles())
 
 
 # Shards are written in this many parallel pieces in all (each shard in key ranges

@@ -40,9 +40,10 @@ import pyarrow.fs as pafs
 __all__ = [
     "ALGORITHM_VERSION", "COLUMNS", "DEFAULT_BATCH_SIZE", "FORMAT_VERSION", "LIST_COLUMNS",
     "MANIFEST_NAME", "SPECIAL_TOKENS", "TOKENIZER_NAME", "VOCAB_NAME", "ShardFormatError",
-    "check_vocab_compat", "iter_rows", "join_path", "open_shard", "parse_shard_name",
-    "read_bytes", "read_manifest", "row_to_numpy", "schema_params", "sha256_file", "shard_name",
-    "shard_schema", "verify_directory", "verify_shard",
+    "check_vocab_compat", "file_size", "is_remote", "iter_rows", "join_path", "open_shard",
+    "parse_shard_name", "read_bytes", "read_manifest", "resolve", "row_to_numpy",
+    "schema_params", "sha256_file", "shard_name", "shard_schema", "verify_directory",
+    "verify_shard",
 ]  # fmt: skip
 
 FORMAT_VERSION = 1
@@ -155,10 +156,16 @@ def _check_int(name: str, value, low: int, high: int | None) -> None:
 # ----------------------------------------------------------------------------- reading
 
 
-def _resolve(path_or_uri: str | os.PathLike) -> tuple[pafs.FileSystem | None, str]:
+def is_remote(path_or_uri: str | os.PathLike) -> bool:
+    """Whether this is a URI (``gs://b/x``, ``s3://``, ``file:///tmp/x``) rather than a
+    local path: ``is_remote("gs://b/shards") -> True``, ``is_remote("runs/shards") -> False``."""
+    return "://" in os.fspath(path_or_uri)
+
+
+def resolve(path_or_uri: str | os.PathLike) -> tuple[pafs.FileSystem | None, str]:
     """Local paths -> (None, path); URIs (gs://, s3://, file://, ...) -> (filesystem, path)."""
     text = os.fspath(path_or_uri)
-    if "://" in text:
+    if is_remote(text):
         return pafs.FileSystem.from_uri(text)
     return None, text
 
@@ -166,12 +173,12 @@ def _resolve(path_or_uri: str | os.PathLike) -> tuple[pafs.FileSystem | None, st
 def join_path(directory: str | os.PathLike, name: str) -> str:
     """``directory/name`` for a local directory or a URI."""
     text = os.fspath(directory)
-    return f"{text.rstrip('/')}/{name}" if "://" in text else os.path.join(text, name)
+    return f"{text.rstrip('/')}/{name}" if is_remote(text) else os.path.join(text, name)
 
 
 def _open_buffer(path_or_uri: str | os.PathLike):
     """A readable, seekable view of the whole file: memory-mapped locally, one read remotely."""
-    filesystem, path = _resolve(path_or_uri)
+    filesystem, path = resolve(path_or_uri)
     if filesystem is None:
         return pa.memory_map(path, "r")
     with filesystem.open_input_file(path) as f:
@@ -242,7 +249,7 @@ def row_to_numpy(table: pa.Table, index: int) -> dict[str, np.ndarray]:
 
 def sha256_file(path_or_uri: str | os.PathLike) -> str:
     """Hex sha256 of a local file or URI, read in 1 MiB chunks."""
-    filesystem, path = _resolve(path_or_uri)
+    filesystem, path = resolve(path_or_uri)
     digest = hashlib.sha256()
     with open(path, "rb") if filesystem is None else filesystem.open_input_stream(path) as f:
         while chunk := f.read(1 << 20):
@@ -250,8 +257,13 @@ def sha256_file(path_or_uri: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-def _file_size(path_or_uri: str | os.PathLike) -> int:
-    filesystem, path = _resolve(path_or_uri)
+def file_size(path_or_uri: str | os.PathLike) -> int:
+    """Bytes of a local file or a URI.
+
+    Raises:
+        FileNotFoundError: there is no such file.
+    """
+    filesystem, path = resolve(path_or_uri)
     if filesystem is None:
         return os.path.getsize(path)
     info = filesystem.get_file_info(path)
@@ -268,7 +280,7 @@ def verify_shard(path_or_uri: str | os.PathLike, entry: Mapping) -> pa.Table:
         OSError: the file cannot be opened.
     """
     where = os.fspath(path_or_uri)
-    size = _file_size(path_or_uri)
+    size = file_size(path_or_uri)
     if size != entry["bytes"]:
         raise ShardFormatError(
             f"{where} has {size} bytes, manifest says {entry['bytes']} (truncated?)"
@@ -353,7 +365,7 @@ def read_manifest(directory: str | os.PathLike) -> dict:
 
 def read_bytes(path_or_uri: str | os.PathLike) -> bytes:
     """The bytes of a local file or a URI (gs://, s3://, ...)."""
-    filesystem, path = _resolve(path_or_uri)
+    filesystem, path = resolve(path_or_uri)
     if filesystem is None:
         with open(path, "rb") as f:
             return f.read()

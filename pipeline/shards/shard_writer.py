@@ -5,19 +5,28 @@ first), ``encode_shard_body``/``join_shard_bodies`` do the same in parts that
 are written in parallel and joined, ``build_manifest``/``encode_manifest`` make
 ``manifest.json``. The pipeline's writers use these; tests and benchmarks use
 them to make shards of their own. The contract is ``pipeline/shards/FORMAT.md``.
+``atomic_write_bytes`` (with ``atomic_output``) is the project's one atomic file writer,
+local or remote: shards, manifests, vocabularies, checkpoints' JSON, exports, plots.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
+import posixpath
 import secrets
+import stat
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
+from typing import BinaryIO, Protocol
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from pipeline.shards import validate
 from pipeline.shards.shard_format import (
@@ -35,6 +44,8 @@ from pipeline.shards.shard_format import (
     _check_int,
     _check_manifest,
     _reject_unknown,
+    is_remote,
+    resolve,
     schema_params,
     shard_schema,
 )
@@ -217,35 +228,124 @@ def _from_numpy(array: np.ndarray, arrow_type: pa.DataType) -> pa.Array:
     return pa.Array.from_buffers(arrow_type, len(array), [None, pa.py_buffer(array)])
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to the local ``path`` so readers see the old file or the whole new one.
+class RemoteFiles(Protocol):
+    """How :func:`atomic_write_bytes` reaches a URI: pyarrow.fs by default (:class:`ArrowFiles`);
+    the Beam jobs pass Beam's FileSystems, so a build writes wherever its runner can."""
 
-    Writes a temp file in the same directory, fsyncs it, renames it over ``path`` (atomic on
-    POSIX) and fsyncs the directory. On failure the temp file is removed and ``path`` untouched.
+    def create(self, uri: str) -> contextlib.AbstractContextManager[BinaryIO]: ...
+    def rename(self, source: str, target: str) -> None: ...
+    def discard(self, uri: str) -> None: ...  # delete if it exists
+
+
+class ArrowFiles:
+    """:class:`RemoteFiles` through pyarrow.fs, as the reader (shard_format) reads."""
+
+    def create(self, uri: str) -> contextlib.AbstractContextManager[BinaryIO]:
+        filesystem, path = resolve(uri)
+        return filesystem.open_output_stream(path)
+
+    def rename(self, source: str, target: str) -> None:
+        filesystem, path = resolve(source)
+        filesystem.move(path, resolve(target)[1])
+
+    def discard(self, uri: str) -> None:
+        filesystem, path = resolve(uri)
+        if filesystem.get_file_info(path).type != pafs.FileType.NotFound:
+            filesystem.delete_file(path)
+
+
+def atomic_write_bytes(
+    path: str | os.PathLike, data: bytes | Iterable[bytes], *, remote: RemoteFiles | None = None
+) -> tuple[int, str]:
+    """Write ``data`` to ``path`` so readers see the old file or the whole new one.
+
+    The one atomic writer of the project: the data is written under a temporary name
+    beside ``path`` (``.NAME.HEX.tmp``), then renamed over it; on failure the temporary
+    file is removed and ``path`` untouched. A local file is also fsynced, and its
+    directory after the rename (:func:`atomic_output`); a URI goes through ``remote``.
+
+    Args:
+        path: a local path or a URI (gs://, s3://, file://, ...).
+        data: the bytes, or chunks of them (a large file is written without being held
+            whole).
+        remote: how to reach a URI (default :class:`ArrowFiles`); unused for local paths.
+
+    Returns:
+        (size in bytes, hex sha256) of what was written.
 
     Raises:
         OSError: from the file system.
     """
+    chunks = [data] if isinstance(data, bytes | bytearray | memoryview) else data
     path = os.fspath(path)
-    directory = os.path.dirname(path) or "."
-    temp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # mode honours the umask
+    if not is_remote(path):
+        with atomic_output(path) as temp, open(temp, "wb") as f:
+            return _write_chunks(chunks, f)
+    remote = remote or ArrowFiles()
+    directory, name = posixpath.split(path)
+    temp = f"{directory}/.{name}.{secrets.token_hex(6)}.tmp"
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        with remote.create(temp) as f:
+            written = _write_chunks(chunks, f)
+        remote.rename(temp, path)
+    except BaseException:
+        remote.discard(temp)
+        raise
+    return written
+
+
+def _write_chunks(chunks: Iterable[bytes], f: BinaryIO) -> tuple[int, str]:
+    size, digest = 0, hashlib.sha256()
+    for chunk in chunks:
+        f.write(chunk)
+        digest.update(chunk)
+        size += len(chunk)
+    return size, digest.hexdigest()
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
+    """A temp path beside the local ``path`` for the caller to write; renamed over ``path``
+    on success (what :func:`atomic_write_bytes` does for a local file).
+
+    Readers see the old file or the whole new one. The parent directory is created if
+    missing. The file gets mode 0o666 less the umask (0644 under umask 022), as ``open``
+    would create ``path`` itself: not the 0600 of ``tempfile.mkstemp`` or of safetensors'
+    ``save_file`` (0.8), which would leave exports and checkpoints unreadable to the group
+    and others. After the block the file is fsynced, renamed (atomic on POSIX) and the
+    directory fsynced; if the block raises, the temp file is removed and ``path`` is
+    untouched.
+
+        with atomic_output("hf/model.safetensors") as temp:
+            safetensors.torch.save_file(state, temp)
+
+    Raises:
+        OSError: from the file system.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    mode = stat.S_IMODE(os.fstat(fd).st_mode)  # 0o666 less the umask, learnt without os.umask
+    os.close(fd)
+    try:
+        yield temp
+        os.chmod(temp, mode)  # a writer may have replaced the file (safetensors: 0600)
+        fd = os.open(temp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(temp, path)
     except BaseException:
-        if os.path.exists(temp):
-            os.remove(temp)
+        temp.unlink(missing_ok=True)
         raise
     if hasattr(os, "O_DIRECTORY"):  # make the rename itself durable
-        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            os.fsync(dir_fd)
+            os.fsync(fd)
         finally:
-            os.close(dir_fd)
+            os.close(fd)
 
 
 def created_by() -> str:

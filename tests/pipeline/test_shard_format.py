@@ -1,5 +1,6 @@
 """Tests for pipeline/shards/shard_format.py and the snippets of pipeline/shards/FORMAT.md."""
 
+import hashlib
 import json
 import os
 import re
@@ -368,6 +369,24 @@ def test_failed_atomic_write_keeps_old_file_and_removes_temp(tmp_path, monkeypat
     monkeypatch.undo()
     assert path.read_bytes() == b"old"
     assert os.listdir(tmp_path) == ["file.bin"]
+
+
+def test_atomic_write_streams_chunks_to_a_uri_and_returns_size_and_sha256(tmp_path):
+    """A URI goes through pyarrow.fs (file:// here): chunks in, one file out, no temp left."""
+    uri = (tmp_path / "file.bin").as_uri()
+    chunks = [b"one", b"", b"two" * 1000]
+    size, sha256 = shard_writer.atomic_write_bytes(uri, iter(chunks))
+    data = b"".join(chunks)
+    assert (size, sha256) == (len(data), hashlib.sha256(data).hexdigest())
+    assert shard_format.read_bytes(uri) == data and os.listdir(tmp_path) == ["file.bin"]
+
+    def broken():
+        yield b"half"
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        shard_writer.atomic_write_bytes(uri, broken())
+    assert shard_format.read_bytes(uri) == data and os.listdir(tmp_path) == ["file.bin"]
 
 
 # ----------------------------------------------------------------------------- reading
