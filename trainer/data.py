@@ -3,7 +3,7 @@
 Each rank reads only its slices of the stream (trainer/order.py explains the order and
 why no row is lost or repeated within an epoch). DataLoader workers build the rank's
 micro-batches in groups of 8 consecutive ones (worker ``w`` of ``W`` the groups ``w, w + W,
-...``), each group packed into one tensor, and the DataLoader hands the groups out
+...``), each group put in one tensor, and the DataLoader hands the groups out
 round-robin, so the batches arrive in the same order for any number of workers. Rows are
 memory-mapped views (trainer/shards.py); only the batch being built is copied.
 
@@ -197,7 +197,7 @@ _PREDICTIONS = ("masked_lm_positions", "masked_lm_ids")  # (B, P)
 _PER_ROW = ("next_sentence_label", "row_ids")  # (B,)
 
 
-def pack(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def to_transfer(batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """One int64 tensor ``[B, T, P, values...]`` holding a whole batch.
 
     A DataLoader worker sends each tensor through its own shared-memory segment; one
@@ -211,27 +211,27 @@ def pack(batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.cat(parts)
 
 
-def pack_group(batches: list[dict[str, torch.Tensor]]) -> torch.Tensor:
-    """Several batches in one tensor ``[n, len_1 .. len_n, pack_1 .. pack_n]``."""
-    packs = [pack(b) for b in batches]
-    return torch.cat([torch.tensor([len(packs)] + [len(p) for p in packs]), *packs])
+def group_to_transfer(batches: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+    """Several batches in one tensor ``[n, len_1 .. len_n, transfer_1 .. transfer_n]``."""
+    transfers = [to_transfer(b) for b in batches]
+    return torch.cat([torch.tensor([len(transfers)] + [len(t) for t in transfers]), *transfers])
 
 
-def unpack_group(packed: torch.Tensor) -> list[dict[str, torch.Tensor]]:
-    """The batches :func:`pack_group` packed, as views into ``packed``."""
-    n = int(packed[0])
-    lengths = packed[1 : 1 + n].tolist()
-    return [unpack(p) for p in torch.split(packed[1 + n :], lengths)]
+def group_from_transfer(transfer: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+    """The batches :func:`group_to_transfer` put in one tensor, as views into ``transfer``."""
+    n = int(transfer[0])
+    lengths = transfer[1 : 1 + n].tolist()
+    return [from_transfer(t) for t in torch.split(transfer[1 + n :], lengths)]
 
 
-def unpack(packed: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The batch :func:`pack` packed, as views into ``packed``."""
-    b, t, p = packed[:3].tolist()
+def from_transfer(transfer: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The batch :func:`to_transfer` put in one tensor, as views into ``transfer``."""
+    b, t, p = transfer[:3].tolist()
     sizes = [(b, t)] * len(_SQUARE) + [(b, p)] * len(_PREDICTIONS) + [(b,)] * len(_PER_ROW)
     out, start = {}, 3
     for key, shape in zip(_SQUARE + _PREDICTIONS + _PER_ROW, sizes, strict=True):
         n = math.prod(shape)
-        out[key] = packed[start : start + n].view(shape)
+        out[key] = transfer[start : start + n].view(shape)
         start += n
     return out
 
@@ -301,7 +301,8 @@ class PretrainingStream(IterableDataset):
         return batch
 
     def __iter__(self) -> Iterator[torch.Tensor]:
-        """Groups of ``self.group`` consecutive micro-batches, packed (:func:`pack_group`).
+        """Groups of ``self.group`` consecutive micro-batches, each group one tensor
+        (:func:`group_to_transfer`).
 
         Worker ``w`` of ``W`` builds groups ``w, w + W, ...``; iterate a :func:`make_loader`
         to get the batches as dicts, in order.
@@ -315,14 +316,14 @@ class PretrainingStream(IterableDataset):
             ks = range(first, end if total is None else min(end, total))
             if not ks:
                 return
-            yield pack_group([self.batch(k) for k in ks])
+            yield group_to_transfer([self.batch(k) for k in ks])
             j += workers
 
 
 class BatchLoader:
     """Iterates a stream's batches through a DataLoader; each batch a dict (module docstring).
 
-    With workers, each transfer carries ``group`` micro-batches packed in one tensor: a
+    With workers, each transfer carries ``group`` micro-batches in one tensor: a
     transfer costs about a millisecond whatever its size, which would otherwise cap a
     64-row micro-batch at some 45,000 rows/s (bench/loader_speed.py).
     """
@@ -346,8 +347,8 @@ class BatchLoader:
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         iterator = iter(self.loader)
         self._iterators.append(iterator)
-        for packed in iterator:
-            yield from unpack_group(packed)
+        for transfer in iterator:
+            yield from group_from_transfer(transfer)
 
     def close(self) -> None:
         """End the worker processes now.

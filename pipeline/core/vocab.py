@@ -19,9 +19,10 @@ from pipeline.core.wordpiece import (
     MAX_INPUT_CHARS_PER_WORD,
     PREFIX,
     SPECIAL_TOKENS,
-    _check_tokens,
+    check_vocab_tokens,
     learn_wordpiece_vocab,
 )
+from pipeline.shards.shard_format import SPECIAL_ID_NAMES
 from pipeline.shards.shard_writer import atomic_write_bytes
 
 __all__ = [
@@ -60,7 +61,7 @@ def vocab_text(tokens: Sequence[str], source: str = "tokens") -> str:
         ValueError: as for :func:`write_vocab` (naming ``source``).
     """
     tokens = list(tokens)
-    _check_tokens(tokens, source)
+    check_vocab_tokens(tokens, source)
     return "".join(token + "\n" for token in tokens)
 
 
@@ -73,7 +74,7 @@ def parse_vocab(text: str, source: str) -> list[str]:
     tokens = text.split("\n")
     if tokens and tokens[-1] == "":
         tokens.pop()  # the final newline ends the last line; it is not a token
-    _check_tokens(tokens, source)
+    check_vocab_tokens(tokens, source)
     return tokens
 
 
@@ -102,7 +103,7 @@ def special_ids(tokens: Sequence[str]) -> dict[str, int]:
     missing = [t for t in SPECIAL_TOKENS if t not in index]
     if missing:
         raise ValueError(f"tokens: missing special tokens {missing}")
-    names = ("pad_id", "unk_id", "cls_id", "sep_id", "mask_id")
+    names = [f"{name}_id" for name in SPECIAL_ID_NAMES]
     return {name: index[token] for name, token in zip(names, SPECIAL_TOKENS, strict=True)}
 
 
@@ -134,7 +135,7 @@ def build_tokenizer(
         TypeError: ``do_lower_case`` is not a ``bool``.
     """
     tokens = list(tokens)
-    _check_tokens(tokens, "tokens")
+    check_vocab_tokens(tokens, "tokens")
     if not isinstance(do_lower_case, bool):
         raise TypeError(f"do_lower_case must be a bool, got {do_lower_case!r}")
     vocab = {token: i for i, token in enumerate(tokens)}

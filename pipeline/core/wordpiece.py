@@ -48,10 +48,13 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 
+from pipeline.shards.shard_format import SPECIAL_ID_NAMES
+
 logger = logging.getLogger(__name__)
 
 # BERT's special tokens, in Google's order: their ids are 0..4 in our vocabs.
-SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+# ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"), from the manifest's names for them.
+SPECIAL_TOKENS = tuple(f"[{name.upper()}]" for name in SPECIAL_ID_NAMES)
 # Longer words become a single [UNK] (BERT's WordpieceTokenizer and tokenizers agree).
 MAX_INPUT_CHARS_PER_WORD = 100
 PREFIX = "##"
@@ -229,7 +232,7 @@ def _check_learn_args(
         raise ValueError(f"min_frequency must be an int >= 1, got {min_frequency!r}")
     if limit_alphabet is not None and (not isinstance(limit_alphabet, int) or limit_alphabet < 1):
         raise ValueError(f"limit_alphabet must be None or an int >= 1, got {limit_alphabet!r}")
-    _check_tokens(list(special_tokens), "special_tokens")
+    check_vocab_tokens(list(special_tokens), "special_tokens")
 
 
 def learn_wordpiece_vocab(
@@ -326,7 +329,7 @@ def learn_wordpiece_vocab(
     return tokens
 
 
-def _check_tokens(tokens: list[str], source: str) -> None:
+def check_vocab_tokens(tokens: list[str], source: str) -> None:
     """Raises ValueError (naming ``source`` and the line) unless ``tokens`` can be
     a vocab.txt: non-empty ``str`` tokens without surrounding whitespace or line
     breaks, no repeats, and every one of ``SPECIAL_TOKENS`` present."""

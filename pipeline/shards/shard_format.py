@@ -39,7 +39,7 @@ import pyarrow.fs as pafs
 # The reader's public names.
 __all__ = [
     "ALGORITHM_VERSION", "COLUMNS", "DEFAULT_BATCH_SIZE", "FORMAT_VERSION", "LIST_COLUMNS",
-    "MANIFEST_NAME", "SPECIAL_TOKENS", "TOKENIZER_NAME", "VOCAB_NAME", "ShardFormatError",
+    "MANIFEST_NAME", "SPECIAL_ID_NAMES", "TOKENIZER_NAME", "VOCAB_NAME", "ShardFormatError",
     "check_vocab_compat", "file_size", "is_remote", "iter_rows", "join_path", "open_shard",
     "parse_shard_name", "read_bytes", "read_manifest", "resolve", "row_to_numpy",
     "schema_params", "sha256_file", "shard_name", "shard_schema", "verify_directory",
@@ -58,7 +58,9 @@ TOKENIZER_NAME = "tokenizer.json"
 DEFAULT_BATCH_SIZE = 1024  # rows per Arrow record batch
 LIST_COLUMNS = ("input_ids", "segment_ids", "masked_lm_positions", "masked_lm_ids")
 COLUMNS = (*LIST_COLUMNS, "next_sentence_label")
-SPECIAL_TOKENS = ("pad", "unk", "cls", "sep", "mask")
+# The keys of the manifest's vocab.special_ids, in Google's order (ids 0..4 in our vocabs);
+# the tokens themselves are "[PAD]", ... (pipeline/core/wordpiece.py SPECIAL_TOKENS).
+SPECIAL_ID_NAMES = ("pad", "unk", "cls", "sep", "mask")
 
 _VERSION_KEY = b"bert_shard_format_version"
 _VOCAB_KEY = b"bert_shard_vocab_size"
@@ -405,7 +407,7 @@ def _check_manifest(manifest, where: str) -> None:
     _check_fields(schema, _SCHEMA_SPEC, f"{where}: schema")
     _check_fields(vocab, _VOCAB_SPEC, f"{where}: vocab")
     _check_fields(
-        vocab["special_ids"], dict.fromkeys(SPECIAL_TOKENS, int), f"{where}: vocab.special_ids"
+        vocab["special_ids"], dict.fromkeys(SPECIAL_ID_NAMES, int), f"{where}: vocab.special_ids"
     )
     _check_fields(manifest["skipped"], dict.fromkeys(manifest["skipped"], int), f"{where}: skipped")
     for i, entry in enumerate(shards):
@@ -418,7 +420,7 @@ def _check_manifest(manifest, where: str) -> None:
             f"{where}: schema.vocab_size {schema['vocab_size']} != vocab.size {vocab['size']}"
         )
     for token, token_id in vocab["special_ids"].items():
-        if token in SPECIAL_TOKENS and token_id >= vocab["size"]:
+        if token in SPECIAL_ID_NAMES and token_id >= vocab["size"]:
             raise ValueError(
                 f"{where}: vocab.special_ids.{token} {token_id} >= vocab.size {vocab['size']}"
             )
@@ -453,9 +455,9 @@ def check_vocab_compat(
         )
     data_ids = manifest["vocab"]["special_ids"]
     for token, model_id in (special_ids or {}).items():
-        if token not in SPECIAL_TOKENS:
+        if token not in SPECIAL_ID_NAMES:
             raise ValueError(
-                f"unknown special token {token!r}; expected one of {list(SPECIAL_TOKENS)}"
+                f"unknown special token {token!r}; expected one of {list(SPECIAL_ID_NAMES)}"
             )
         if model_id != data_ids[token]:
             raise ValueError(
