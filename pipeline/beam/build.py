@@ -4,20 +4,23 @@
     python -m pipeline build --input ... --output ... \\
         --direct_num_workers=2 --direct_running_mode=multi_processing
 
-Steps (labels as in the Beam graph)::
+Stages (labels as in the Beam graph; each a PTransform of the steps in brackets)::
 
-    ListFiles -> ReadDocuments -> [CountWords -> LearnVocab] -> Tokenize
-      -> AssignBuckets -> GroupBuckets -> MakeInstances (NSP + masking, rows keyed by shard)
-      -> GroupShards -> WriteShards [-> GroupParts -> JoinParts: shards in key-range parts]
+    ReadCorpus [ListFiles -> ReadDocuments]
+      -> LearnVocabulary [CountWords -> LearnVocab] (or VocabFromFile), WriteVocab
+      -> MakeRows [Tokenize -> AssignBuckets -> GroupBuckets
+                   -> MakeInstances (NSP + masking, rows keyed by shard)]
+      -> WriteShards [GroupShards -> WriteGroups
+                      (-> GroupParts -> JoinParts: shards in key-range parts) -> CollectShards]
       -> WriteManifest (empty shards, then the manifest, last)
 
 Randomness is seeded only from (seed, document id, dupe index); documents meet
 the others of their bucket sorted by id, and each shard is sorted by a seeded
 hash; so every runner and worker count writes byte-identical shards and manifest.
 
-This module plans the job, builds the graph and writes the manifest; the steps
-live in ``documents.py`` (read, count words, tokenize), ``instances.py``
-(buckets, NSP pairs, masking) and ``writing.py`` (shards).
+This module plans the job, composes the graph from the stages above and writes the
+manifest; the steps live in ``document_steps.py`` (read, count words, tokenize),
+``instance_steps.py`` (buckets, NSP pairs, masking) and ``shard_steps.py`` (shards).
 """
 
 from __future__ import annotations
@@ -326,6 +329,116 @@ def make_plan(config: BuildConfig) -> Plan:
     return Plan(paths, common_root(paths), num_shards, vocab, input_format, origin)
 
 
+class ReadCorpus(beam.PTransform):
+    """The plan's files -> (DocumentBatches, ((group, kind), count) of what was skipped or
+    noted while reading)."""
+
+    def __init__(self, config: BuildConfig, plan: Plan):
+        super().__init__()
+        self._config, self._plan = config, plan
+
+    def expand(self, pbegin):
+        read = ReadDocuments(self._config, self._plan.root, self._plan.format_origin)
+        return split_skips(
+            pbegin
+            | "ListFiles" >> beam.Create(self._plan.files)  # reshuffled: files spread to workers
+            | "ReadDocuments" >> beam.ParDo(read),
+            "Read",
+        )
+
+
+class LearnVocabulary(beam.PTransform):
+    """DocumentBatches -> one vocab (a list of tokens): WordPiece learned on the word counts."""
+
+    def __init__(self, config: BuildConfig):
+        super().__init__()
+        self._config = config
+
+    def expand(self, documents):
+        return (
+            documents
+            | "CountWords" >> CountWords(self._config.do_lower_case)
+            | "LearnVocab" >> beam.Map(learn_vocab, self._config)
+        )
+
+
+class Rows(NamedTuple):
+    """What :class:`MakeRows` gives: the rows and what the manifest says about them."""
+
+    rows: beam.PCollection  # (write group, RowBlock bytes)
+    skipped: beam.PCollection  # ((group, kind), count) of what tokenizing skipped
+    documents: beam.PCollection  # one int: the documents tokenized
+    buckets: beam.PCollection  # one (count, min, max) of documents per bucket
+
+
+class MakeRows(beam.PTransform):
+    """DocumentBatches -> :class:`Rows`: tokenize, assign buckets by a seeded hash of the
+    document id, then per bucket NSP pairs and masks (MakeInstances), rows keyed by write group."""
+
+    def __init__(self, config: BuildConfig, num_shards: int, vocab: beam.pvalue.AsSingleton):
+        super().__init__()
+        self._config, self._num_shards, self._vocab = config, num_shards, vocab
+
+    def expand(self, documents):
+        config = self._config
+        tokenize = Tokenize(config.do_lower_case, config.tokenizer_threads)
+        tokenized, skipped = split_skips(
+            documents | "Tokenize" >> beam.ParDo(tokenize, vocab=self._vocab), "Tokenized"
+        )
+        num_docs = (
+            tokenized
+            | "DocumentsPerBatch" >> beam.Map(lambda batch: len(batch.doc_ids))
+            | "CountDocuments" >> beam.CombineGlobally(sum)
+        )
+        buckets = tokenized | "AssignBuckets" >> beam.FlatMap(
+            split_into_buckets, beam.pvalue.AsSingleton(num_docs), config
+        )
+        bucket_sizes = (
+            buckets
+            | "DocumentsPerBucket" >> beam.Map(lambda kv: (kv[0], len(kv[1].doc_ids)))
+            | "SumPerBucket" >> beam.CombinePerKey(sum)
+            | "BucketSizes" >> beam.Values()
+            | "SummariseBuckets" >> beam.CombineGlobally(SummariseBuckets())
+        )
+        make = MakeInstances(config, self._num_shards)
+        rows = (
+            buckets
+            | "GroupBuckets" >> beam.GroupByKey()
+            | "MakeInstances" >> beam.ParDo(make, vocab=self._vocab)
+        )
+        return Rows(rows, skipped, num_docs, bucket_sizes)
+
+
+class WriteShards(beam.PTransform):
+    """(write group, RowBlock bytes) -> one list of every written shard's manifest entry and
+    statistics: each write group (a shard, or a key range of one) sorted and written,
+    then a shard's key-range parts joined into its file."""
+
+    def __init__(self, config: BuildConfig, num_shards: int, vocab: beam.pvalue.AsSingleton):
+        super().__init__()
+        self._config, self._num_shards, self._vocab = config, num_shards, vocab
+
+    def expand(self, rows):
+        config, num_shards = self._config, self._num_shards
+        written = (
+            rows
+            | "GroupShards" >> beam.GroupByKey()
+            | "WriteGroups" >> beam.ParDo(WriteShard(config, num_shards), vocab=self._vocab)
+        )
+        if parts_per_shard(num_shards) > 1:
+            written = (
+                written
+                | "GroupParts" >> beam.GroupByKey()
+                | "JoinParts" >> beam.ParDo(JoinParts(config, num_shards), vocab=self._vocab)
+            )
+        return written | "CollectShards" >> beam.combiners.ToList()
+
+
+def sum_counts(counts: Iterable[beam.PCollection]) -> beam.PCollection:
+    """((group, kind), count) PCollections -> one total per (group, kind)."""
+    return tuple(counts) | "MergeCounts" >> beam.Flatten() | "SumCounts" >> beam.CombinePerKey(sum)
+
+
 def build_graph(p: beam.Pipeline, config: BuildConfig, plan: Plan) -> beam.PCollection:
     """Add the whole job to ``p``; returns the PCollection holding the manifest.
 
@@ -333,78 +446,22 @@ def build_graph(p: beam.Pipeline, config: BuildConfig, plan: Plan) -> beam.PColl
     reads and what the manifest records.
     """
     config = dataclasses.replace(config, input_format=plan.input_format)
-    num_shards, root = plan.num_shards, plan.root
-    documents, read_counts = split_skips(
-        p
-        | "ListFiles" >> beam.Create(plan.files)  # reshuffled by Create: files spread to workers
-        | "ReadDocuments" >> beam.ParDo(ReadDocuments(config, root, plan.format_origin)),
-        "Read",
-    )
+    documents, read_skipped = p | "ReadCorpus" >> ReadCorpus(config, plan)
     if plan.vocab is not None:
         vocab = p | "VocabFromFile" >> beam.Create([plan.vocab])
     else:
-        vocab = (
-            documents
-            | "CountWords" >> CountWords(config.do_lower_case)
-            | "LearnVocab" >> beam.Map(learn_vocab, config)
-        )
+        vocab = documents | "LearnVocabulary" >> LearnVocabulary(config)
     vocab_side = beam.pvalue.AsSingleton(vocab)
     vocab_info = vocab | "WriteVocab" >> beam.Map(vocab_entry, config)
-
-    tokenized, tokenize_counts = split_skips(
-        documents
-        | "Tokenize"
-        >> beam.ParDo(Tokenize(config.do_lower_case, config.tokenizer_threads), vocab=vocab_side),
-        "Tokenized",
-    )
-    num_docs = (
-        tokenized
-        | "DocumentsPerBatch" >> beam.Map(lambda batch: len(batch.doc_ids))
-        | "CountDocuments" >> beam.CombineGlobally(sum)
-    )
-    buckets = tokenized | "AssignBuckets" >> beam.FlatMap(
-        split_into_buckets, beam.pvalue.AsSingleton(num_docs), config
-    )
-    bucket_sizes = (
-        buckets
-        | "DocumentsPerBucket" >> beam.Map(lambda kv: (kv[0], len(kv[1].doc_ids)))
-        | "SumPerBucket" >> beam.CombinePerKey(sum)
-        | "BucketSizes" >> beam.Values()
-        | "SummariseBuckets" >> beam.CombineGlobally(SummariseBuckets())
-    )
-    rows = (
-        buckets
-        | "GroupBuckets" >> beam.GroupByKey()
-        | "MakeInstances" >> beam.ParDo(MakeInstances(config, num_shards), vocab=vocab_side)
-    )
-    written = (
-        rows
-        | "GroupShards" >> beam.GroupByKey()
-        | "WriteShards" >> beam.ParDo(WriteShard(config, num_shards), vocab=vocab_side)
-    )
-    if parts_per_shard(num_shards) > 1:
-        written = (
-            written
-            | "GroupParts" >> beam.GroupByKey()
-            | "JoinParts" >> beam.ParDo(JoinParts(config, num_shards), vocab=vocab_side)
-        )
-    counts = (
-        (read_counts, tokenize_counts)
-        | "MergeCounts" >> beam.Flatten()
-        | "SumCounts" >> beam.CombinePerKey(sum)
-    )
-    return (
-        written
-        | "CollectShards" >> beam.combiners.ToList()
-        | "WriteManifest"
-        >> beam.Map(
-            write_manifest,
-            vocab=vocab_side,
-            vocab_info=beam.pvalue.AsSingleton(vocab_info),
-            counts=beam.pvalue.AsDict(counts),
-            documents=beam.pvalue.AsSingleton(num_docs),
-            buckets=beam.pvalue.AsSingleton(bucket_sizes),
-            config=config,
-            num_shards=num_shards,
-        )
+    made = documents | "MakeRows" >> MakeRows(config, plan.num_shards, vocab_side)
+    shards = made.rows | "WriteShards" >> WriteShards(config, plan.num_shards, vocab_side)
+    return shards | "WriteManifest" >> beam.Map(
+        write_manifest,
+        vocab=vocab_side,
+        vocab_info=beam.pvalue.AsSingleton(vocab_info),
+        counts=beam.pvalue.AsDict(sum_counts([read_skipped, made.skipped])),
+        documents=beam.pvalue.AsSingleton(made.documents),
+        buckets=beam.pvalue.AsSingleton(made.buckets),
+        config=config,
+        num_shards=plan.num_shards,
     )
