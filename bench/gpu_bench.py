@@ -6,6 +6,8 @@
     python bench/gpu_bench.py summarize RUN/metrics.jsonl --preset base --seq 512 --unpad true \\
         --micro 32 --gpus 1 --wall-s 41.5          # one JSON line
     python bench/gpu_bench.py table results.jsonl  # padded against unpadded, per preset x seq
+    python bench/gpu_bench.py compare A/metrics.jsonl B/metrics.jsonl --tolerance 2e-3 \
+        --what "fp32 padded: cuda vs cpu"      # one JSON line; exit 1 when the curves part
 
 Shards come from bench/loader_speed.py's ``write_synthetic``: Google-like lengths, 90% of
 rows full length and 10% a uniformly random shorter one (8 .. seq - 1 tokens), 15% of
@@ -51,9 +53,11 @@ def write_shards(directory: Path, seq: int, rows: int) -> bool:
 
 
 def ds_config(
-    base: dict[str, Any], *, micro: int, gpus: int, torch_adam: bool = True
-) -> dict[str, Any]:
-    """``base`` (a deploy/ JSON) with bf16 on, one micro-batch per step and a short warmup.
+    base: dict[str, Any], *, micro: int, gpus: int, torch_adam: bool = True,
+    precision: str = "bf16",
+) -> dict[str, Any]:  # fmt: skip
+    """``base`` (a deploy/ JSON) in ``precision`` (bf16, or fp32 for the correctness runs),
+    one micro-batch per step and a short warmup.
 
     Example: zero2.json, micro 32, 1 GPU -> train_batch_size 32, no accumulation, so
     every logged step is one forward, backward and optimizer step of 32 rows.
@@ -62,7 +66,7 @@ def ds_config(
     """
     ds = json.loads(json.dumps(base))  # a deep copy
     ds.pop("fp16", None)
-    ds["bf16"] = {**ds.get("bf16", {}), "enabled": True}
+    ds["bf16"] = {**ds.get("bf16", {}), "enabled": precision == "bf16"}
     ds.pop("gradient_accumulation_steps", None)
     ds.update(train_micro_batch_size_per_gpu=micro, train_batch_size=micro * gpus)
     ds["scheduler"]["params"]["warmup_num_steps"] = WARMUP_STEPS
@@ -111,6 +115,28 @@ def summarize(metrics: Path, **meta: Any) -> dict[str, Any]:
     }
 
 
+def loss_curve(metrics: Path) -> dict[int, float]:
+    """{step: loss} of a run's training records."""
+    records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    return {r["step"]: r["loss"] for r in records if r.get("split") == "train"}
+
+
+def compare(a: Path, b: Path, tolerance: float, what: str) -> dict[str, Any]:
+    """The largest relative difference of two runs' losses over the steps both logged.
+
+    Raises:
+        ValueError: the runs share no logged step.
+    """
+    left, right = loss_curve(a), loss_curve(b)
+    steps = sorted(set(left) & set(right))
+    if not steps:
+        raise ValueError(f"{a} and {b} share no logged step")
+    worst = max(abs(left[s] - right[s]) / max(abs(right[s]), 1e-8) for s in steps)
+    return {"what": what, "steps": len(steps), "last_step": steps[-1],
+            "max_rel_diff": float(f"{worst:.3g}"), "tolerance": tolerance,
+            "ok": worst <= tolerance}  # fmt: skip
+
+
 def table(results: list[dict[str, Any]]) -> str:
     """Padded against unpadded sequences/s and MFU, one line per preset and seq.
 
@@ -156,6 +182,7 @@ def main(argv=None) -> int:
     d.add_argument("--micro", type=int, required=True)
     d.add_argument("--gpus", type=int, required=True)
     d.add_argument("--torch-adam", type=parse_bool, default=True)
+    d.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
     c = sub.add_parser("model-config", help="a preset's config.json with another attention dropout")
     c.add_argument("preset")
     c.add_argument("out", type=Path)
@@ -172,6 +199,11 @@ def main(argv=None) -> int:
     )
     t = sub.add_parser("table", help="the final table of a results.jsonl")
     t.add_argument("results", type=Path)
+    k = sub.add_parser("compare", help="two runs' loss curves: one JSON line, exit 1 if apart")
+    k.add_argument("a", type=Path)
+    k.add_argument("b", type=Path)
+    k.add_argument("--tolerance", type=float, required=True, help="largest relative difference")
+    k.add_argument("--what", required=True)
     args = p.parse_args(argv)
     if args.command == "shards":
         wrote = write_shards(args.directory, args.seq, args.rows)
@@ -184,6 +216,7 @@ def main(argv=None) -> int:
             micro=args.micro,
             gpus=args.gpus,
             torch_adam=args.torch_adam,
+            precision=args.precision,
         )
         args.out.write_text(json.dumps(ds, indent=2) + "\n")
     elif args.command == "model-config":
@@ -191,6 +224,10 @@ def main(argv=None) -> int:
     elif args.command == "summarize":
         meta = {k: getattr(args, k) for k in ("preset", "seq", "unpad", "micro", "gpus", "wall_s")}
         print(json.dumps(summarize(args.metrics, **meta)), flush=True)
+    elif args.command == "compare":
+        result = compare(args.a, args.b, args.tolerance, args.what)
+        print(json.dumps(result), flush=True)
+        return 0 if result["ok"] else 1
     else:
         results = [json.loads(x) for x in args.results.read_text().splitlines() if x.strip()]
         print(table(results), flush=True)

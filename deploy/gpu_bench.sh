@@ -1,15 +1,37 @@
 #!/usr/bin/env bash
-# Training throughput on one GPU node: sequences/s and MFU of trainer/run.py (bf16, ZeRO-2
-# from deploy/zero2.json) for BERT-Base and BERT-Large at seq 128 and 512, each with the
-# unpadded encoder (--unpad true, the default) and the padded reference path (--unpad
-# false), then bench/model_speed.py's bare model steps (ours unpadded, ours padded,
-# transformers) on Google-like rows and, at seq 128, on the main job's row lengths
-# (--lengths docstrings: mean 73 of 128). Sized to finish in about 5-8 minutes on one
-# H200 (an estimate: start-up and the final checkpoint dominate each short run).
+# The GPU check of the trainer, in stages, each bounded by its own time limit and each writing
+# its result the moment it ends (one JSON line in $RES/stages.jsonl), so a stage that hangs
+# costs its limit, not the run:
+#
+#   import       torch sees the GPU, DeepSpeed and the trainer import (no op is compiled)
+#   smoke        tiny: steps with a checkpoint, a resume to twice as many, the HF export
+#                (fp32 weights, loaded by transformers)
+#   correctness  tiny, dropout off, CHECK_STEPS steps (50) logged each step: fp32 padded on
+#                the GPU against the same run on this node's CPU (relative loss difference
+#                <= 2e-3: fp32 reductions in another order, compounding over the updates),
+#                and bf16 unpadded against bf16 padded (<= 3e-2: bf16 keeps 8 bits of
+#                mantissa, 0.4% per rounding)
+#   speed        sequences/s and MFU of trainer/run.py (bf16, ZeRO-2 from deploy/zero2.json)
+#                for each of PRESETS (base large) x SEQS (128; 512 too if time allows), with
+#                the unpadded encoder (--unpad true, the default) and the padded reference
+#                path (--unpad false), then bench/model_speed.py's bare model steps (ours
+#                unpadded, ours padded, transformers) on Google-like rows and, at seq 128, on
+#                the main job's row lengths (--lengths docstrings: mean 73 of 128)
+#
+# Sized to fit 10 minutes on one H200, start-up included (limits: IMPORT_LIMIT 300, SMOKE_LIMIT
+# 240, CHECK_LIMIT 300, SPEED_LIMIT 420 s). A failed stage is recorded and the next one runs
+# (speed does not need correctness); the exit code is 1 if any stage failed.
 #
 #   bash deploy/gpu_bench.sh                              # all GPUs of this node
 #   NUM_GPUS=1 STEPS=300 bash deploy/gpu_bench.sh
-#   PRESETS=large SEQS=512 MICRO_LARGE_512=24 MODEL_SPEED=0 bash deploy/gpu_bench.sh
+#   STAGES="import speed" PRESETS=large SEQS=512 MICRO_LARGE_512=24 MODEL_SPEED=0 bash deploy/gpu_bench.sh
+#   DEVICE=cpu bash deploy/gpu_bench.sh                   # every stage on CPU, tiny, a few steps
+#
+# DEVICE=cpu (CI: tests/trainer/test_deploy.py) runs every stage on this machine's CPU with the
+# `tiny` preset, a few steps and small batches, so that a broken stage is found here and not
+# on a GPU node (its correctness stage has no device to set against the CPU: it compares
+# bf16 unpadded with padded only).
+# An offline GPU node: install the wheels of deploy/wheelhouse.sh first (deploy/README.md).
 #
 # Data: synthetic shards (bench/gpu_bench.py shards, i.e. bench/loader_speed.py's
 # write_synthetic), Google-like lengths: 90% of rows full length, 10% a uniformly random
@@ -32,10 +54,10 @@
 # runs take the jagged nested SDPA path; ATTENTION_DROPOUT=0 trains without it, which
 # takes the varlen FlashAttention path (deploy/README.md, "Which attention path runs where").
 #
-# Output: one JSON line per run as it finishes, then a table (unpadded/padded = ratio of
-# sequences/s). Everything, with each run's log and metrics.jsonl, is also written to
-# $OUT/gpu_bench/ when OUT is set, else to $WORK/results/ (WORK: a temporary directory
-# unless set; it holds the shards, reused when WORK is given again).
+# Output: one JSON line per stage and per speed run as it finishes, then the stages and a
+# table (unpadded/padded = ratio of sequences/s). Everything, with each run's log and
+# metrics.jsonl, is written to $OUT/gpu_bench/ when OUT is set, else to $WORK/results/ (WORK:
+# a temporary directory unless set; it holds the shards, reused when WORK is given again).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
@@ -43,19 +65,30 @@ if [[ -z "${VIRTUAL_ENV:-}" && -f .venv/bin/activate ]]; then
     # shellcheck disable=SC1091
     . .venv/bin/activate
 fi
+export PYTHONUNBUFFERED=1
+export DEVICE="${DEVICE:-cuda}"
+if [[ "$DEVICE" == cpu ]]; then
+    export DS_ACCELERATOR=cpu CUDA_VISIBLE_DEVICES=""
+    # Every stage on tiny, a few steps: what the CPU mode checks is that each stage works.
+    : "${PRESETS:=tiny}" "${STEPS:=6}" "${LOG_EVERY:=2}" "${ROWS:=512}" "${MICRO_TINY_128:=8}"
+    : "${SMOKE_STEPS:=4}" "${CHECK_STEPS:=6}" "${MODEL_SPEED_BATCH_128:=8}"
+    export MICRO_TINY_128 MODEL_SPEED_BATCH_128
+fi
+export WORK="${WORK:-$(mktemp -d)}"
+if [[ -n "${OUT:-}" ]]; then RES="$OUT/gpu_bench"; else RES="$WORK/results"; fi
+export RES
+mkdir -p "$WORK" "$RES"
+export STEPS="${STEPS:-150}" LOG_EVERY="${LOG_EVERY:-25}" PRESETS="${PRESETS:-base large}"
+export SEQS="${SEQS:-128}" ROWS="${ROWS:-16384}" SMOKE_STEPS="${SMOKE_STEPS:-10}"
+export CHECK_STEPS="${CHECK_STEPS:-50}"
+export TORCH_ADAM="${TORCH_ADAM:-1}"
 
-work="${WORK:-$(mktemp -d)}"
-if [[ -n "${OUT:-}" ]]; then res="$OUT/gpu_bench"; else res="$work/results"; fi
-mkdir -p "$work" "$res"
-steps="${STEPS:-150}"
-log_every="${LOG_EVERY:-25}"
-presets="${PRESETS:-base large}"
-seqs="${SEQS:-128 512}"
-rows="${ROWS:-16384}"
-torch_adam=false
-if [[ "${TORCH_ADAM:-1}" == 1 ]]; then torch_adam=true; fi
-peak=()
-if [[ -n "${PEAK_TFLOPS:-}" ]]; then peak=(--peak-tflops "$PEAK_TFLOPS"); fi
+torch_adam() { if [[ "$TORCH_ADAM" == 1 ]]; then echo true; else echo false; fi; }
+peak() { if [[ -n "${PEAK_TFLOPS:-}" ]]; then echo --peak-tflops "$PEAK_TFLOPS"; fi; }
+gpus() {
+    if [[ "$DEVICE" == cpu ]]; then echo "${NUM_GPUS:-1}"; return; fi
+    echo "${NUM_GPUS:-$(python -c 'import torch; print(torch.cuda.device_count())')}"
+}
 
 micro_for() {  # preset seq -> micro batch per GPU
     local var="MICRO_${1^^}_$2"
@@ -68,89 +101,168 @@ micro_for() {  # preset seq -> micro batch per GPU
     esac
 }
 
-run_one() {  # preset seq unpad: one trainer run, one JSON line
-    local preset=$1 seq=$2 unpad=$3 micro name dir start
+train() {  # name ds.json shards model [trainer flags...]: one trainer run, its log in $RES
+    local name=$1 ds=$2 data=$3 model=$4 n launch=(python trainer/run.py)
+    shift 4
+    n="$(gpus)"
+    if ((n > 1)); then launch=(deepspeed --num_gpus "$n" trainer/run.py); fi
+    if ! "${launch[@]}" --ds-config "$ds" --data "$data" --model "$model" \
+        --output-dir "$WORK/runs/$name" --num-workers 2 "$@" >> "$RES/$name.log" 2>&1; then
+        echo "FAILED: $name (log: $RES/$name.log)"
+        tail -40 "$RES/$name.log"
+        return 1
+    fi
+}
+
+shards() {  # seq [rows] -> the directory of synthetic shards (written once)
+    python bench/gpu_bench.py shards "$WORK/shards-$1" --seq "$1" --rows "${2:-$ROWS}" >&2
+    echo "$WORK/shards-$1"
+}
+
+ds_json() {  # name micro precision -> a DeepSpeed JSON for one run
+    python bench/gpu_bench.py ds-config deploy/zero2.json "$WORK/ds-$1.json" --micro "$2" \
+        --gpus "$(gpus)" --torch-adam "$(torch_adam)" --precision "$3"
+    echo "$WORK/ds-$1.json"
+}
+
+stage_import() {
+    python -c 'import torch, os, sys
+cuda = torch.cuda.is_available()
+print(f"torch {torch.__version__}, CUDA {cuda}" + (f", {torch.cuda.get_device_name()}" if cuda else ""))
+sys.exit(0 if cuda or os.environ["DEVICE"] == "cpu" else "no CUDA device: deploy/gpu_bench.sh needs a GPU node (DEVICE=cpu runs it on the CPU)")'
+    python -c 'from importlib.metadata import version; print("deepspeed", version("deepspeed"))'
+    # The trainer's own imports, DeepSpeed's included, must build no op (a GPU node may have
+    # no compiler): the torch extensions cache is the same before and after.
+    local cache="${TORCH_EXTENSIONS_DIR:-$HOME/.cache/torch_extensions}" before after
+    before="$(find "$cache" -maxdepth 3 2>/dev/null | sort | md5sum)"
+    python -c 'import deepspeed, trainer.loop, trainer.run, model; print("trainer imports")'
+    after="$(find "$cache" -maxdepth 3 2>/dev/null | sort | md5sum)"
+    [[ "$before" == "$after" ]] || { echo "importing the trainer built an op in $cache"; return 1; }
+}
+
+stage_smoke() {
+    local data ds half=$SMOKE_STEPS
+    data="$(shards 128 512)"
+    ds="$(ds_json smoke 8 bf16)"
+    train smoke "$ds" "$data" tiny --max-steps "$half" --save-every "$half" --log-every 1 \
+        --export-hf false
+    train smoke "$ds" "$data" tiny --max-steps $((2 * half)) --save-every "$half" \
+        --log-every 1 --resume auto --export-hf true
+    grep -q "resumed from" "$WORK/runs/smoke/logs/train-rank0.log"
+    python -c 'import sys, torch
+from transformers import BertForPreTraining
+model = BertForPreTraining.from_pretrained(sys.argv[1])
+dtypes = {p.dtype for p in model.parameters()}
+assert dtypes == {torch.float32}, dtypes
+print(f"export: {sys.argv[1]} loads in transformers, fp32")' "$WORK/runs/smoke/hf"
+}
+
+stage_correctness() {
+    local data steps=$CHECK_STEPS flags
+    data="$(shards 128 512)"
+    flags=(--max-steps "$steps" --log-every 1 --save-every 0 --export-hf false --dropout 0)
+    export NUM_GPUS=1  # one GPU against one CPU process
+    train fp32-padded "$(ds_json fp32 8 fp32)" "$data" tiny --unpad false "${flags[@]}"
+    train bf16-unpadded "$(ds_json bf16 8 bf16)" "$data" tiny --unpad true "${flags[@]}"
+    train bf16-padded "$WORK/ds-bf16.json" "$data" tiny --unpad false "${flags[@]}"
+    local ok=0
+    if [[ "$DEVICE" != cpu ]]; then  # on CPU there is no device to set against the CPU
+        DS_ACCELERATOR=cpu CUDA_VISIBLE_DEVICES="" \
+            train fp32-padded-cpu "$WORK/ds-fp32.json" "$data" tiny --unpad false "${flags[@]}"
+        python bench/gpu_bench.py compare "$WORK/runs/fp32-padded/metrics.jsonl" \
+            "$WORK/runs/fp32-padded-cpu/metrics.jsonl" --tolerance 2e-3 \
+            --what "fp32 padded: $DEVICE vs cpu" | tee -a "$RES/correctness.jsonl" || ok=1
+    fi
+    python bench/gpu_bench.py compare "$WORK/runs/bf16-unpadded/metrics.jsonl" \
+        "$WORK/runs/bf16-padded/metrics.jsonl" --tolerance 3e-2 \
+        --what "bf16: unpadded vs padded on $DEVICE" | tee -a "$RES/correctness.jsonl" || ok=1
+    return $ok
+}
+
+speed_run() {  # preset seq unpad: one trainer run, one JSON line
+    local preset=$1 seq=$2 unpad=$3 micro name start model=$1 data
     micro="$(micro_for "$preset" "$seq")"
     name="$preset-$seq-unpad-$unpad"
-    dir="$work/runs/$name"
-    rm -rf "$dir"
-    local model=$preset
     if [[ -n "${ATTENTION_DROPOUT:-}" ]]; then
-        model="$work/model-$preset.json"
+        model="$WORK/model-$preset.json"
         python bench/gpu_bench.py model-config "$preset" "$model" \
             --attention-dropout "$ATTENTION_DROPOUT"
     fi
-    python bench/gpu_bench.py ds-config deploy/zero2.json "$work/ds-$name.json" \
-        --micro "$micro" --gpus "$gpus" --torch-adam "$torch_adam"
-    local launch=(python trainer/run.py)
-    if ((gpus > 1)); then launch=(deepspeed --num_gpus "$gpus" trainer/run.py); fi
+    data="$(shards "$seq")"
     start=$SECONDS
-    if ! "${launch[@]}" --ds-config "$work/ds-$name.json" --data "$work/shards-$seq" \
-        --model "$model" --output-dir "$dir" --unpad "$unpad" --max-steps "$steps" \
-        --log-every "$log_every" --save-every 0 --export-hf false --num-workers 2 \
-        ${peak[@]+"${peak[@]}"} > "$res/$name.log" 2>&1; then
-        echo "FAILED: $name (log: $res/$name.log)"
-        tail -50 "$res/$name.log"
-        if [[ -f "$dir/logs/train-rank0.log" ]]; then
-            cp "$dir/logs/train-rank0.log" "$res/$name.rank0.log"
-            echo "--- $dir/logs/train-rank0.log"
-            tail -50 "$dir/logs/train-rank0.log"
-        fi
-        return 1
-    fi
-    cp "$dir/metrics.jsonl" "$res/$name.metrics.jsonl"
-    cp "$dir/logs/train-rank0.log" "$res/$name.rank0.log"
-    python bench/gpu_bench.py summarize "$dir/metrics.jsonl" --preset "$preset" --seq "$seq" \
-        --unpad "$unpad" --micro "$micro" --gpus "$gpus" --wall-s $((SECONDS - start)) \
-        | tee -a "$res/results.jsonl"
-    rm -rf "$dir"  # the final checkpoint: GBs for BERT-Large
+    # shellcheck disable=SC2046
+    train "$name" "$(ds_json "$name" "$micro" bf16)" "$data" "$model" --unpad "$unpad" \
+        --max-steps "$STEPS" --log-every "$LOG_EVERY" --save-every 0 --export-hf false \
+        $(peak) || return 1
+    cp "$WORK/runs/$name/metrics.jsonl" "$RES/$name.metrics.jsonl"
+    python bench/gpu_bench.py summarize "$WORK/runs/$name/metrics.jsonl" --preset "$preset" \
+        --seq "$seq" --unpad "$unpad" --micro "$micro" --gpus "$(gpus)" \
+        --wall-s $((SECONDS - start)) | tee -a "$RES/results.jsonl"
+    rm -rf "$WORK/runs/$name"  # its checkpoint: GBs for BERT-Large
 }
 
-main() {
-    python -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else
-        "no CUDA device: deploy/gpu_bench.sh needs a GPU node")'
-    gpus="${NUM_GPUS:-$(python -c 'import torch; print(torch.cuda.device_count())')}"
-    python -c 'import torch; print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")'
-    # DeepSpeed first, on its own and bounded: a missing or hanging install fails here in
-    # seconds, with its own message, instead of inside the first run's log.
-    if ! timeout "${IMPORT_TIMEOUT:-300}" python -c \
-        'import deepspeed; print(f"deepspeed {deepspeed.__version__}")'; then
-        echo "deepspeed does not import within ${IMPORT_TIMEOUT:-300} s: pip install -e '.[train]'"
-        return 1
-    fi
-    echo "gpus $gpus, steps $steps, log every $log_every, attention dropout" \
-        "${ATTENTION_DROPOUT:-of the preset}, work $work, results $res"
-    : > "$res/results.jsonl"
-    for seq in $seqs; do
-        python bench/gpu_bench.py shards "$work/shards-$seq" --seq "$seq" --rows "$rows"
-    done
-    for preset in $presets; do
-        for seq in $seqs; do
+stage_speed() {
+    local failed=0 preset seq unpad
+    for preset in $PRESETS; do
+        for seq in $SEQS; do
             for unpad in true false; do
-                run_one "$preset" "$seq" "$unpad"
+                speed_run "$preset" "$seq" "$unpad" || failed=1
             done
         done
     done
-    python bench/gpu_bench.py table "$res/results.jsonl" | tee "$res/table.txt"
+    python bench/gpu_bench.py table "$RES/results.jsonl" | tee "$RES/table.txt"
     if [[ "${MODEL_SPEED:-1}" == 1 ]]; then
         # Bare model steps (no DeepSpeed, no data loader): ours unpadded, ours padded and
         # transformers on the same Google-like batch; one --batch per seq.
-        for seq in $seqs; do
-            batch_var="MODEL_SPEED_BATCH_$seq" batch=16
+        local dev=cuda; [[ "$DEVICE" == cpu ]] && dev=cpu
+        local model_steps=10; [[ "$DEVICE" == cpu ]] && model_steps=2
+        for seq in $SEQS; do
+            local batch_var="MODEL_SPEED_BATCH_$seq" batch=16
             if ((seq <= 128)); then batch=64; fi
-            # shellcheck disable=SC2086
-            python bench/model_speed.py --device cuda --dtype bf16 --preset $presets \
-                --seq "$seq" --batch "${!batch_var:-$batch}" --lengths google --steps 10 \
-                --no-memory ${peak[@]+"${peak[@]}"}
-            if ((seq <= 128)); then  # short rows: the main job's length distribution
-                # shellcheck disable=SC2086
-                python bench/model_speed.py --device cuda --dtype bf16 --preset $presets \
-                    --seq "$seq" --batch "${!batch_var:-$batch}" --lengths docstrings \
-                    --steps 10 --no-memory ${peak[@]+"${peak[@]}"}
-            fi
-        done 2>&1 | tee "$res/model_speed.log"
+            for lengths in google docstrings; do
+                if [[ $lengths == docstrings ]] && ((seq > 128)); then continue; fi
+                # shellcheck disable=SC2046,SC2086
+                python bench/model_speed.py --device "$dev" --dtype bf16 --preset $PRESETS \
+                    --seq "$seq" --batch "${!batch_var:-$batch}" --lengths "$lengths" \
+                    --steps "$model_steps" --no-memory $(peak) || failed=1
+            done
+        done 2>&1 | tee "$RES/model_speed.log"
     fi
-    echo "done in $SECONDS s; results in $res"
+    return $failed
 }
 
-main 2>&1 | tee "$res/gpu_bench.log"
+if [[ "${1:-}" == --stage ]]; then  # one stage, in its own process (main's timeout)
+    "stage_$2"
+    exit
+fi
+
+run_stage() {  # name limit_s: the stage under its time limit; one JSON line when it ends
+    local name=$1 limit=$2 start=$SECONDS rc=0
+    echo "== $name (limit $limit s)"
+    timeout --kill-after=15 "$limit" bash "${BASH_SOURCE[0]}" --stage "$name" || rc=$?
+    local ok=false
+    ((rc == 0)) && ok=true
+    printf '{"stage": "%s", "ok": %s, "exit_code": %d, "seconds": %d, "limit_s": %d}\n' \
+        "$name" "$ok" "$rc" $((SECONDS - start)) "$limit" | tee -a "$RES/stages.jsonl"
+    return $rc
+}
+
+main() {
+    echo "device $DEVICE, gpus $(gpus), presets $PRESETS, seqs $SEQS, work $WORK, results $RES"
+    : > "$RES/stages.jsonl"
+    : > "$RES/results.jsonl"
+    local failed=0 name
+    declare -A limit=([import]="${IMPORT_LIMIT:-300}" [smoke]="${SMOKE_LIMIT:-240}"
+                      [correctness]="${CHECK_LIMIT:-300}" [speed]="${SPEED_LIMIT:-420}")
+    for name in ${STAGES:-import smoke correctness speed}; do
+        run_stage "$name" "${limit[$name]}" || failed=1
+        if [[ "$name" == import && "$failed" == 1 ]]; then break; fi  # nothing else can run
+    done
+    echo "== stages"
+    cat "$RES/stages.jsonl"
+    echo "done in $SECONDS s; results in $RES"
+    return $failed
+}
+
+main 2>&1 | tee "$RES/gpu_bench.log"
+exit "${PIPESTATUS[0]}"
