@@ -30,7 +30,7 @@ DISTRIBUTIONS = {"apache_beam": "apache-beam", "numpy": "numpy", "pyarrow": "pya
 USED_BY_BEAM: list[str] = []
 # Imported only inside a function, for an option a worker never runs (`stats --plot`),
 # or for a runner of its own extra (`dask`: pipeline/beam/dask_compat.py, the DaskRunner's).
-OPTIONAL = {"matplotlib", "dask"}
+OPTIONAL = {"matplotlib", "dask", "jieba"}
 # Import name -> distribution, for what model/, trainer/ and finetune/ import beyond the
 # base install:
 # each must be in the `train` extra.

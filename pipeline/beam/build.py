@@ -54,6 +54,7 @@ from pipeline.beam.shard_steps import (
     write_shard,
 )
 from pipeline.core.rows import RowBlock
+from pipeline.core.segment import segmenter_version
 from pipeline.core.sources import HEAD_BYTES, check_format, format_from_name, sniff_format
 from pipeline.core.vocab import (
     build_tokenizer,
@@ -237,6 +238,8 @@ def write_manifest(shards: list[dict], vocab: list[str], vocab_info: dict, count
     stats = {**summary_stats(merge_stats(s["stats"] for s in shards), documents),
              "buckets": buckets, "input": dict(sorted(noticed.items()))}  # fmt: skip
     params = {**config.params(), "num_shards": num_shards}
+    if config.wwm_segmenter != "none":  # the words, so the masks, depend on its version
+        params["wwm_segmenter_version"] = segmenter_version(config.wwm_segmenter)
     manifest = shard_writer.build_manifest(
         shards=[s["entry"] for s in shards], vocab=vocab_info, params=params, stats=stats,
         skipped=dict(sorted(skipped.items())),
@@ -317,7 +320,9 @@ def make_plan(config: BuildConfig) -> Plan:
         FileNotFoundError: an input pattern matches nothing, or no --vocab_file.
         ValueError: the vocab file is malformed (names file and line), or the input
             format is ambiguous or contradicted by a file (see resolve_input_format).
+        ImportError: --wwm_segmenter's package is not installed (names the extra).
     """
+    segmenter_version(config.wwm_segmenter)  # fails here, not in every worker
     files = match_inputs(config.input)
     total = sum(size for _, size in files)
     num_shards = config.num_shards or default_num_shards(total, config.dupe_factor)
@@ -381,7 +386,8 @@ class MakeRows(beam.PTransform):
 
     def expand(self, documents):
         config = self._config
-        tokenize = Tokenize(config.do_lower_case, config.tokenizer_threads)
+        tokenize = Tokenize(config.do_lower_case, config.tokenizer_threads,
+                            segmenter=config.wwm_segmenter)  # fmt: skip
         tokenized, skipped = split_skips(
             documents | "Tokenize" >> beam.ParDo(tokenize, vocab=self._vocab), "Tokenized"
         )

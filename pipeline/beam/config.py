@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pipeline.core.segment import SEGMENTERS
 from pipeline.options import CommandParser, add_options, option, parse_options
 
 INPUT_FORMATS = ("auto", "txt", "jsonl", "parquet")
@@ -44,6 +45,14 @@ class BuildConfig:
     random_seed: int = option(12345, "seed of all randomness")
     do_lower_case: bool = option(True, "lowercase and strip accents (uncased model)")
     do_whole_word_mask: bool = option(False, "mask all WordPieces of a word together")
+    # Chinese words have no "##" pieces; a segmenter finds them (pipeline/core/segment.py).
+    wwm_segmenter: str = option(
+        "none",
+        "whole-word masking: also mask the characters of a word a segmenter finds (jieba: "
+        "Chinese words; needs --do_whole_word_mask true and pip install "
+        "'bert-pipeline[cjk]'); none: \"##\" pieces only, as Google",
+        choices=SEGMENTERS,
+    )
     vocab_file: str | None = option(None, "reuse this vocab.txt instead of learning one")
     vocab_size: int = option(30522, "size of the learned vocab, special tokens included")
     # None: from the input size (see TARGET_SHARD_BYTES).
@@ -93,20 +102,29 @@ class BuildConfig:
             "bucket_size": self.bucket_size >= 1,
             "min_frequency": self.min_frequency >= 1,
             "tokenizer_threads": self.tokenizer_threads >= 0,
+            "wwm_segmenter": self.wwm_segmenter in SEGMENTERS,
         }
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"--{name}: invalid value {getattr(self, name)!r}")
+        if self.wwm_segmenter != "none" and not self.do_whole_word_mask:
+            raise ValueError(
+                f"--wwm_segmenter {self.wwm_segmenter} finds words for whole-word masking: "
+                "add --do_whole_word_mask true"
+            )
 
     def params(self) -> dict:
         """The manifest's ``params``: every option that shapes the data, and the seed.
 
         The output location is left out so the same build into two directories gives
-        byte-identical manifests.
+        byte-identical manifests. ``wwm_segmenter`` is there only when one is used (the
+        build adds its version), so builds without one keep the manifests they had.
         """
         values = dataclasses.asdict(self)
         for key in ("output", "overwrite", "tokenizer_threads"):
             values.pop(key)
+        if self.wwm_segmenter == "none":
+            values.pop("wwm_segmenter")
         values["input"] = list(self.input)
         return values
 

@@ -24,7 +24,8 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindows
 
 from pipeline.beam.config import BuildConfig
-from pipeline.core.rows import offsets_of, take_ragged
+from pipeline.core.rows import offsets_of, take_ragged, take_rows
+from pipeline.core.segment import load_segmenter, word_joins
 from pipeline.core.sources import (
     HEAD_BYTES,
     check_format,
@@ -55,25 +56,33 @@ class TokenizedBatch(NamedTuple):
     ids: np.ndarray  # [N] uint16 (int32 for vocabs over 65,536), all sentences concatenated
     lengths: np.ndarray  # int64 [S], each sentence's length (all > 0)
     counts: np.ndarray  # int64 [D], each document's number of sentences (all > 0)
+    # bool [N] with --wwm_segmenter: the token continues the previous token's word
+    # (pipeline/core/segment.py); None without one. One byte a token: half the ids' bytes.
+    joins: np.ndarray | None = None
 
     def take(self, docs: np.ndarray) -> TokenizedBatch:
         """The documents at indices ``docs``, in that order."""
         seg_offsets = offsets_of(self.counts)
         token_offsets = offsets_of(self.lengths)
         segments, _ = take_ragged(np.arange(len(self.lengths)), seg_offsets, docs)
-        ids, _ = take_ragged(self.ids, token_offsets, segments)
+        columns = [self.ids] if self.joins is None else [self.ids, self.joins]
+        taken, _ = take_rows(columns, token_offsets, segments)
         return TokenizedBatch(
-            [self.doc_ids[i] for i in docs.tolist()], ids, self.lengths[segments],
-            self.counts[docs],
+            [self.doc_ids[i] for i in docs.tolist()], taken[0], self.lengths[segments],
+            self.counts[docs], taken[1] if self.joins is not None else None,
         )  # fmt: skip
 
     @staticmethod
     def concat(batches: list[TokenizedBatch]) -> TokenizedBatch:
+        joins = None
+        if batches and batches[0].joins is not None:
+            joins = np.concatenate([b.joins for b in batches])
         return TokenizedBatch(
             [doc_id for b in batches for doc_id in b.doc_ids],
             np.concatenate([b.ids for b in batches]),
             np.concatenate([b.lengths for b in batches]),
             np.concatenate([b.counts for b in batches]),
+            joins,
         )
 
 
@@ -297,11 +306,17 @@ class Tokenize(beam.DoFn):
     offsets) per batch. Special-token text (``[MASK]``, ``[CLS]``, ...) is tokenized as
     ordinary text, as Google's tokenizer does. Sentences that tokenize to nothing are dropped without
     ending the document (Google's rule); documents left empty become ``Skipped``.
+
+    With a ``segmenter`` (``--wwm_segmenter``, built once per worker), the batch is
+    encoded with offsets and each token's word join is found on the original sentence
+    (``pipeline/core/segment.py``), here where tokenizing runs, in parallel.
     """
 
-    def __init__(self, do_lower_case: bool, threads: int = 0):
+    def __init__(self, do_lower_case: bool, threads: int = 0, segmenter: str = "none"):
         self._lower = do_lower_case
         self._threads = threads
+        self._segmenter_name = segmenter
+        self._segmenter = None
         self._tokenizer = None
         self._tokens = Metrics.counter(NAMESPACE, "wordpiece_tokens")
 
@@ -320,10 +335,15 @@ class Tokenize(beam.DoFn):
             # only the row format puts special ids in a row.
             self._tokenizer = build_tokenizer(vocab, self._lower, specials_in_text=False)
             self._unk_id = vocab.index("[UNK]")
+            self._segmenter = load_segmenter(self._segmenter_name)
         sentences = [s for doc in batch.documents for s in doc]
-        encoded = [
-            e.ids for e in self._tokenizer.encode_batch_fast(sentences, add_special_tokens=False)
-        ]
+        joins = None
+        if self._segmenter is None:
+            encodings = self._tokenizer.encode_batch_fast(sentences, add_special_tokens=False)
+        else:  # offsets: which characters each token covers
+            encodings = self._tokenizer.encode_batch(sentences, add_special_tokens=False)
+            joins = word_joins(sentences, [e.offsets for e in encodings], self._segmenter)
+        encoded = [e.ids for e in encodings]
         lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
         per_doc = np.fromiter(map(len, batch.documents), dtype=np.int64,
                               count=len(batch.documents))  # fmt: skip
@@ -338,7 +358,7 @@ class Tokenize(beam.DoFn):
                            count=int(lengths.sum()))  # fmt: skip
         self._tokens.inc(len(flat))
         doc_ids = [d for d, n in zip(batch.doc_ids, counts.tolist(), strict=True) if n]
-        yield TokenizedBatch(doc_ids, flat, lengths[kept], counts[counts > 0])
+        yield TokenizedBatch(doc_ids, flat, lengths[kept], counts[counts > 0], joins)
         # One-sentence documents only ever make random-next rows (Google's rule).
         yield from noted("one_sentence_documents", int((counts == 1).sum()))
         # Words longer than 100 characters, and characters not in the vocab, become [UNK].

@@ -20,7 +20,14 @@ from pipeline.beam.config import BuildConfig
 from pipeline.beam.document_steps import NAMESPACE, TokenizedBatch
 from pipeline.beam.shard_steps import write_group
 from pipeline.core.masking import MaskingConfig, MaskingVocab, mask_flat
-from pipeline.core.nsp import BucketLayout, NspConfig, SpecialIds, assemble_rows, plan_document
+from pipeline.core.nsp import (
+    BucketLayout,
+    NspConfig,
+    SpecialIds,
+    assemble_joins,
+    assemble_rows,
+    plan_document,
+)
 from pipeline.core.rng import derive_seed_grid, derive_seeds, keys_from_bases
 from pipeline.core.rows import RowBlock
 
@@ -114,7 +121,7 @@ class MakeInstances(beam.DoFn):
                 counts.append(plan_document(layout, index, self._nsp, rng, plans))
         bases = [base for row in key_bases for base in row]  # == shard_key_base(seed, id, d)
         keys = keys_from_bases(np.array(bases, dtype=np.uint64), np.array(counts))
-        rows = self._masked_block(bucket.ids, np.array(plans, dtype=np.int64), keys)
+        rows = self._masked_block(bucket, np.array(plans, dtype=np.int64), keys)
         self._instances.inc(len(rows))
         # Rows grouped by where they are written: shard, then key range within it.
         groups = write_group(rows.keys, self._num_shards)
@@ -127,10 +134,13 @@ class MakeInstances(beam.DoFn):
         for group, part in zip(present.tolist(), np.split(order, starts[1:]), strict=True):
             yield group, rows.take(part).to_bytes()
 
-    def _masked_block(self, tokens: np.ndarray, plans: np.ndarray, keys: np.ndarray) -> RowBlock:
-        """Assemble and mask all rows at once; each row's randomness comes from its own key."""
-        flat, _, offsets = assemble_rows(tokens, plans, self._special)
-        masked, selected = mask_flat(flat, offsets, keys, self._masking, self._vocab)
+    def _masked_block(self, bucket: TokenizedBatch, plans: np.ndarray, keys: np.ndarray
+                      ) -> RowBlock:  # fmt: skip
+        """Assemble and mask all rows at once; each row's randomness comes from its own key.
+        A segmenter's word joins (``--wwm_segmenter``) are laid out as the ids are."""
+        flat, _, offsets = assemble_rows(bucket.ids, plans, self._special)
+        joins = None if bucket.joins is None else assemble_joins(bucket.joins, plans)
+        masked, selected = mask_flat(flat, offsets, keys, self._masking, self._vocab, joins)
         masked = masked.astype(flat.dtype)
         row_of = np.searchsorted(offsets, selected, side="right") - 1
         return RowBlock(

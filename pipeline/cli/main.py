@@ -90,8 +90,8 @@ def _build(argv: Sequence[str], log_file: str | None, verbose: bool,
         beam_args = check_beam_options(beam_args)
         plan = build.make_plan(config)
         created = build.prepare_output(config)
-    except (ValueError, OSError) as e:  # FileNotFoundError and FileExistsError included
-        logger.error("%s", e)
+    except (ValueError, OSError, ImportError) as e:  # FileNotFoundError, FileExistsError
+        logger.error("%s", e)  # ImportError: an optional package (its message names the extra)
         return 2
     log_file = job_log_file(log_file, verbose, config.output, "build", handlers)
     options, given = beam_options(beam_args)

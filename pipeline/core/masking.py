@@ -6,6 +6,8 @@ Rules (google-research/bert ``create_masked_lm_predictions``):
   With whole-word masking a ``##`` piece joins the group of the candidate
   before it, so a word is masked whole or not at all. (Google's quirk, kept: a
   ``##`` piece right after the middle ``[SEP]`` joins the last word of A.)
+  With a word segmenter's joins (:func:`mask_flat`'s ``word_joins``, from
+  ``pipeline/core/segment.py``) the characters of a Chinese word form one group too.
 - ``num_to_predict = min(max_predictions_per_seq, max(1, round(len(row) *
   masked_lm_prob)))``, where ``len(row)`` counts ``[CLS]`` and both ``[SEP]``
   and ``round`` is Python's (half to even): a full 128-token row gets
@@ -218,6 +220,7 @@ def mask_flat(
     row_keys: np.ndarray,
     config: MaskingConfig,
     vocab: MaskingVocab,
+    word_joins: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Masks R rows held flat, with all randomness derived from one key per row.
 
@@ -232,6 +235,11 @@ def mask_flat(
         flat: int ``[N]``, the rows' ids concatenated, each in ``[0, vocab_size)``.
         offsets: int64 ``[R + 1]``, row ``r`` is ``flat[offsets[r]:offsets[r + 1]]``.
         row_keys: uint64 ``[R]``, e.g. from :func:`pipeline.core.rng.shard_keys`.
+        word_joins: optional bool ``[N]``, True where a token continues the word of the
+            token before it by a word segmenter's words (``pipeline/core/segment.py``;
+            a Chinese word's characters). With whole-word masking such a token joins the
+            group before it, as a ``##`` piece does; ``##`` pieces still join too.
+            None (the default): Google's rule alone.
 
     Returns:
         (masked int32 ``[N]``, selected int64 ``[S]``): the masked ids and the
@@ -240,10 +248,16 @@ def mask_flat(
 
     Raises:
         ValueError: ids outside ``[0, vocab_size)``, mismatched lengths, or
-            whole-word masking without ``vocab.is_continuation``.
+            whole-word masking without ``vocab.is_continuation``, ``word_joins``
+            without whole-word masking or of another length than ``flat``.
     """
     if config.do_whole_word_mask and vocab.is_continuation is None:
         raise ValueError("do_whole_word_mask needs MaskingVocab.is_continuation")
+    if word_joins is not None and (not config.do_whole_word_mask or len(word_joins) != len(flat)):
+        raise ValueError(
+            f"word_joins needs do_whole_word_mask and one flag per id: "
+            f"{len(word_joins)} flags, {len(flat)} ids"
+        )
     flat = np.asarray(flat, dtype=np.int32)
     offsets = np.asarray(offsets, dtype=np.int64)
     if len(row_keys) != len(offsets) - 1 or offsets[-1] != len(flat):
@@ -259,7 +273,8 @@ def mask_flat(
         return flat.copy(), np.zeros(0, dtype=np.int64)
     draws = _KeyedUniforms(np.asarray(row_keys, dtype=np.uint64))
     counts = num_to_predict(np.diff(offsets), config)
-    selected = _select(flat, offsets, counts, vocab, draws, config.do_whole_word_mask)
+    whole_words = config.do_whole_word_mask
+    selected = _select(flat, offsets, counts, vocab, draws, whole_words, word_joins)
     rows = np.searchsorted(offsets, selected, side="right") - 1
     columns = selected - offsets[rows]
     u, v = draws.at(rows, columns, 1), draws.at(rows, columns, 2)
@@ -335,6 +350,7 @@ def _select(
     vocab: MaskingVocab,
     gen: np.random.Generator,
     whole_words: bool,
+    joins: np.ndarray | None = None,
 ) -> np.ndarray:
     """Google's selection for all rows at once: group, shuffle, take greedily.
 
@@ -351,6 +367,8 @@ def _select(
         vocab: special ids and ``is_continuation``.
         gen: the source of the shuffles.
         whole_words: group ``##`` pieces with their word.
+        joins: with ``whole_words``, optional bool ``[N]`` (``mask_flat``'s
+            ``word_joins``): the tokens it marks join the group before them too.
 
     Returns:
         int64 ``[S]``: chosen indices into ``flat``, ascending.
@@ -364,6 +382,8 @@ def _select(
     # A "##" piece continues the previous candidate's word (even across the
     # middle [SEP], as in Google's code), but never across rows.
     starts = ~vocab.is_continuation[flat[candidates]]  # (C,)
+    if joins is not None:  # a segmenter's words: a Chinese word's characters are one group
+        starts &= ~joins[candidates]
     row_firsts = bounds[:-1]
     starts[row_firsts[row_firsts < len(candidates)]] = True
     word_first = np.flatnonzero(starts)  # (W,) index into candidates

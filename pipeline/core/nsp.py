@@ -240,6 +240,53 @@ def assemble_rows(
         int8 ``[N]``, int64 ``[R + 1]`` (row ``r`` is ``[offsets[r], offsets[r + 1])``).
     """
     plans = np.asarray(plans, dtype=np.int64).reshape(-1, 5)
+    source, in_b, offsets = _row_sources(plans)
+    b_first = offsets[:-1] + (plans[:, 1] - plans[:, 0]) + 1  # the first [SEP]
+    padded = np.empty(len(tokens) + 1, dtype=tokens.dtype)
+    padded[:-1] = tokens
+    padded[-1] = 0
+    input_ids = padded[source]
+    input_ids[offsets[:-1]] = special_ids.cls_id
+    input_ids[b_first] = special_ids.sep_id
+    input_ids[offsets[1:] - 1] = special_ids.sep_id
+    segment_ids = in_b.view(np.int8)  # 1 after the first [SEP]
+    return input_ids, segment_ids, offsets
+
+
+def assemble_joins(joins: np.ndarray, plans: np.ndarray) -> np.ndarray:
+    """A per-token flag of the bucket (e.g. a segmenter's word joins) laid out as
+    :func:`assemble_rows` lays out the ids, False at the special tokens and at the first
+    token of A and of B: a word cut by truncation, or B's first word after A's last, is
+    not joined to what precedes it in the row.
+
+    Args:
+        joins: bool ``[T]``, one flag per token of the bucket's flat token array.
+        plans: int ``[R, 5]`` rows of :func:`plan_document`.
+
+    Returns:
+        bool ``[N]``, aligned with :func:`assemble_rows`' ``input_ids``.
+    """
+    plans = np.asarray(plans, dtype=np.int64).reshape(-1, 5)
+    source, _, offsets = _row_sources(plans)
+    padded = np.zeros(len(joins) + 1, dtype=bool)
+    padded[:-1] = joins
+    out = padded[source]
+    len_a = plans[:, 1] - plans[:, 0]
+    for first in (offsets[:-1], offsets[:-1] + 1, offsets[:-1] + len_a + 1):
+        out[first] = False  # [CLS], A's first token, the first [SEP]
+    out[offsets[:-1] + len_a + 2] = False  # B's first token
+    out[offsets[1:] - 1] = False  # the last [SEP]
+    return out
+
+
+def _row_sources(plans: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each position of the planned rows, the index of its token in the bucket.
+
+    Returns:
+        ``(source, in_b, offsets)``: int64 ``[N]`` indices into the flat tokens padded
+        with one value at the end (the special positions read a neighbour or that pad, and
+        are overwritten), bool ``[N]`` (after the first ``[SEP]``), int64 ``[R + 1]``.
+    """
     a0, a1, b0, b1 = plans[:, 0], plans[:, 1], plans[:, 2], plans[:, 3]
     len_a = a1 - a0
     lengths = len_a + (b1 - b0) + 3
@@ -253,15 +300,7 @@ def assemble_rows(
     in_b = position > len_a_each + 1
     source = np.where(in_b, np.repeat(b0 - len_a - 2, lengths), np.repeat(a0 - 1, lengths))
     source += position
-    padded = np.empty(len(tokens) + 1, dtype=tokens.dtype)
-    padded[:-1] = tokens
-    padded[-1] = 0
-    input_ids = padded[source]
-    input_ids[offsets[:-1]] = special_ids.cls_id
-    input_ids[offsets[:-1] + len_a + 1] = special_ids.sep_id
-    input_ids[offsets[1:] - 1] = special_ids.sep_id
-    segment_ids = in_b.view(np.int8)  # 1 after the first [SEP]
-    return input_ids, segment_ids, offsets
+    return source, in_b, offsets
 
 
 def create_instances_from_document(
