@@ -3,10 +3,14 @@
     python bench/pipeline_speed.py                       # 8 MB of English prose, 1 and 2 workers
     python bench/pipeline_speed.py --mb 8 64 --workers 2 --profile
     python bench/pipeline_speed.py --input 'corpus/*.jsonl' --vocab_file vocab.txt
+    python bench/pipeline_speed.py --chinese --mb 8 --workers 2 \
+        --flags "--do_whole_word_mask true --wwm_segmenter jieba"   # vs. the same without it
 
 The corpus is ``--input`` (any format the build reads), or the Python standard
 library's docstrings and language reference (``pipeline.cli.corpus``, English prose)
-repeated to each ``--mb`` size in 8 files. Without ``--vocab_file`` a vocab is learned
+repeated to each ``--mb`` size in 8 files; ``--chinese``: the sentences of
+tests/data/chinese/sample.jsonl shuffled into jsonl documents (seeded) to each size.
+``--flags`` adds build options to every job (and to ``--profile``). Without ``--vocab_file`` a vocab is learned
 once beforehand from the first corpus (not timed). Each job runs ``python -m pipeline
 build`` on the DirectRunner (multi-processing, N workers) with ``--vocab_file`` and
 prints input MB/s, wall clock included. The floor is the ``tokenizers`` library's
@@ -37,6 +41,8 @@ import filecmp
 import glob
 import json
 import os
+import random
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -119,11 +125,31 @@ def timing(seconds: dict[str, float], step: str, fn):
     return wrapper
 
 
-def profile_steps(inputs: str, vocab_file: str, dupe: int, out: Path) -> dict[str, float]:
+def chinese_corpus(directory: Path, max_bytes: int, files: int = 8) -> None:
+    """jsonl documents of 2-12 sentences drawn (seeded) from the shipped Chinese sample."""
+    from pipeline.core.text import split_sentences
+
+    sample = ROOT / "tests" / "data" / "chinese" / "sample.jsonl"
+    lines = sample.read_text(encoding="utf-8").splitlines()
+    sentences = [s for line in lines for s in split_sentences(json.loads(line)["text"])]
+    rng, written = random.Random(0), 0
+    directory.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        outs = [stack.enter_context(open(directory / f"part-{i}.jsonl", "w", encoding="utf-8"))
+                for i in range(files)]  # fmt: skip
+        while written < max_bytes:
+            text = "".join(rng.choices(sentences, k=rng.randint(2, 12)))
+            line = json.dumps({"text": text}, ensure_ascii=False) + "\n"
+            outs[rng.randrange(files)].write(line)
+            written += len(line.encode("utf-8"))
+
+
+def profile_steps(inputs: str, vocab_file: str, dupe: int, out: Path,
+                  flags: list[str]) -> dict[str, float]:  # fmt: skip
     """The build's steps as plain calls on one core, without Beam: seconds per step."""
     config, _ = parse_build_args(["--input", inputs, "--output", str(out), "--vocab_file",
                                   vocab_file, "--dupe_factor", str(dupe), "--overwrite",
-                                  "--tokenizer_threads", "1"])  # fmt: skip
+                                  "--tokenizer_threads", "1", *flags])  # fmt: skip
     plan = make_plan(config)
     config = dataclasses.replace(config, input_format=plan.input_format)
     prepare_output(config)
@@ -132,7 +158,7 @@ def profile_steps(inputs: str, vocab_file: str, dupe: int, out: Path) -> dict[st
         reader = ReadDocuments(config, plan.root, plan.format_origin)
         batches = [b for path in plan.files for b in reader.process(path)
                    if isinstance(b, DocumentBatch)]  # fmt: skip
-    tokenize = Tokenize(config.do_lower_case, threads=1)
+    tokenize = Tokenize(config.do_lower_case, threads=1, segmenter=config.wwm_segmenter)
     environ = dict(os.environ)
     tokenize.setup()  # sets TOKENIZERS_PARALLELISM for this process: restored below
     with timed(s, "tokenize"):
@@ -182,6 +208,12 @@ def corpora(args, work: Path) -> list[tuple[float, str]]:
         return [(sum(os.path.getsize(f) for f in files) / 1e6, args.input)]
     found = []
     for mb in args.mb:
+        if args.chinese:
+            directory = work / f"corpus-zh-{mb:g}mb"
+            if not directory.exists():
+                chinese_corpus(directory, int(mb * 1e6))
+            found.append((mb, str(directory / "*.jsonl")))
+            continue
         directory = work / f"corpus-{mb:g}mb"
         if not directory.exists():
             write_corpus(directory, max_bytes=int(mb * 1e6), files=8, repeat=True,
@@ -204,7 +236,11 @@ def main(argv=None) -> int:
     p.add_argument("--vocab_size", type=int, default=30522, help="learned vocab size")
     p.add_argument("--profile", action="store_true", help="time each step without Beam")
     p.add_argument("--keep", default=None, help="keep corpora and outputs here (reused)")
+    p.add_argument("--chinese", action="store_true", help="--mb of Chinese jsonl, not prose")
+    p.add_argument("--flags", default="", help='build options for every job, e.g. '
+                   '"--do_whole_word_mask true --wwm_segmenter jieba"')  # fmt: skip
     args = p.parse_args(argv)
+    flags = shlex.split(args.flags)
 
     work = Path(args.keep or tempfile.mkdtemp(prefix="pipeline-bench-"))
     runs = corpora(args, work)
@@ -217,7 +253,7 @@ def main(argv=None) -> int:
         vocab_file = str(vocab_dir / "vocab.txt")
         print(f"vocab: learned in a dupe-1 job of {learn_s:.1f} s (not timed below)")
     vocab = read_vocab(vocab_file)
-    given = ["--vocab_file", vocab_file]
+    given = ["--vocab_file", vocab_file, *flags]
     two = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
     fixed_s = build(tiny_corpus(work / "tiny"), work / "shards-tiny", [*given, *two],
                     args.dupe_factor)  # fmt: skip
@@ -226,7 +262,7 @@ def main(argv=None) -> int:
     for mb, inputs in runs:
         sentences = job_sentences(sorted(glob.glob(inputs)))
         floor = mb / tokenizer_floor(sentences, vocab)
-        result = {"corpus_mb": round(mb, 3), "dupe_factor": args.dupe_factor,
+        result = {"corpus_mb": round(mb, 3), "dupe_factor": args.dupe_factor, "flags": args.flags,
                   "floor_mb_s": round(floor, 3), "fixed_s": round(fixed_s, 2)}  # fmt: skip
         print(f"{mb:.1f} MB: floor (tokenizers encode_batch) {floor:.2f} MB/s", flush=True)
         jobs = [(n, "auto") for n in args.workers]
@@ -248,7 +284,7 @@ def main(argv=None) -> int:
         results.append(result)
     if args.profile:
         mb, inputs = runs[0]
-        steps = profile_steps(inputs, vocab_file, args.dupe_factor, work / "profile-out")
+        steps = profile_steps(inputs, vocab_file, args.dupe_factor, work / "profile-out", flags)
         print(f"profile, {mb:.1f} MB on one core without Beam (s, s/MB):")
         for step, seconds in steps.items():
             print(f"  {step:24s} {seconds:7.2f} {seconds / mb:7.3f}")
