@@ -23,6 +23,9 @@ rank killed outright. What happens (trainer/run.py installs it on every rank):
   heartbeat and declares a rank dead after :data:`PEER_SILENCE_S` seconds of silence: the
   only sign a rank on another machine gives when that machine is lost. When rank 0 itself is
   gone, the store it hosts stops answering and the others stop after :data:`STORE_LOST_S`.
+- **A rank that ended well** marks itself done in the store before it exits (rank 0 last,
+  once every mark is there), so a rank still between the last barrier and its exit never
+  takes a finished rank for a dead one.
 - **The launcher** (``deepspeed``; one per node with ``--no_ssh``) exits with the first
   non-zero code of its ranks; a SIGTERM it sends the survivors meanwhile finds them already
   leaving (trainer/signals.py asks this watch first: a stop that waits for a dead rank would
@@ -186,11 +189,33 @@ class RunWatch:
             self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
-        self._closing.set()
+    def __exit__(self, exc_type, *exc) -> None:
+        self._closing.set()  # from here no check ends the run: the ranks are past their last collective
+        if self._store is not None and exc_type is None:
+            self._finish()
         if self._thread is not None:
             self._thread.join(timeout=5)
         self.stop.check_peers = None
+
+    def _finish(self) -> None:
+        """This rank ended well: mark it done, so that a rank still watching does not take its
+        exit for a death; rank 0, which hosts the store, first waits (a few seconds at most)
+        for every rank's mark, so that none of them finds the store gone while it looks."""
+        keys = [f"{_KEY}/done/{r}" for r in range(self.world_size)]
+        with contextlib.suppress(Exception):  # the store is gone: nobody is watching
+            self._store.set(keys[self.rank], "1")
+            deadline = time.monotonic() + ACK_WAIT_S
+            while self.rank == 0 and time.monotonic() < deadline:
+                if self._store.check(keys):
+                    return
+                time.sleep(0.05)
+
+    def _done(self, rank: int) -> bool:
+        """Whether ``rank`` ended well (:meth:`_finish`)."""
+        try:
+            return bool(self._store.check([f"{_KEY}/done/{rank}"]))
+        except Exception:  # the store is gone: it cannot say
+            return False
 
     # -- failures of this rank -------------------------------------------------------------
 
@@ -212,9 +237,12 @@ class RunWatch:
         return self._end(exit_code(err), line)
 
     def _dead_peers(self) -> list[tuple[int, int]]:
-        """(rank, pid) of this machine's other ranks whose process is gone."""
-        return [(rank, pid) for rank, (pid, started) in (self._peers or {}).items()
+        """(rank, pid) of this machine's other ranks whose process is gone without having
+        ended well."""
+        gone = [(rank, pid) for rank, (pid, started) in (self._peers or {}).items()
                 if _gone(pid, started)]  # fmt: skip
+        # Rank 0 (the store's host) is never done before the others: _finish waits for them.
+        return [(rank, pid) for rank, pid in gone if rank == 0 or not self._done(rank)]
 
     def _died(self, rank: int, pid: int) -> str:
         return (f"rank {rank} (pid {pid}) exited or was killed (seen by rank {self.rank} during "
@@ -280,7 +308,7 @@ class RunWatch:
         """One look at the store and this machine's other ranks; ends the run when one failed
         or died. The watcher thread calls it every POLL_S; trainer/signals.py calls it on a
         stop signal (a launcher's SIGTERM after one of its ranks died)."""
-        if self._store is None:
+        if self._store is None or self._closing.is_set():
             return
         now = time.monotonic()
         dead = self._dead_peers()  # first: with rank 0 gone, the store calls would wait
@@ -321,7 +349,7 @@ class RunWatch:
             last = self._beats.get(rank)
             if last is None or last[0] != count:
                 self._beats[rank] = (count, now)
-            elif now - last[1] > PEER_SILENCE_S:
+            elif now - last[1] > PEER_SILENCE_S and not self._done(rank):
                 self._end(OTHER, f"rank {rank} has not been heard from for {now - last[1]:.0f} s "
                                  f"(its process or machine is gone)")  # fmt: skip
 

@@ -11,7 +11,9 @@ rank) for the processes of one run. When ``trainer.loop`` is imported, this patc
   a full disk does;
 - ``workerkill@P``: a DataLoader worker of the rank SIGKILLs itself when it builds a batch at
   stream position ``P`` or later (workers build ahead of the steps: the rank sees it dead at
-  once, a few steps before it would train on that batch).
+  once, a few steps before it would train on that batch);
+- ``slowplot@S``: the rank sleeps S seconds before its plots, after the run's last barrier,
+  while the other ranks end and exit.
 
 When it injects, it appends ``KIND RANK TIME`` (``time.time()``) to ``$BERT_TEST_FAULT_LOG``
 if that is set, for the tests' time-to-exit bound.
@@ -93,7 +95,20 @@ def _patch_data(module) -> None:
     stream.batch = faulty_batch
 
 
-_PATCHES = {"trainer.loop": _patch_loop, "trainer.data": _patch_data}
+def _patch_plot(module) -> None:
+    kind, seconds, rank = _parse(_SPEC)
+    if kind != "slowplot" or not _mine(rank):
+        return
+    plot_run = module.plot_run
+
+    def slow_plot_run(*args, **kwargs):
+        time.sleep(seconds)  # the other ranks have ended well and exited meanwhile
+        return plot_run(*args, **kwargs)
+
+    module.plot_run = slow_plot_run
+
+
+_PATCHES = {"trainer.loop": _patch_loop, "trainer.data": _patch_data, "trainer.plot": _patch_plot}
 
 
 class _PatchOnImport:

@@ -331,3 +331,12 @@ def test_one_process_corrupt_shard_is_a_data_error_with_and_without_workers(one_
 def test_one_process_chain_ends_as_the_uninterrupted_run(one_rank_chain):
     assert one_rank_chain["done"].code == 0, one_rank_chain["done"].console[-3000:]
     assert one_rank_chain["difference"] <= 1e-6
+
+
+def test_ranks_that_end_well_first_are_not_taken_for_dead(zero2_files, small_shards):
+    """Rank 0 plots after the last barrier while rank 1 has ended and exited: a finished
+    rank is not a dead one (trainer/failure.py's done marks), so the run ends 0, quietly."""
+    out = zero2_files / "slow-plot"
+    done = launch(zero2_files, small_shards, out, fault="slowplot@3:0", steps=2, save_every=0)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "ERROR" not in done.stderr and (out / "plots" / "loss.png").is_file()
