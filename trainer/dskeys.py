@@ -178,9 +178,9 @@ def _model_problems(model, section: dict[str, Any], path: str) -> list[str]:
     from pydantic import ValidationError
 
     disabled, logger.disabled = logger.disabled, True  # its deprecation warnings: later, once
+    errors = []
     try:
         model.model_validate(section)
-        return []
     except ValidationError as err:
         errors = [e for e in err.errors() if e["type"] == "extra_forbidden"]
     finally:
@@ -195,6 +195,20 @@ def _model_problems(model, section: dict[str, Any], path: str) -> list[str]:
             problems.append(f"{where} is also given as {other} (keep one)")
         else:
             problems.append(_unknown(where, str(key), names))
+    return problems + _auto_problems(model, section, path)
+
+
+def _auto_problems(model, section: dict[str, Any], path: str, parents=()) -> list[str]:
+    """Keys set to ``"auto"`` that the model does not take: DeepSpeed drops ``"auto"`` values
+    before its model sees them, so a misspelt key set to ``"auto"`` would pass unseen."""
+    problems = []
+    for key, value in section.items():
+        if isinstance(value, dict):
+            problems += _auto_problems(model, value, path, (*parents, key))
+            continue
+        names = _names(_model_at(model, parents)) if value == "auto" else None
+        if names and key not in names:
+            problems.append(_unknown(".".join([path, *parents, key]), key, names))
     return problems
 
 

@@ -65,6 +65,11 @@ def test_valid_keys_outside_deploy_pass():
          "zero_optimization.prefetch_bucket_size is also given as stage3_prefetch_bucket_size "
          "(keep one)"),
         ("bf16.enable", True, "unknown key bf16.enable (did you mean enabled?)"),
+        ("zero_optimization.reduce_bucket_sise", "auto",  # "auto": DeepSpeed drops it unseen
+         "unknown key zero_optimization.reduce_bucket_sise (did you mean reduce_bucket_size?)"),
+        ("zero_optimization.offload_optimizer", {"device": "cpu", "buffer_cont": "auto"},
+         "unknown key zero_optimization.offload_optimizer.buffer_cont "
+         "(did you mean buffer_count?)"),
         ("optimizer.typ", "AdamW", "unknown key optimizer.typ (did you mean type?)"),
         ("optimizer.params.weight_decy", 0.1,
          "unknown key optimizer.params.weight_decy "
