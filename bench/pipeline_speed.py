@@ -155,8 +155,8 @@ def profile_steps(inputs: str, vocab_file: str, dupe: int, out: Path,
     prepare_output(config)
     vocab, s = plan.vocab, {}
     with timed(s, "read"):
-        reader = ReadDocuments(config, plan.root, plan.format_origin)
-        batches = [b for path in plan.files for b in reader.process(path)
+        reader = ReadDocuments(config, plan.format_origin)
+        batches = [b for part in plan.ranges for b in reader.process(part)
                    if isinstance(b, DocumentBatch)]  # fmt: skip
     tokenize = Tokenize(config.do_lower_case, threads=1, segmenter=config.wwm_segmenter)
     environ = dict(os.environ)

@@ -6,7 +6,7 @@
 
 Stages (labels as in the Beam graph; each a PTransform of the steps in brackets)::
 
-    ReadCorpus [ListFiles -> ReadDocuments]
+    ReadCorpus [ListRanges -> ReadDocuments (-> SumPerFile -> FileNotes)]
       -> LearnVocabulary [CountWords -> LearnVocab] (or VocabFromFile), WriteVocab
       -> MakeRows [Tokenize -> AssignBuckets -> GroupBuckets
                    -> MakeInstances (NSP + masking, rows keyed by shard)]
@@ -14,9 +14,12 @@ Stages (labels as in the Beam graph; each a PTransform of the steps in brackets)
                       (-> GroupParts -> JoinParts: shards in key-range parts) -> CollectShards]
       -> WriteManifest (empty shards, then the manifest, last)
 
-Randomness is seeded only from (seed, document id, dupe index); documents meet
-the others of their bucket sorted by id, and each shard is sorted by a seeded
-hash; so every runner and worker count writes byte-identical shards and manifest.
+Files are read in byte ranges, spread over the workers, so one big file is read by all of
+them. A document's id is a hash of its content; randomness is seeded only from (seed,
+document id, dupe index); documents meet the others of their bucket sorted by id, and each
+shard is sorted by a seeded hash; so every runner and worker count, and any way of putting
+the same documents into files (names, number, order, compression), writes byte-identical
+shards and manifest.
 
 This module plans the job, composes the graph from the stages above and writes the
 manifest; the steps live in ``document_steps.py`` (read, count words, tokenize),
@@ -38,8 +41,12 @@ from apache_beam.io.filesystems import FileSystems
 from pipeline.beam.config import OUTPUT_BYTES_PER_INPUT_BYTE, TARGET_SHARD_BYTES, BuildConfig
 from pipeline.beam.document_steps import (
     CountWords,
+    FileDocuments,
     ReadDocuments,
     Tokenize,
+    count_pair,
+    file_notes,
+    is_record,
     learn_vocab,
     split_skips,
 )
@@ -55,7 +62,16 @@ from pipeline.beam.shard_steps import (
 )
 from pipeline.core.rows import RowBlock
 from pipeline.core.segment import segmenter_version
-from pipeline.core.sources import HEAD_BYTES, check_format, format_from_name, sniff_format
+from pipeline.core.sources import (
+    HEAD_BYTES,
+    FileRange,
+    check_format,
+    format_from_name,
+    is_compressed,
+    range_bytes,
+    sniff_format,
+    split_ranges,
+)
 from pipeline.core.vocab import (
     build_tokenizer,
     parse_vocab,
@@ -84,23 +100,6 @@ def match_inputs(patterns: Iterable[str]) -> list[tuple[str, int]]:
         for meta in result.metadata_list:
             found[meta.path] = meta.size_in_bytes
     return sorted(found.items())
-
-
-def common_root(paths: list[str]) -> str:
-    """The directory all paths share, so that document ids do not depend on where the
-    corpus lies or how its paths are spelt (absolute, relative, a URI).
-
-    Examples: ``["/a/b/x", "/a/c/y"] -> "/a"``, ``["c/x.txt"] -> "c"``,
-    ``["gs://b/d/x", "gs://b/d/y"] -> "gs://b/d"``.
-    """
-    parts = [p.split("/")[:-1] for p in paths]  # each file's directory, as components
-    shared = parts[0]
-    for other in parts[1:]:
-        n = 0
-        while n < min(len(shared), len(other)) and shared[n] == other[n]:
-            n += 1
-        shared = shared[:n]
-    return "/".join(shared)
 
 
 def default_num_shards(total_input_bytes: int, dupe_factor: int) -> int:
@@ -267,7 +266,7 @@ class Plan(NamedTuple):
     """What the driver decides before the pipeline runs (fails fast on bad input)."""
 
     files: list[str]
-    root: str  # common directory of the inputs; document ids are relative to it
+    ranges: list[FileRange]  # the files in the byte ranges workers read
     num_shards: int
     vocab: list[str] | None  # from --vocab_file, or None to learn one
     input_format: str  # txt, jsonl or parquet: --input_format, or inferred
@@ -329,27 +328,45 @@ def make_plan(config: BuildConfig) -> Plan:
     vocab = read_vocab_file(config.vocab_file) if config.vocab_file else None
     paths = [path for path, _ in files]
     input_format, origin = resolve_input_format(config.input_format, paths)
-    logger.info("%d %s input file(s), %.1f MB, %d shard(s)", len(files), input_format,
-                total / 1e6, num_shards)  # fmt: skip
-    return Plan(paths, common_root(paths), num_shards, vocab, input_format, origin)
+    size = round(config.input_split_mb * 1e6) or range_bytes(total)
+    ranges = split_ranges(files, size)
+    logger.info("%d %s input file(s), %.1f MB, read in %d range(s); %d shard(s)", len(files),
+                input_format, total / 1e6, len(ranges), num_shards)  # fmt: skip
+    whole = [(path, n) for path, n in files if is_compressed(path) and n > size]
+    for path, n in whole[:3]:
+        logger.warning("%s is compressed (%.0f MB): it cannot seek, so one worker reads it "
+                       "whole; decompress it, or split it into files, to spread it over the "
+                       "workers", path, n / 1e6)  # fmt: skip
+    if len(whole) > 3:
+        logger.warning("... and %d more compressed files over %.0f MB", len(whole) - 3, size / 1e6)
+    return Plan(paths, ranges, num_shards, vocab, input_format, origin)
 
 
 class ReadCorpus(beam.PTransform):
-    """The plan's files -> (DocumentBatches, ((group, kind), count) of what was skipped or
-    noted while reading)."""
+    """The plan's file ranges -> (DocumentBatches, ((group, kind), count) of what was skipped
+    or noted while reading). A file's documents are counted over its ranges, for the
+    skips and notes that concern whole files."""
 
     def __init__(self, config: BuildConfig, plan: Plan):
         super().__init__()
         self._config, self._plan = config, plan
 
     def expand(self, pbegin):
-        read = ReadDocuments(self._config, self._plan.root, self._plan.format_origin)
-        return split_skips(
+        read = (
             pbegin
-            | "ListFiles" >> beam.Create(self._plan.files)  # reshuffled: files spread to workers
-            | "ReadDocuments" >> beam.ParDo(read),
-            "Read",
+            | "ListRanges" >> beam.Create(self._plan.ranges)  # reshuffled: spread to workers
+            | "ReadDocuments" >> beam.ParDo(ReadDocuments(self._config, self._plan.format_origin))
         )
+        documents = read | "ReadKept" >> beam.Filter(is_record)
+        file_counts = (
+            read
+            | "RangeDocuments" >> beam.Filter(lambda x: isinstance(x, FileDocuments))
+            | "PerFile" >> beam.Map(lambda x: (x.path, x.documents))
+            | "SumPerFile" >> beam.CombinePerKey(sum)
+            | "FileNotes" >> beam.FlatMap(file_notes, self._plan.input_format)
+        )
+        counts = (read, file_counts) | "ReadNotes" >> beam.Flatten()
+        return documents, counts | "ReadCounts" >> beam.FlatMap(count_pair)
 
 
 class LearnVocabulary(beam.PTransform):

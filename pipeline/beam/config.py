@@ -86,6 +86,14 @@ class BuildConfig:
         "(they run one worker process per core)",
     )
 
+    # Speed only: where files are cut changes no byte of the output; not in the manifest.
+    input_split_mb: float = option(
+        0.0,
+        "read input files in ranges of this many MB, each a task for any worker (a big file "
+        "is read by all of them); 0: the input's size / 1024, between 1 and 64 MB. "
+        "Compressed files are read whole",
+    )
+
     def __post_init__(self) -> None:
         if not self.input:
             raise ValueError("input: give at least one path or glob")
@@ -102,6 +110,7 @@ class BuildConfig:
             "bucket_size": self.bucket_size >= 1,
             "min_frequency": self.min_frequency >= 1,
             "tokenizer_threads": self.tokenizer_threads >= 0,
+            "input_split_mb": self.input_split_mb >= 0,
             "wwm_segmenter": self.wwm_segmenter in SEGMENTERS,
         }
         for name, ok in checks.items():
@@ -121,7 +130,7 @@ class BuildConfig:
         build adds its version), so builds without one keep the manifests they had.
         """
         values = dataclasses.asdict(self)
-        for key in ("output", "overwrite", "tokenizer_threads"):
+        for key in ("output", "overwrite", "tokenizer_threads", "input_split_mb"):
             values.pop(key)
         if self.wwm_segmenter == "none":
             values.pop("wwm_segmenter")

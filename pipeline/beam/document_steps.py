@@ -1,6 +1,6 @@
-"""Beam steps that read and tokenize: files -> DocumentBatches -> TokenizedBatches.
+"""Beam steps that read and tokenize: file ranges -> DocumentBatches -> TokenizedBatches.
 
-Documents travel in batches (one element per up to 512 documents of a file), so
+Documents travel in batches (one element per up to 512 documents of a range), so
 Beam's per-element cost is paid per batch. Dropped records travel as ``Skipped``
 and notable kept input as ``Noted``; :func:`split_skips` separates them for the
 manifest's ``skipped`` and ``stats.input``. Part of ``python -m pipeline build``
@@ -28,7 +28,9 @@ from pipeline.core.rows import offsets_of, take_ragged, take_rows
 from pipeline.core.segment import load_segmenter, word_joins
 from pipeline.core.sources import (
     HEAD_BYTES,
+    FileRange,
     check_format,
+    content_id,
     format_from_name,
     read_documents,
     sniff_format,
@@ -44,7 +46,7 @@ class DocumentBatch(NamedTuple):
     """Documents of one input file, read together (elements carry many documents:
     Beam's per-element cost is paid per batch, not per document)."""
 
-    doc_ids: list[str]  # "<path relative to the inputs' common directory>:<ordinal>"
+    doc_ids: list[str]  # content ids (sources.content_id), numbered in their bucket
     documents: list[list[str]]  # each a non-empty list of sentences
 
 
@@ -110,17 +112,22 @@ def split_skips(pcoll: beam.PCollection, label: str):
     Two filters rather than a multi-output ParDo: Beam's DaskRunner mishandles
     tagged outputs, and this costs one cheap pass.
     """
-    kept = pcoll | f"{label}Kept" >> beam.Filter(lambda x: not isinstance(x, (Skipped, Noted)))
-    counts = pcoll | f"{label}Counts" >> beam.FlatMap(_count_pair)
+    kept = pcoll | f"{label}Kept" >> beam.Filter(is_record)
+    counts = pcoll | f"{label}Counts" >> beam.FlatMap(count_pair)
     return kept, counts
 
 
-def _count_pair(x) -> list:
+def count_pair(x) -> list:
     if isinstance(x, Skipped):
         return [(("skipped", x.reason), 1)]
     if isinstance(x, Noted):
         return [(("input", x.kind), x.count)]
     return []
+
+
+def is_record(x) -> bool:
+    """Not a count: what a step passes on (split_skips and ReadCorpus filter on it)."""
+    return not isinstance(x, (Skipped, Noted, FileDocuments))
 
 
 def noted(kind: str, count: int) -> list[Noted]:
@@ -145,33 +152,51 @@ def open_at_start(path: str):
     return FileSystems.open(path), head
 
 
+class FileDocuments(NamedTuple):
+    """How many documents one range of a file held; summed per file by
+    :func:`file_notes` (a file's ranges are read apart)."""
+
+    path: str
+    documents: int
+
+
 class ReadDocuments(beam.DoFn):
-    """path -> DocumentBatches of up to ``BATCH_DOCUMENTS`` documents, and a
-    Skipped per dropped record."""
+    """FileRange -> DocumentBatches of up to ``BATCH_DOCUMENTS`` documents, a Skipped per
+    dropped record and one FileDocuments.
+
+    The range at the start of a file checks the file's format (its first bytes); every
+    range reads the records that start in it (``pipeline/core/sources.py``).
+    """
 
     BATCH_DOCUMENTS = 512
 
-    def __init__(self, config: BuildConfig, root: str, format_origin: str = ""):
+    def __init__(self, config: BuildConfig, format_origin: str = ""):
         self._config = config
-        self._root = root
         self._origin = format_origin or f"--input_format {config.input_format}"
         self._docs = Metrics.counter(NAMESPACE, "documents_read")
         self._skips = Metrics.counter(NAMESPACE, "records_skipped")
+        self._ranges = Metrics.counter(NAMESPACE, "ranges_read")
 
-    def process(self, path: str) -> Iterator:
-        relative = path[len(self._root) :].lstrip("/") if self._root else path
-        ordinal = with_nul = long = 0
+    def process(self, part: FileRange | str) -> Iterator:
+        if isinstance(part, str):
+            part = FileRange(part)
+        path = part.path
+        documents = with_nul = long = 0
         batch = DocumentBatch([], [])
-        f, head = open_at_start(path)
+        if part.start == 0:
+            f, head = open_at_start(path)
+        else:
+            f, head = FileSystems.open(path), b""
         with f:
             input_format, origin = self._config.input_format, self._origin
             if input_format == "auto":  # the driver resolves it; a direct caller may not have
                 input_format = format_from_name(path) or sniff_format(head) or "txt"
                 origin = "inferred from its name or first bytes"
-            check_format(path, head, input_format, origin)
+            if part.start == 0:
+                check_format(path, head, input_format, origin)
             items = read_documents(
-                f, input_format=input_format,
-                text_field=self._config.text_field, path=path,
+                f, input_format=input_format, text_field=self._config.text_field, path=path,
+                start=part.start, end=part.end,
             )  # fmt: skip
             for sentences, reason in items:
                 if reason is not None:
@@ -182,11 +207,11 @@ class ReadDocuments(beam.DoFn):
                     with_nul += "\x00" in sentence
                     if len(sentence) >= LONG_SENTENCE_CHARS:
                         long += 1  # the driver warns on the console; this names the file
-                        logger.warning("%s: document %d has a sentence of %d characters",
-                                       path, ordinal, len(sentence))  # fmt: skip
-                batch.doc_ids.append(f"{relative}:{ordinal}")
+                        logger.warning("%s: a document read from byte %d on has a sentence of "
+                                       "%d characters", path, part.start, len(sentence))  # fmt: skip
+                batch.doc_ids.append(content_id(sentences))
                 batch.documents.append(sentences)
-                ordinal += 1
+                documents += 1
                 if len(batch.doc_ids) == self.BATCH_DOCUMENTS:
                     self._docs.inc(len(batch.doc_ids))
                     yield batch
@@ -194,15 +219,27 @@ class ReadDocuments(beam.DoFn):
         if batch.doc_ids:
             self._docs.inc(len(batch.doc_ids))
             yield batch
-        if not ordinal:
-            self._skips.inc()
-            yield Skipped("file_without_documents")
-        if ordinal == 1 and input_format == "txt":
-            # Google's txt convention puts a blank line between documents; a file without
-            # one is a single document, which is right for a book, wrong for a dump.
-            yield from noted("single_document_files", 1)
+        self._ranges.inc()
+        # One line per range, in the workers' logs: which process read which part of a file.
+        logger.info("read %s, bytes %d to %s: %d documents (process %d)", path, part.start,
+                    "the end" if part.end is None else part.end, documents, os.getpid())  # fmt: skip
+        yield FileDocuments(path, documents)
         yield from noted("sentences_with_nul", with_nul)  # NUL is dropped by normalisation
         yield from noted("long_sentences", long)
+
+
+def file_notes(element: tuple[str, int], input_format: str) -> list:
+    """(path, documents in all its ranges) -> what the manifest says of the file: a Skipped
+    for a file without documents, a Noted for a txt file of one document."""
+    _, documents = element
+    if not documents:
+        Metrics.counter(NAMESPACE, "records_skipped").inc()
+        return [Skipped("file_without_documents")]
+    if documents == 1 and input_format == "txt":
+        # Google's txt convention puts a blank line between documents; a file without
+        # one is a single document, which is right for a book, wrong for a dump.
+        return noted("single_document_files", 1)
+    return []
 
 
 class CountWords(beam.PTransform):
@@ -319,6 +356,16 @@ class Tokenize(beam.DoFn):
         self._segmenter = None
         self._tokenizer = None
         self._tokens = Metrics.counter(NAMESPACE, "wordpiece_tokens")
+        self._bundle_documents = 0
+
+    def start_bundle(self) -> None:
+        self._bundle_documents = 0
+
+    def finish_bundle(self) -> None:
+        # One line per bundle, in the workers' logs: which process tokenized how much.
+        if self._bundle_documents:
+            logger.info("tokenized %d documents in a bundle (process %d)",
+                        self._bundle_documents, os.getpid())  # fmt: skip
 
     def setup(self) -> None:
         # The tokenizers library reads TOKENIZERS_PARALLELISM on every call and
@@ -337,6 +384,7 @@ class Tokenize(beam.DoFn):
             self._unk_id = vocab.index("[UNK]")
             self._segmenter = load_segmenter(self._segmenter_name)
         sentences = [s for doc in batch.documents for s in doc]
+        self._bundle_documents += len(batch.documents)
         joins = None
         if self._segmenter is None:
             encodings = self._tokenizer.encode_batch_fast(sentences, add_special_tokens=False)

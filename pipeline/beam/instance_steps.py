@@ -30,6 +30,7 @@ from pipeline.core.nsp import (
 )
 from pipeline.core.rng import derive_seed_grid, derive_seeds, keys_from_bases
 from pipeline.core.rows import RowBlock
+from pipeline.core.sources import number_duplicates
 
 
 def num_buckets(num_docs: int, bucket_size: int) -> int:
@@ -108,6 +109,8 @@ class MakeInstances(beam.DoFn):
         bucket = TokenizedBatch.concat(list(batches))
         order = sorted(range(len(bucket.doc_ids)), key=bucket.doc_ids.__getitem__)
         bucket = bucket.take(np.array(order, dtype=np.int64))
+        # Copies of a document share its content id, and its bucket: number them here.
+        bucket = bucket._replace(doc_ids=number_duplicates(bucket.doc_ids))
         layout = BucketLayout(bucket.lengths, bucket.counts)
         seed, passes = self._config.random_seed, range(self._config.dupe_factor)
         # Grid row i, column d == derive_seed(*prefix, doc_ids[i], d).

@@ -11,10 +11,12 @@ Python's built-in ``hash()`` of a ``str`` is salted per process
 ever reach a seed. Instead the parts are encoded unambiguously and hashed with
 SHA-256:
 
-    derive_seed(42, "wiki.txt:17", 3)  # same value on every machine, forever
+    derive_seed(42, "9f2c...e1:0", 3)  # same value on every machine, forever
 
-What seeds what (pipeline/beam/instance_steps.py); a document's bucket is
-``derive_seed(seed, "bucket", doc_id) % num_buckets``, then per dupe pass:
+A document's id is its content hash (``sources.content_id``); its bucket is
+``derive_seed(seed, "bucket", content_id) % num_buckets``; in the bucket, copies of one
+document are numbered (``doc_id = f"{content_id}:{n}"``); then per dupe pass
+(pipeline/beam/instance_steps.py):
 
     rng = python_rng(seed, "nsp", doc_id, dupe_index)   # random.Random: the NSP pairs
     keys = shard_keys(seed, doc_id, dupe_index, count)  # uint64, one per row: the row's
@@ -196,7 +198,7 @@ def shard_key(seed: int, doc_id: str, dupe_index: int, instance_index: int) -> i
 
     Args:
         seed: the run's seed.
-        doc_id: the document's stable id (source path + ordinal).
+        doc_id: the document's id (its content hash and copy number).
         dupe_index: the dupe pass, in ``[0, dupe_factor)``.
         instance_index: the instance's index within that document and pass.
 

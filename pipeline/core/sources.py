@@ -10,6 +10,15 @@ The format comes from ``--input_format`` or, by default, from each file's name
 or jsonl file must also be mostly UTF-8 (:func:`check_utf8`): a binary file, a compressed
 one without its suffix or text in another encoding stops the build, named.
 
+A big file is read in byte ranges (:func:`split_ranges`), each by its own worker: a range
+owns the records that start in it (txt: the documents after the first blank line at or
+past its start; jsonl: the lines; parquet: the row groups), so the ranges of a file read
+each of its records exactly once. A compressed file cannot seek and is one range.
+
+A document's id is its content (:func:`content_id`), never its file or place in it, so
+the shards depend on the documents alone: not on the files' names, their number, their
+order or their compression.
+
 Every yielded item is ``(sentences, None)`` for a document or ``(None, reason)``
 for a skipped record, so that the caller counts skips under their reason:
 
@@ -22,10 +31,12 @@ for a skipped record, so that the caller counts skips under their reason:
 from __future__ import annotations
 
 import codecs
+import hashlib
 import io
 import json
-from collections.abc import Iterator
-from typing import BinaryIO
+import math
+from collections.abc import Iterable, Iterator
+from typing import BinaryIO, NamedTuple
 
 from pipeline.core.text import iter_txt_documents, split_sentences
 
@@ -45,6 +56,87 @@ FORMAT_OF_SUFFIX = {
     ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl",
     ".parquet": "parquet", ".pq": "parquet",
 }  # fmt: skip
+
+
+# A file is read in ranges of about this many bytes (between the bounds, aiming at
+# TARGET_RANGES ranges for the whole input): enough ranges for every worker of a big job,
+# few enough that opening a file per range (and, for parquet, reading its footer) is
+# noise against reading the range.
+MIN_RANGE_BYTES = 1 << 20
+MAX_RANGE_BYTES = 64 << 20
+TARGET_RANGES = 1024
+
+
+class FileRange(NamedTuple):
+    """Bytes ``[start, end)`` of an input file: a worker's share of it (``end`` None: to
+    the end; a compressed file is always ``(0, None)``)."""
+
+    path: str
+    start: int = 0
+    end: int | None = None
+
+    @property
+    def whole(self) -> bool:
+        return self.start == 0 and self.end is None
+
+
+def is_compressed(path: str) -> bool:
+    """Whether Beam's FileSystems decompress ``path`` by its suffix (so it cannot seek)."""
+    return path.lower().endswith(COMPRESSION_SUFFIXES)
+
+
+def range_bytes(total_bytes: int) -> int:
+    """The size of the ranges files are read in, for an input of ``total_bytes``.
+
+    Examples: 15 MB -> 1 MiB (15 ranges); 20 GB -> 19.5 MiB (about 1,024 ranges).
+    """
+    return max(MIN_RANGE_BYTES, min(MAX_RANGE_BYTES, math.ceil(total_bytes / TARGET_RANGES)))
+
+
+def split_ranges(files: Iterable[tuple[str, int]], size: int) -> list[FileRange]:
+    """(path, bytes) of each file -> the ranges workers read: ``size`` bytes each (the last
+    of a file shorter), a compressed file whole. Every file gets a range that starts at 0
+    (the one that checks its format).
+
+    Example: ``[("a.txt", 5), ("b.txt.gz", 9)], size=2`` -> a.txt [0,2) [2,4) [4,5),
+    b.txt.gz whole.
+    """
+    ranges = []
+    for path, length in files:
+        if is_compressed(path) or length <= size:
+            ranges.append(FileRange(path))
+            continue
+        starts = range(0, length, size)
+        ranges.extend(FileRange(path, start, start + size) for start in starts[:-1])
+        ranges.append(FileRange(path, starts[-1], None))
+    return ranges
+
+
+def content_id(sentences: list[str]) -> str:
+    """A document's id: a 128-bit hash of its sentences (hex), the same whatever file,
+    position, compression or format it came from. Exact duplicates share it; the
+    pipeline numbers them (:func:`number_duplicates`) where they meet, in one bucket.
+
+    Sentences never hold a line break (txt: they are lines; jsonl and parquet:
+    ``split_sentences`` breaks at every one), so joining them with one is unambiguous.
+    """
+    text = "\n".join(sentences).encode("utf-8", "surrogatepass")
+    return hashlib.blake2b(text, digest_size=16).hexdigest()
+
+
+def number_duplicates(sorted_ids: list[str]) -> list[str]:
+    """Sorted content ids -> unique ids ``"<id>:<n>"``, n counting the copies of a document.
+
+    Copies are the same bytes, so which copy gets which number changes nothing.
+
+    Example: ``["a", "a", "b"] -> ["a:0", "a:1", "b:0"]``.
+    """
+    out, previous, n = [], None, 0
+    for doc_id in sorted_ids:
+        n = n + 1 if doc_id == previous else 0
+        previous = doc_id
+        out.append(f"{doc_id}:{n}")
+    return out
 
 
 def format_from_name(path: str) -> str | None:
@@ -163,8 +255,62 @@ def _lines(f: BinaryIO) -> Iterator[bytes]:
     return iter(f.readline, b"")
 
 
-def _txt_lines(f: BinaryIO, skipped: list[str]) -> Iterator[str]:
+def _first_line_at(f: BinaryIO, start: int) -> int:
+    """Move ``f`` to the first line that starts at or after byte ``start``; returns where."""
+    if start == 0:
+        return 0
+    f.seek(start - 1)
+    return start - 1 + len(f.readline())  # the rest of the line holding byte start - 1
+
+
+def _blank(raw: bytes) -> bool:
+    """A txt line that ends a document (what iter_txt_documents calls blank: whitespace by
+    ``str.strip``; a line that is not UTF-8 is not blank)."""
+    try:
+        return not raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        return False
+
+
+def _txt_range(f: BinaryIO, start: int, end: int | None) -> Iterator[bytes]:
+    """The lines of the documents a txt range owns.
+
+    Ranges cut at blank lines: a range from ``start > 0`` begins at the first blank line
+    that starts at or past ``start``, and every range stops before the first blank line that
+    starts at or past its ``end``. The previous range stops exactly where this one begins,
+    so each document is read by one range (the one holding the blank line before it; the
+    file's first document by the range at 0). A range holding no blank line owns nothing.
+    """
+    pos = _first_line_at(f, start)
+    lines = _lines(f)
+    if start > 0:
+        for raw in lines:
+            if end is not None and pos >= end:
+                return
+            pos += len(raw)
+            if _blank(raw):
+                break
+        else:
+            return
+    for raw in lines:
+        if end is not None and pos >= end and _blank(raw):
+            return
+        pos += len(raw)
+        yield raw
+
+
+def _line_range(f: BinaryIO, start: int, end: int | None) -> Iterator[bytes]:
+    """The lines that start in ``[start, end)``: a jsonl range's records."""
+    pos = _first_line_at(f, start)
     for raw in _lines(f):
+        if end is not None and pos >= end:
+            return
+        pos += len(raw)
+        yield raw
+
+
+def _txt_lines(lines: Iterable[bytes], skipped: list[str]) -> Iterator[str]:
+    for raw in lines:
         try:
             yield raw.decode("utf-8")
         except UnicodeDecodeError:
@@ -173,13 +319,15 @@ def _txt_lines(f: BinaryIO, skipped: list[str]) -> Iterator[str]:
             yield "\x00"
 
 
-def read_txt(f: BinaryIO) -> Iterator[Item]:
-    """One sentence per line, a blank line between documents.
+def read_txt(f: BinaryIO, start: int = 0, end: int | None = None) -> Iterator[Item]:
+    """One sentence per line, a blank line between documents; the documents of the range
+    ``[start, end)`` (:func:`_txt_range`).
 
     Example: ``b"A b.\\nC d.\\n\\nE f.\\n"`` -> ``(["A b.", "C d."], None), (["E f."], None)``.
     """
     skipped: list[str] = []
-    for sentences in iter_txt_documents(_txt_lines(f, skipped)):
+    lines = _lines(f) if start == 0 and end is None else _txt_range(f, start, end)
+    for sentences in iter_txt_documents(_txt_lines(lines, skipped)):
         yield from ((None, reason) for reason in skipped)
         skipped.clear()
         # The placeholder of an undecodable line holds only NUL, which BERT's
@@ -194,9 +342,11 @@ def _document(text: str) -> Item:
     return (sentences, None) if sentences else (None, "empty_document")
 
 
-def read_jsonl(f: BinaryIO, text_field: str) -> Iterator[Item]:
-    """One JSON object per line; ``text_field`` holds a document, split into sentences."""
-    for raw in _lines(f):
+def read_jsonl(f: BinaryIO, text_field: str, start: int = 0,
+               end: int | None = None) -> Iterator[Item]:  # fmt: skip
+    """One JSON object per line; ``text_field`` holds a document, split into sentences.
+    The records whose lines start in ``[start, end)``."""
+    for raw in _lines(f) if start == 0 and end is None else _line_range(f, start, end):
         if not raw.strip():
             continue
         try:
@@ -217,8 +367,23 @@ def read_jsonl(f: BinaryIO, text_field: str) -> Iterator[Item]:
         yield _document(text)
 
 
-def read_parquet(f: BinaryIO, text_field: str, path: str) -> Iterator[Item]:
-    """One document per row of the string column ``text_field``.
+def row_group_start(metadata, index: int) -> int:
+    """Where row group ``index`` starts in its file: its first column chunk's first page."""
+    group = metadata.row_group(index)
+    starts = []
+    for c in range(group.num_columns):
+        column = group.column(c)
+        first = column.data_page_offset
+        if column.has_dictionary_page and column.dictionary_page_offset:
+            first = min(first, column.dictionary_page_offset)
+        starts.append(first)
+    return min(starts)
+
+
+def read_parquet(f: BinaryIO, text_field: str, path: str, start: int = 0,
+                 end: int | None = None) -> Iterator[Item]:  # fmt: skip
+    """One document per row of the string column ``text_field``; the row groups that start
+    in ``[start, end)``.
 
     Raises:
         ValueError: the file has no such column, or it is not a string column
@@ -237,17 +402,26 @@ def read_parquet(f: BinaryIO, text_field: str, path: str) -> Iterator[Item]:
     column_type = schema.field(text_field).type
     if not (pa.types.is_string(column_type) or pa.types.is_large_string(column_type)):
         raise ValueError(f"{path}: column {text_field!r} is {column_type}, not a string column")
-    for batch in parquet.iter_batches(columns=[text_field], batch_size=1024):
+    groups = None
+    if not (start == 0 and end is None):
+        metadata = parquet.metadata
+        firsts = [row_group_start(metadata, i) for i in range(metadata.num_row_groups)]
+        groups = [i for i, first in enumerate(firsts)
+                  if first >= start and (end is None or first < end)]  # fmt: skip
+        if not groups:
+            return
+    for batch in parquet.iter_batches(columns=[text_field], batch_size=1024, row_groups=groups):
         for text in batch.column(0).to_pylist():
             yield (None, "missing_text_field") if text is None else _document(text)
 
 
-def read_documents(f: BinaryIO, *, input_format: str, text_field: str, path: str) -> Iterator[Item]:
-    """Dispatch on ``input_format`` (txt, jsonl, parquet)."""
+def read_documents(f: BinaryIO, *, input_format: str, text_field: str, path: str,
+                   start: int = 0, end: int | None = None) -> Iterator[Item]:  # fmt: skip
+    """Dispatch on ``input_format`` (txt, jsonl, parquet); the records of ``[start, end)``."""
     if input_format == "txt":
-        return read_txt(f)
+        return read_txt(f, start, end)
     if input_format == "jsonl":
-        return read_jsonl(f, text_field)
+        return read_jsonl(f, text_field, start, end)
     if input_format == "parquet":
-        return read_parquet(f, text_field, path)
+        return read_parquet(f, text_field, path, start, end)
     raise ValueError(f"unknown input_format {input_format!r}")

@@ -51,7 +51,7 @@ FORMAT_VERSION = 1
 # masking, bucketing, sharding and row order. Bump it (FORMAT.md, CHANGELOG.md) whenever a
 # change gives other shards for the same build; tests/pipeline/test_golden.py pins the bytes.
 # FORMAT_VERSION, by contrast, changes only when readers must change.
-ALGORITHM_VERSION = 2
+ALGORITHM_VERSION = 3
 MANIFEST_NAME = "manifest.json"
 VOCAB_NAME = "vocab.txt"
 TOKENIZER_NAME = "tokenizer.json"

@@ -1,5 +1,6 @@
 """The whole Beam job on a tiny corpus: outputs, statistics, errors, determinism across runners."""
 
+import gzip
 import hashlib
 import json
 import os
@@ -15,6 +16,7 @@ import pytest
 from pipeline.beam.document_steps import TokenizedBatch
 from pipeline.cli.main import check_beam_options, main
 from pipeline.cli.stats import compute_stats
+from pipeline.core.sources import read_txt
 from pipeline.core.vocab import SPECIAL_TOKENS, read_vocab
 from pipeline.shards import shard_format
 from tests.helpers import WORDS, make_corpus
@@ -129,18 +131,54 @@ def run_cli(corpus, out, *beam_args) -> subprocess.CompletedProcess:
     return done
 
 
+def same_build(directory: Path, expected: Path) -> bool:
+    """The same shards and vocab as ``expected``, and the same manifest but for
+    ``params.input`` (the files' names)."""
+
+    def manifest(d: Path) -> dict:
+        m = json.loads((d / "manifest.json").read_text())
+        m["params"].pop("input")
+        return m
+
+    got, want = digest(directory), digest(expected)
+    got.pop("manifest.json"), want.pop("manifest.json")
+    return got == want and manifest(directory) == manifest(expected)
+
+
+def one_file(corpus, directory: Path) -> str:
+    """The corpus's documents in one txt file (the documents, so the shards, of ``built``)."""
+    documents = [
+        "\n".join(sentences)
+        for path in sorted(Path(corpus).parent.glob("*.txt"))
+        for sentences, _ in read_txt(path.open("rb"))
+        if sentences
+    ]
+    assert len(documents) == 120
+    directory.mkdir()
+    (directory / "corpus.txt").write_text("\n\n".join(documents) + "\n")
+    return str(directory / "corpus.txt")
+
+
 @pytest.mark.slow
-def test_multiprocessing_runner_gives_identical_bytes(corpus, built, tmp_path):
-    done = run_cli(
-        corpus, tmp_path / "mp", "--direct_num_workers=2", "--direct_running_mode=multi_processing"
-    )
-    assert digest(tmp_path / "mp") == digest(built)
+def test_multiprocessing_runner_spreads_one_file_and_gives_identical_bytes(corpus, built, tmp_path):
+    """One file read in 12 ranges by 2 worker processes: both read and tokenize part of it,
+    and the shards are those of the corpus in 3 files on one in-process worker."""
+    single = one_file(corpus, tmp_path / "one")
+    done = run_cli(single, tmp_path / "mp", "--input_split_mb", "0.005",
+                   "--direct_num_workers=2", "--direct_running_mode=multi_processing")  # fmt: skip
+    assert same_build(tmp_path / "mp", built)
     # The console holds only our timestamped lines; the worker subprocesses' own output
     # (they inherit stderr) is in the log file.
     console = done.stderr.splitlines()
     assert any("done in" in line for line in console), done.stderr
     assert all(re.match(r"\d\d:\d\d:\d\d (?!WARNING|ERROR)", line) for line in console), done.stderr
-    assert "sdk_worker" in (tmp_path / "mp.log").read_text()
+    ranges = -(-Path(single).stat().st_size // 5000)
+    assert ranges > 10 and f"read in {ranges} range(s)" in done.stderr, done.stderr
+    log = (tmp_path / "mp.log").read_text()
+    assert "sdk_worker" in log
+    readers = set(re.findall(r"read .*corpus.txt, bytes .*\(process (\d+)\)", log))
+    tokenizers = set(re.findall(r"tokenized \d+ documents in a bundle \(process (\d+)\)", log))
+    assert len(readers) == 2 and tokenizers == readers, log[-3000:]
 
 
 def test_a_failed_build_prints_one_line_and_logs_the_traceback(corpus, tmp_path, monkeypatch,
@@ -217,19 +255,23 @@ def test_jsonl_input_counts_skipped_records(tmp_path):
     assert manifest["num_rows"] > 40
 
 
-def test_document_ids_do_not_depend_on_how_paths_are_spelt(corpus, built, tmp_path, monkeypatch):
-    from pipeline.beam.build import common_root
-
-    assert common_root(["/a/b/x", "/a/c/y"]) == "/a"
-    assert common_root(["c/x.txt"]) == "c"
-    assert common_root(["gs://b/d/x", "gs://b/d/y"]) == "gs://b/d"
-    monkeypatch.chdir(Path(corpus).parent.parent)
-    relative = f"{Path(corpus).parent.name}/*.txt"
-    out = tmp_path / "relative"
-    assert main(["build", "--input", relative, "--output", str(out), *BASE]) == 0
-    same, other = digest(built), digest(out)
-    assert other.pop("manifest.json") != same.pop("manifest.json")  # params.input differs
-    assert other == same
+def test_shards_depend_on_the_documents_not_the_files(corpus, built, tmp_path):
+    """One file, the same documents in 8 files in another order under other names, and the
+    one file gzipped: the same shards and vocab, byte for byte (a document's id is its
+    content; the manifest differs in params.input alone)."""
+    one = Path(one_file(corpus, tmp_path / "one"))
+    documents = one.read_text().rstrip("\n").split("\n\n")
+    shuffled = random.Random(5).sample(documents, len(documents))
+    (tmp_path / "eight").mkdir()
+    for i in range(8):
+        (tmp_path / "eight" / f"part-{7 - i}.txt").write_text("\n\n".join(shuffled[i::8]) + "\n")
+    (tmp_path / "gz").mkdir()
+    (tmp_path / "gz" / "renamed.txt.gz").write_bytes(gzip.compress(one.read_bytes()))
+    for name in ("one", "eight", "gz"):
+        out = tmp_path / f"out-{name}"
+        argv = ["build", "--input", str(tmp_path / name / "*"), "--output", str(out), *BASE]
+        assert main(argv) == 0
+        assert same_build(out, built), name
 
 
 def test_tokenizer_threads_resolution():

@@ -128,7 +128,7 @@ def test_hdf5_rows_are_the_arrow_rows_by_nvidias_rule(shards, tmp_path):
     source = shards / "manifest.json"
     assert manifest["source"]["manifest_sha256"] == hashlib.sha256(source.read_bytes()).hexdigest()
     built = json.loads(source.read_text())
-    assert manifest["source"]["algorithm_version"] == built["algorithm_version"] == 2
+    assert manifest["source"]["algorithm_version"] == built["algorithm_version"] == 3
     assert (out / "vocab.txt").read_bytes() == (shards / "vocab.txt").read_bytes()
     assert (
         manifest["vocab"]["sha256"] == hashlib.sha256((out / "vocab.txt").read_bytes()).hexdigest()

@@ -41,21 +41,21 @@ BUILDS = {
                          "--masked_lm_prob", "0.2", "--short_seq_prob", "0.3",
                          "--num_shards", "3", "--bucket_size", "3", "--random_seed", "12"],
 }  # fmt: skip
-# Made with format_version 1, algorithm_version 2 (pipeline/shards/shard_format.py); the shards and
-# vocab.txt are algorithm_version 1's (the corpus holds no literal special-token text).
-VERSIONS = {"format_version": 1, "algorithm_version": 2}
+# Made with format_version 1, algorithm_version 3 (pipeline/shards/shard_format.py): documents
+# identified by their content. vocab.txt is unchanged since algorithm_version 1.
+VERSIONS = {"format_version": 1, "algorithm_version": 3}
 GOLDEN = {
     "google": {
-        "manifest.json (placeholders)": "50fdfadfde58fcd545d2722c83fb52a01314d8b7b8990e181ca419f372792a3c",
-        "shard-00000-of-00002.arrow": "2ae2e0821d168c7affa3ba2dc5aa70f9c9f29f947b3b87960eb634d3d7bf7c20",
-        "shard-00001-of-00002.arrow": "a91b3c7dffc0540e158e1e7be00d759aa2083f9833b463e5c871cec33fa69261",
+        "manifest.json (placeholders)": "6e169ad7f511120873437955f66c599d89161e3dc5b78ee8b84df829f0ac7c3f",
+        "shard-00000-of-00002.arrow": "3ddbf75196ccc6b9513429da5a25ce0ffa9327e2679702a9eb23b7b313250c5e",
+        "shard-00001-of-00002.arrow": "28ea1ed366ee93394ad146008e1c9fca05e632ad62b07ae72012339825155138",
         "vocab.txt": "336c1afe6106dde2d511ec9a402d1470b88943642843ec6783b7eab45345473d",
     },
     "whole_word_cased": {
-        "manifest.json (placeholders)": "d32f9cbdc54d01eb1e94585e74ebe77c04b6960cd7cbeedee8f1a5b3932b3321",
-        "shard-00000-of-00003.arrow": "f6a4ebcd16c6b7a2cc58324991e0485f0a7331c4cf86f1069c9548d3b255fa2c",
-        "shard-00001-of-00003.arrow": "3025187a33a10e7b6ea9778904ba7ed24fa139f78ad81880862f7c2a9be0df92",
-        "shard-00002-of-00003.arrow": "0b8b1b62677ead70d55adc8be8da85b835a28b1a96cdb3d539cdd494e0c77477",
+        "manifest.json (placeholders)": "42e187af1c7a95891eb781d6809d68662ab968a323dcc057cf8076aec648fffa",
+        "shard-00000-of-00003.arrow": "5af20f6c4168f68239abac3e8d0f516dacf930bcb01e0a77b3d88dffadf8534f",
+        "shard-00001-of-00003.arrow": "a4c98ad9fa537470f7a921dcdadc12103f2387b8c40a03555485f50212985b5f",
+        "shard-00002-of-00003.arrow": "585832dacf6aac2b49ce47529418345adfe5042c0f4a8369518f0aafa85faa9b",
         "vocab.txt": "963526420cbdb35b238e8757d9bc3308622f8e7b89efe3fc6f986a8d54225f92",
     },
 }

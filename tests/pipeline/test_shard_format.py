@@ -608,7 +608,7 @@ def test_manifest_bytes_are_deterministic_and_hold_no_paths(tmp_path):
     text = first.decode()
     assert text == json.dumps(json.loads(text), sort_keys=True, indent=2, ensure_ascii=False) + "\n"
     manifest = json.loads(text)
-    assert manifest["format_version"] == 1 and manifest["algorithm_version"] == 2
+    assert manifest["format_version"] == 1 and manifest["algorithm_version"] == 3
     assert manifest["created_by"].startswith("bert-pipeline")
     assert manifest["schema"]["columns"]["input_ids"] == "list<item: uint16>"
     assert manifest["stats"] == {"num_documents": 3, "mean_length": 0.5}

@@ -5,7 +5,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.core.sources import read_documents
+from pipeline.core.sources import (
+    MAX_RANGE_BYTES,
+    MIN_RANGE_BYTES,
+    TARGET_RANGES,
+    FileRange,
+    content_id,
+    number_duplicates,
+    range_bytes,
+    read_documents,
+    split_ranges,
+)
 
 
 def items(data: bytes, fmt="txt", field="text"):
@@ -126,3 +136,55 @@ def test_check_utf8_refuses_a_mostly_invalid_head_and_reads_a_few_bad_lines():
     check_utf8("f", cut)
     with pytest.raises(ValueError, match="1 of the 1 lines"):
         check_utf8("f", cut[2:])  # the whole file: a truncated character is invalid
+
+
+def ranged(data: bytes, fmt: str, size: int, field="text") -> list:
+    """Every range's items, in order, as the build reads a file of ``data`` split in ``size``."""
+    out = []
+    for part in split_ranges([("f", len(data))], size):
+        out += read_documents(io.BytesIO(data), input_format=fmt, text_field=field, path="f",
+                              start=part.start, end=part.end)  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("size", [1, 2, 5, 13, 64, 10_000])
+def test_txt_ranges_read_each_document_once(size):
+    data = b"A a.\nB b.\n\n\n \nC \xff c.\nD d.\n\nE e.\n\n\n\nF f.\nG g.\nH h.\n\n\n"
+    assert ranged(data, "txt", size) == items(data)
+
+
+@pytest.mark.parametrize("size", [1, 3, 17, 10_000])
+def test_jsonl_ranges_read_each_record_once(size):
+    lines = [json.dumps({"text": f"Record {i} here. Then more."}) for i in range(9)]
+    data = ("\n".join([*lines[:4], "{bad", *lines[4:]]) + "\n").encode()
+    whole = items(data, "jsonl")
+    assert len(whole) == 10 and (None, "invalid_json") in whole
+    assert ranged(data, "jsonl", size) == whole
+
+
+def test_parquet_ranges_read_each_row_group_once(tmp_path):
+    path = tmp_path / "d.parquet"
+    texts = [f"Row {i} says this. And that." for i in range(50)]
+    pq.write_table(pa.table({"text": texts}), path, row_group_size=7)  # 8 row groups
+    data = path.read_bytes()
+    whole = items(data, "parquet")
+    assert len(whole) == 50
+    for size in (1, 100, 333, len(data)):
+        assert ranged(data, "parquet", size) == whole, size
+
+
+def test_split_ranges_keeps_compressed_files_whole():
+    ranges = split_ranges([("a.txt", 5), ("b.txt.gz", 9), ("c.jsonl", 2)], 2)
+    assert ranges == [
+        FileRange("a.txt", 0, 2), FileRange("a.txt", 2, 4), FileRange("a.txt", 4, None),
+        FileRange("b.txt.gz"), FileRange("c.jsonl"),
+    ]  # fmt: skip
+    assert range_bytes(15_000_000) == MIN_RANGE_BYTES
+    assert range_bytes(20 * 10**9) == 20 * 10**9 // TARGET_RANGES  # 19.5 MB
+    assert range_bytes(10**12) == MAX_RANGE_BYTES
+
+
+def test_content_id_is_the_content_and_duplicates_are_numbered():
+    a, b = content_id(["One.", "Two."]), content_id(["One.\nTwo."[:4], "Two."])
+    assert a == b and a != content_id(["One. Two."]) and len(a) == 32
+    assert number_duplicates(sorted([a, "x", a])) == [f"{a}:0", f"{a}:1", "x:0"]

@@ -12,16 +12,19 @@ from pipeline.beam.config import BuildConfig
 from pipeline.beam.document_steps import (
     CountWords,
     DocumentBatch,
+    FileDocuments,
     Noted,
     ReadDocuments,
     Skipped,
     Tokenize,
     TokenizedBatch,
+    file_notes,
     split_skips,
 )
 from pipeline.beam.instance_steps import MakeInstances, split_into_buckets
 from pipeline.beam.shard_steps import JoinParts, WriteShard, parts_per_shard
 from pipeline.core.rows import RowBlock
+from pipeline.core.sources import FileRange, content_id, split_ranges
 from pipeline.core.text import basic_tokenize
 from pipeline.core.vocab import SPECIAL_TOKENS
 from pipeline.shards import shard_format, validate
@@ -53,17 +56,39 @@ def config(tmp_path, **overrides):
 
 
 def test_read_documents_as_a_plain_function(corpus):
-    read = ReadDocuments(config(corpus), root=str(corpus))
-    items = list(read.process(str(corpus / "a.txt")))
+    read = ReadDocuments(config(corpus))
+    items = list(read.process(FileRange(str(corpus / "a.txt"))))
     batches = [x for x in items if isinstance(x, DocumentBatch)]
     assert [Skipped("invalid_utf8_line")] == [x for x in items if isinstance(x, Skipped)]
-    assert batches == [
-        DocumentBatch(
-            ["a.txt:0", "a.txt:1", "a.txt:2"],
-            [["The river runs.", "The city."], ["Old north."], ["A b."]],
-        )
+    documents = [["The river runs.", "The city."], ["Old north."], ["A b."]]
+    assert batches == [DocumentBatch([content_id(d) for d in documents], documents)]
+    assert FileDocuments(str(corpus / "a.txt"), 3) in items
+    assert list(read.process(FileRange(str(corpus / "empty.txt")))) == [
+        FileDocuments(str(corpus / "empty.txt"), 0)
     ]
-    assert list(read.process(str(corpus / "empty.txt"))) == [Skipped("file_without_documents")]
+    assert file_notes((str(corpus / "empty.txt"), 0), "txt") == [Skipped("file_without_documents")]
+    assert file_notes(("one.txt", 1), "txt") == [Noted("single_document_files", 1)]
+    assert file_notes(("one.jsonl", 1), "jsonl") == []
+
+
+def test_ranges_of_a_file_read_each_document_once(tmp_path):
+    """However a txt file is cut into ranges, its ranges together read its documents once."""
+    docs = [[f"Doc {d} line {i}." for i in range(1 + d % 4)] for d in range(60)]
+    text = "\n\n".join("\n".join(d) for d in docs) + "\n"
+    text = text.replace("Doc 7 line 0.\n", "Doc 7 line 0.\n \t\n\n")  # a run of blank lines
+    path = tmp_path / "a.txt"
+    path.write_text(text)
+    read = ReadDocuments(config(tmp_path))
+
+    def ids(part):
+        return [i for x in read.process(part) if isinstance(x, DocumentBatch) for i in x.doc_ids]
+
+    expected = ids(FileRange(str(path)))  # the file read whole
+    assert len(expected) == 61 and content_id(["Doc 7 line 0."]) in expected
+    for size in (1, 7, 50, 333, len(text)):
+        ranges = split_ranges([(str(path), len(text))], size)
+        assert len(ranges) == -(-len(text) // size)
+        assert [i for r in ranges for i in ids(r)] == expected, size
 
 
 def test_tokenize_as_a_plain_function():
@@ -135,16 +160,14 @@ def test_make_instances_rows_are_framed_and_masked(tmp_path):
 def test_steps_on_a_test_pipeline(corpus):
     cfg = config(corpus)
     with beam_pipeline() as p:
-        files = p | beam.Create([str(corpus / "a.txt"), str(corpus / "empty.txt")])
-        documents, counts = split_skips(files | beam.ParDo(ReadDocuments(cfg, str(corpus))), "R")
+        files = p | beam.Create(
+            [FileRange(str(corpus / "a.txt")), FileRange(str(corpus / "empty.txt"))]
+        )
+        documents, counts = split_skips(files | beam.ParDo(ReadDocuments(cfg)), "R")
         doc_ids = documents | beam.FlatMap(lambda batch: batch.doc_ids)
-        assert_that(doc_ids, equal_to(["a.txt:0", "a.txt:1", "a.txt:2"]), label="ids")
-        assert_that(
-            counts,
-            equal_to([(("skipped", "invalid_utf8_line"), 1),
-                      (("skipped", "file_without_documents"), 1)]),
-            label="counts",
-        )  # fmt: skip
+        ids = [content_id(d) for d in (["The river runs.", "The city."], ["Old north."], ["A b."])]
+        assert_that(doc_ids, equal_to(ids), label="ids")
+        assert_that(counts, equal_to([(("skipped", "invalid_utf8_line"), 1)]), label="counts")
         words = documents | CountWords(do_lower_case=True)
         expected = {"the": 2, "river": 1, "runs": 1, ".": 4, "city": 1, "old": 1, "north": 1,
                     "a": 1, "b": 1}  # fmt: skip
