@@ -424,11 +424,13 @@ class MakeRows(beam.PTransform):
             | "SummariseBuckets" >> beam.CombineGlobally(SummariseBuckets())
         )
         make = MakeInstances(config, self._num_shards)
-        rows = (
+        rows, copies = split_skips(
             buckets
             | "GroupBuckets" >> beam.GroupByKey()
-            | "MakeInstances" >> beam.ParDo(make, vocab=self._vocab)
+            | "MakeInstances" >> beam.ParDo(make, vocab=self._vocab),
+            "Made",
         )
+        skipped = (skipped, copies) | "MakeRowsCounts" >> beam.Flatten()
         return Rows(rows, skipped, num_docs, bucket_sizes)
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from apache_beam.metrics import Metrics
 
 from pipeline.beam.config import BuildConfig
-from pipeline.beam.document_steps import NAMESPACE, TokenizedBatch
+from pipeline.beam.document_steps import NAMESPACE, TokenizedBatch, noted
 from pipeline.beam.shard_steps import write_group
 from pipeline.core.masking import MaskingConfig, MaskingVocab, mask_flat
 from pipeline.core.nsp import (
@@ -101,7 +101,7 @@ class MakeInstances(beam.DoFn):
         self._vocab = None
         self._instances = Metrics.counter(NAMESPACE, "instances")
 
-    def process(self, element, vocab: list[str]) -> Iterator[tuple[int, bytes]]:
+    def process(self, element, vocab: list[str]) -> Iterator:
         _, batches = element
         if self._vocab is None:
             self._vocab = MaskingVocab.from_tokens(vocab)
@@ -110,7 +110,9 @@ class MakeInstances(beam.DoFn):
         order = sorted(range(len(bucket.doc_ids)), key=bucket.doc_ids.__getitem__)
         bucket = bucket.take(np.array(order, dtype=np.int64))
         # Copies of a document share its content id, and its bucket: number them here.
-        bucket = bucket._replace(doc_ids=number_duplicates(bucket.doc_ids))
+        ids = number_duplicates(bucket.doc_ids)
+        bucket = bucket._replace(doc_ids=ids)
+        yield from noted("duplicate_documents", sum(not i.endswith(":0") for i in ids))
         layout = BucketLayout(bucket.lengths, bucket.counts)
         seed, passes = self._config.random_seed, range(self._config.dupe_factor)
         # Grid row i, column d == derive_seed(*prefix, doc_ids[i], d).

@@ -668,3 +668,24 @@ def test_compressed_inputs_are_read_as_the_plain_files(tmp_path):
         pattern = str(directory / f"*.jsonl{suffix}")
         assert main(["build", "--input", pattern, "--output", str(out), *SMALL]) == 0
         assert shard_format.read_manifest(str(out))["stats"]["documents"] == 10
+
+
+def test_copies_of_a_document_are_kept_and_counted(corpus, tmp_path):
+    """Exact copies share a content id: each still makes its own rows (numbered apart, so
+    with other seeds), and the manifest counts the copies in stats.input."""
+    single = Path(one_file(corpus, tmp_path / "one"))
+    documents = single.read_text().rstrip("\n").split("\n\n")
+    (tmp_path / "copies").mkdir()
+    (tmp_path / "copies" / "a.txt").write_text("\n\n".join(documents + documents[:5]) + "\n")
+    (tmp_path / "copies" / "b.txt").write_text(documents[0] + "\n")
+    for name in ("one", "copies"):
+        argv = ["build", "--input", str(tmp_path / name / "*.txt"), "--output",
+                str(tmp_path / f"out-{name}"), *BASE]  # fmt: skip
+        assert main(argv) == 0
+    plain, copies = (
+        shard_format.read_manifest(str(tmp_path / f"out-{n}")) for n in ("one", "copies")
+    )
+    assert copies["stats"]["documents"] == 126
+    assert copies["stats"]["input"]["duplicate_documents"] == 6
+    assert "duplicate_documents" not in plain["stats"]["input"]
+    assert copies["num_rows"] > plain["num_rows"]
