@@ -5,6 +5,7 @@
     python bench/pipeline_speed.py --input 'corpus/*.jsonl' --vocab_file vocab.txt
     python bench/pipeline_speed.py --chinese --mb 8 --workers 2 \
         --flags "--do_whole_word_mask true --wwm_segmenter jieba"   # vs. the same without it
+    python bench/pipeline_speed.py --one-file --mb 64 --workers 2 --repeats 3
 
 The corpus is ``--input`` (any format the build reads), or the Python standard
 library's docstrings and language reference (``pipeline.cli.corpus``, English prose)
@@ -24,6 +25,12 @@ cores divided by the workers, so the 1-worker job tokenizes on every core and th
 ("1w-1t"), which isolates how the Beam job itself scales. ``fixed`` is a job on 10 kB
 of prose (Beam's imports, runner and worker start-up, stopping): what every job pays
 whatever its size.
+
+``--one-file`` instead times, for each ``--mb``, the prose corpus in 16 files against the
+same documents in one file, on the largest ``--workers``, alternating the two
+``--repeats`` times: a file is read in byte ranges, so one file should be within 1.1x of
+16 files' time. It prints each pair's ratio and whether the two builds wrote the same
+shards (they should: a document's id is its content).
 
 ``--profile`` then runs the build's steps on the first corpus as plain function calls
 in this process, on one core, without Beam (pipeline/beam/document_steps.py, instance_steps.py,
@@ -222,6 +229,47 @@ def corpora(args, work: Path) -> list[tuple[float, str]]:
     return found
 
 
+def sixteen_files(work: Path, mb: float) -> Path:
+    """The prose corpus of ``mb`` MB in 16 files (written once)."""
+    many = work / f"corpus-{mb:g}mb-16"
+    if not many.exists():
+        write_corpus(many, max_bytes=int(mb * 1e6), files=16, repeat=True,
+                     sources=["docstrings", "reference"])  # fmt: skip
+    return many
+
+
+def one_file_runs(args, work: Path, given: list[str]) -> list[dict]:
+    """``--one-file``: 16 files against the same documents in one, alternated."""
+    workers = max(args.workers)
+    runner = [f"--direct_num_workers={workers}", "--direct_running_mode=multi_processing"]
+    results = []
+    for mb in args.mb:
+        many = sixteen_files(work, mb)
+        one = work / f"corpus-{mb:g}mb-1"
+        if not one.exists():
+            one.mkdir()
+            with open(one / "corpus.txt", "wb") as out:
+                for path in sorted(many.glob("*.txt")):
+                    out.write(path.read_bytes().rstrip(b"\n") + b"\n\n")
+        ratios, times = [], {"16 files": [], "1 file": []}
+        for _ in range(args.repeats):
+            for name, inputs in (("16 files", many / "*.txt"), ("1 file", one / "*.txt")):
+                out = work / f"shards-{mb:g}-{name.replace(' ', '')}"
+                times[name].append(build(str(inputs), out, [*given, *runner], args.dupe_factor))
+            ratios.append(times["1 file"][-1] / times["16 files"][-1])
+            print(f"{mb:g} MB, {workers} workers: 16 files {times['16 files'][-1]:.1f} s, "
+                  f"1 file {times['1 file'][-1]:.1f} s: 1 file / 16 files = {ratios[-1]:.2f}",
+                  flush=True)  # fmt: skip
+        a, b = work / f"shards-{mb:g}-16files", work / f"shards-{mb:g}-1file"
+        same = all(filecmp.cmp(x, b / x.name, shallow=False) for x in sorted(a.glob("shard-*")))
+        print(f"{mb:g} MB: 1 file / 16 files = {min(ratios):.2f}-{max(ratios):.2f} "
+              f"(target <= 1.1); same shards: {same}", flush=True)  # fmt: skip
+        results.append({"corpus_mb": mb, "workers": workers, "ratios": [round(r, 3) for r in ratios],
+                        "seconds": {k: [round(t, 2) for t in v] for k, v in times.items()},
+                        "same_shards": same})  # fmt: skip
+    return results
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -237,13 +285,18 @@ def main(argv=None) -> int:
     p.add_argument("--profile", action="store_true", help="time each step without Beam")
     p.add_argument("--keep", default=None, help="keep corpora and outputs here (reused)")
     p.add_argument("--chinese", action="store_true", help="--mb of Chinese jsonl, not prose")
+    p.add_argument("--one-file", action="store_true", help="16 files against the same in one")
+    p.add_argument("--repeats", type=int, default=3, help="--one-file: alternated pairs")
     p.add_argument("--flags", default="", help='build options for every job, e.g. '
                    '"--do_whole_word_mask true --wwm_segmenter jieba"')  # fmt: skip
     args = p.parse_args(argv)
     flags = shlex.split(args.flags)
 
     work = Path(args.keep or tempfile.mkdtemp(prefix="pipeline-bench-"))
-    runs = corpora(args, work)
+    if args.one_file:  # the vocab (if learned) from the first corpus
+        runs = [(args.mb[0], str(sixteen_files(work, args.mb[0]) / "*.txt"))]
+    else:
+        runs = corpora(args, work)
     print(f"cpus: {os.cpu_count()}; load average at start: {os.getloadavg()}", flush=True)
     vocab_file = args.vocab_file
     if vocab_file is None:
@@ -255,6 +308,9 @@ def main(argv=None) -> int:
     vocab = read_vocab(vocab_file)
     given = ["--vocab_file", vocab_file, *flags]
     two = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
+    if args.one_file:
+        print(json.dumps(one_file_runs(args, work, given)))
+        return 0
     fixed_s = build(tiny_corpus(work / "tiny"), work / "shards-tiny", [*given, *two],
                     args.dupe_factor)  # fmt: skip
     print(f"fixed: a job of 10 kB, 2 workers: {fixed_s:.1f} s", flush=True)
