@@ -37,8 +37,14 @@ from typing import NamedTuple
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import StandardOptions
 
-from pipeline.beam.config import OUTPUT_BYTES_PER_INPUT_BYTE, TARGET_SHARD_BYTES, BuildConfig
+from pipeline.beam.config import (
+    OUTPUT_BYTES_PER_INPUT_BYTE,
+    TARGET_SHARD_BYTES,
+    BuildConfig,
+    resolve_row_spool,
+)
 from pipeline.beam.document_steps import (
     CountWords,
     FileDocuments,
@@ -423,7 +429,9 @@ class MakeRows(beam.PTransform):
             | "BucketSizes" >> beam.Values()
             | "SummariseBuckets" >> beam.CombineGlobally(SummariseBuckets())
         )
-        make = MakeInstances(config, self._num_shards)
+        runner = documents.pipeline.options.view_as(StandardOptions).runner
+        spool = config.output if resolve_row_spool(config.row_spool, runner) else None
+        make = MakeInstances(config, self._num_shards, spool=spool)
         rows, copies = split_skips(
             buckets
             | "GroupBuckets" >> beam.GroupByKey()

@@ -18,6 +18,7 @@ from pipeline.core.segment import SEGMENTERS
 from pipeline.options import CommandParser, add_options, option, parse_options
 
 INPUT_FORMATS = ("auto", "txt", "jsonl", "parquet")
+ROW_SPOOL = ("auto", "yes", "no")
 # Shards aim at this many bytes when --num_shards is not given (64-256 MB window).
 TARGET_SHARD_BYTES = 128 * 2**20
 # Output bytes per input byte and dupe pass, measured on English text at seq 128
@@ -94,6 +95,16 @@ class BuildConfig:
         "Compressed files are read whole",
     )
 
+    # Memory only: the rows are the same either way; not in the manifest.
+    row_spool: str = option(
+        "auto",
+        "yes: rows go from the instance step to the shard writers through files in --output "
+        "(hidden, removed at the end) and only references to them through the runner; no: "
+        "through the runner's shuffle; auto: yes on the DirectRunner, which holds its "
+        "shuffle in memory, no on runners that shuffle through their own disks or service",
+        choices=ROW_SPOOL,
+    )
+
     def __post_init__(self) -> None:
         if not self.input:
             raise ValueError("input: give at least one path or glob")
@@ -111,6 +122,7 @@ class BuildConfig:
             "min_frequency": self.min_frequency >= 1,
             "tokenizer_threads": self.tokenizer_threads >= 0,
             "input_split_mb": self.input_split_mb >= 0,
+            "row_spool": self.row_spool in ROW_SPOOL,
             "wwm_segmenter": self.wwm_segmenter in SEGMENTERS,
         }
         for name, ok in checks.items():
@@ -130,7 +142,7 @@ class BuildConfig:
         build adds its version), so builds without one keep the manifests they had.
         """
         values = dataclasses.asdict(self)
-        for key in ("output", "overwrite", "tokenizer_threads", "input_split_mb"):
+        for key in ("output", "overwrite", "tokenizer_threads", "input_split_mb", "row_spool"):
             values.pop(key)
         if self.wwm_segmenter == "none":
             values.pop("wwm_segmenter")
@@ -162,6 +174,17 @@ def parse_build_args(argv: Sequence[str]) -> tuple[BuildConfig, list[str]]:
     return parse_options(build_parser(), BuildConfig, argv, sep="_", known=True)
 
 
+def is_local_runner(runner: str | None) -> bool:
+    """The DirectRunner (Beam's default) or the FnApiRunner it runs on."""
+    return runner is None or runner.rsplit(".", 1)[-1] in ("DirectRunner", "FnApiRunner")
+
+
+def resolve_row_spool(requested: str, runner: str | None) -> bool:
+    """Whether rows go to the shard writers through files (``--row_spool``): asked for, or
+    on ``auto`` on the local runner, whose shuffle is the driver's memory."""
+    return requested == "yes" or (requested == "auto" and is_local_runner(runner))
+
+
 def resolve_tokenizer_threads(requested: int, runner: str | None, direct_num_workers: int,
                               cpus: int) -> int:  # fmt: skip
     """The tokenizer threads per worker: ``requested``, or for 0 (automatic) the
@@ -174,8 +197,7 @@ def resolve_tokenizer_threads(requested: int, runner: str | None, direct_num_wor
     """
     if requested:
         return requested
-    local = runner is None or runner.rsplit(".", 1)[-1] in ("DirectRunner", "FnApiRunner")
-    if not local:
+    if not is_local_runner(runner):
         return 1
     workers = direct_num_workers if direct_num_workers > 0 else cpus
     return max(1, cpus // max(1, workers))

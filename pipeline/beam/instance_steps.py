@@ -15,10 +15,11 @@ from collections.abc import Iterator
 import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
+from apache_beam.transforms.window import GlobalWindows
 
 from pipeline.beam.config import BuildConfig
 from pipeline.beam.document_steps import NAMESPACE, TokenizedBatch, noted
-from pipeline.beam.shard_steps import write_group
+from pipeline.beam.shard_steps import RowSpool, write_group
 from pipeline.core.masking import MaskingConfig, MaskingVocab, mask_flat
 from pipeline.core.nsp import (
     BucketLayout,
@@ -80,6 +81,18 @@ class SummariseBuckets(beam.CombineFn):
         return {"count": count, "min_documents": low if count else 0, "max_documents": high}
 
 
+def by_write_group(rows: RowBlock, num_shards: int) -> Iterator[tuple[int, RowBlock]]:
+    """(write group, its rows) for the groups ``rows`` fall in: shard, then key range."""
+    groups = write_group(rows.keys, num_shards)
+    if groups.min() == groups.max():
+        yield int(groups[0]), rows
+        return
+    order = np.argsort(groups, kind="stable")
+    present, starts = np.unique(groups[order], return_index=True)
+    for group, part in zip(present.tolist(), np.split(order, starts[1:]), strict=True):
+        yield group, rows.take(part)
+
+
 class MakeInstances(beam.DoFn):
     """(bucket, TokenizedBatches) -> (write group, RowBlock bytes): Google's NSP pairs,
     then static masks.
@@ -87,19 +100,40 @@ class MakeInstances(beam.DoFn):
     Documents meet the others of their bucket in id order. Each document's NSP
     rng is seeded from (seed, doc id, dupe pass); each row gets a 64-bit key from
     (seed, doc id, dupe pass, index) that places it in a shard and seeds its
-    masks. Instances are planned on segment lengths, then the whole bucket is
-    assembled and masked in a few vectorised calls.
+    masks. Instances are planned on segment lengths, then a whole dupe pass of the
+    bucket is assembled and masked in a few vectorised calls.
+
+    Memory: one pass's working arrays, plus the rows made and not yet sent, which are
+    sent (grouped by write group) whenever they reach ``PENDING_ROW_BYTES``, and at the
+    end of the bucket; so the dupe factor multiplies the work, never the memory. With a
+    ``spool`` (:class:`RowSpool`), the rows go to a file of the bundle and only
+    references to them go to the runner.
     """
 
-    def __init__(self, config: BuildConfig, num_shards: int):
+    # Rows held before they are sent: big enough that a normal bucket (1,000 Wikipedia
+    # articles at dupe 10: ~0.2 GB of rows) is sent in a few elements per write group.
+    PENDING_ROW_BYTES = 64 << 20
+
+    def __init__(self, config: BuildConfig, num_shards: int, spool: str | None = None):
         self._config = config
         self._num_shards = num_shards
+        self._spool_dir = spool
         self._nsp = NspConfig(config.max_seq_length, config.short_seq_prob)
         self._masking = MaskingConfig(
             config.masked_lm_prob, config.max_predictions_per_seq, config.do_whole_word_mask
         )
         self._vocab = None
+        self._spool: RowSpool | None = None
         self._instances = Metrics.counter(NAMESPACE, "instances")
+
+    def start_bundle(self) -> None:
+        self._spool = RowSpool(self._spool_dir) if self._spool_dir else None
+
+    def finish_bundle(self) -> Iterator:
+        if self._spool is not None:
+            for element in self._spool.close():
+                yield GlobalWindows.windowed_value(element)
+            self._spool = None
 
     def process(self, element, vocab: list[str]) -> Iterator:
         _, batches = element
@@ -116,28 +150,40 @@ class MakeInstances(beam.DoFn):
         layout = BucketLayout(bucket.lengths, bucket.counts)
         seed, passes = self._config.random_seed, range(self._config.dupe_factor)
         # Grid row i, column d == derive_seed(*prefix, doc_ids[i], d).
-        nsp_seeds = derive_seed_grid((seed, "nsp"), bucket.doc_ids, passes)
-        key_bases = derive_seed_grid(("shard_key", seed), bucket.doc_ids, passes)
-        plans: list[tuple[int, int, int, int, int]] = []
-        counts = []
-        for index, seeds in enumerate(nsp_seeds):
-            for nsp_seed in seeds:
-                rng = random.Random(nsp_seed)
-                counts.append(plan_document(layout, index, self._nsp, rng, plans))
-        bases = [base for row in key_bases for base in row]  # == shard_key_base(seed, id, d)
-        keys = keys_from_bases(np.array(bases, dtype=np.uint64), np.array(counts))
-        rows = self._masked_block(bucket, np.array(plans, dtype=np.int64), keys)
-        self._instances.inc(len(rows))
-        # Rows grouped by where they are written: shard, then key range within it.
-        groups = write_group(rows.keys, self._num_shards)
-        # Sent as bytes: the runner then groups opaque bytes instead of unpickling blocks.
-        if groups.min() == groups.max():
-            yield int(groups[0]), rows.to_bytes()
-            return
-        order = np.argsort(groups, kind="stable")
-        present, starts = np.unique(groups[order], return_index=True)
-        for group, part in zip(present.tolist(), np.split(order, starts[1:]), strict=True):
-            yield group, rows.take(part).to_bytes()
+        nsp_seeds = derive_seed_grid((seed, "nsp"), ids, passes)
+        key_bases = derive_seed_grid(("shard_key", seed), ids, passes)
+        pending: dict[int, list[RowBlock]] = {}
+        pending_bytes = 0
+        for dupe in passes:
+            plans: list[tuple[int, int, int, int, int]] = []
+            counts = [
+                plan_document(layout, index, self._nsp, random.Random(seeds[dupe]), plans)
+                for index, seeds in enumerate(nsp_seeds)
+            ]
+            if not plans:
+                continue
+            bases = np.array([row[dupe] for row in key_bases], dtype=np.uint64)
+            keys = keys_from_bases(bases, np.array(counts))  # == shard_keys(seed, id, dupe, n)
+            rows = self._masked_block(bucket, np.array(plans, dtype=np.int64), keys)
+            self._instances.inc(len(rows))
+            for group, part in by_write_group(rows, self._num_shards):
+                pending.setdefault(group, []).append(part)
+            pending_bytes += rows.nbytes
+            del plans, rows
+            if pending_bytes >= self.PENDING_ROW_BYTES:
+                yield from self._send(pending)
+                pending, pending_bytes = {}, 0
+        yield from self._send(pending)
+
+    def _send(self, pending: dict[int, list[RowBlock]]) -> Iterator:
+        """Each write group's rows, as bytes (the runner then groups opaque bytes instead
+        of unpickling blocks), or into the spool."""
+        for group in sorted(pending):
+            data = RowBlock.concat(pending[group]).to_bytes()
+            if self._spool is None:
+                yield group, data
+            else:
+                self._spool.write(group, data)
 
     def _masked_block(self, bucket: TokenizedBatch, plans: np.ndarray, keys: np.ndarray
                       ) -> RowBlock:  # fmt: skip

@@ -8,7 +8,10 @@ small build does not write on one worker. Part of ``python -m pipeline build``.
 
 from __future__ import annotations
 
+import uuid
+from collections import defaultdict
 from collections.abc import Iterable, Iterator
+from typing import NamedTuple
 
 import apache_beam as beam
 import numpy as np
@@ -61,9 +64,75 @@ def write_group(keys: np.ndarray, num_shards: int) -> np.ndarray:
     return (shard * np.uint64(parts) + part).astype(np.int64)
 
 
+class SpoolRef(NamedTuple):
+    """Where a bundle's rows of one write group lie in its spool file: (offset, length) of
+    each pickled RowBlock."""
+
+    path: str
+    spans: tuple[tuple[int, int], ...]
+
+
+class RowSpool:
+    """Rows on their way to the shard writers, in a file instead of the runner's shuffle.
+
+    A local runner (the DirectRunner) holds every shuffle in its driver's memory: all the
+    rows of a build at once, ~20x the input. A spool writes each bundle's rows to one hidden
+    file in --output (``.rows-<random>.spool``: a retried bundle writes a new one) and
+    sends the runner a :class:`SpoolRef` per write group, a few bytes. The writers read
+    their rows back (:func:`read_blocks`); the manifest step removes the files. The rows,
+    so the shards, are the same either way.
+    """
+
+    def __init__(self, directory: str):
+        self._directory = directory
+        self._file = None
+        self._path = ""
+        self._offset = 0
+        self._spans: dict[int, list[tuple[int, int]]] = defaultdict(list)
+
+    def write(self, group: int, data: bytes) -> None:
+        if self._file is None:
+            self._path = FileSystems.join(self._directory, f".rows-{uuid.uuid4().hex}.spool")
+            self._file = FileSystems.create(
+                self._path, compression_type=CompressionTypes.UNCOMPRESSED
+            )
+        self._file.write(data)
+        self._spans[group].append((self._offset, len(data)))
+        self._offset += len(data)
+
+    def close(self) -> list[tuple[int, SpoolRef]]:
+        """Close the file; returns (write group, SpoolRef) for each group written."""
+        if self._file is None:
+            return []
+        self._file.close()
+        self._file = None
+        return [(group, SpoolRef(self._path, tuple(spans)))
+                for group, spans in sorted(self._spans.items())]  # fmt: skip
+
+
+def read_blocks(items: Iterable[bytes | SpoolRef]) -> list[RowBlock]:
+    """A write group's rows: blocks sent as bytes, or read back from spool files (each
+    file opened once, its spans read in file order)."""
+    blocks, spans = [], defaultdict(list)
+    for item in items:
+        if isinstance(item, SpoolRef):
+            spans[item.path].extend(item.spans)
+        else:
+            blocks.append(RowBlock.from_bytes(item))
+    for path in sorted(spans):
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            for offset, length in sorted(spans[path]):
+                f.seek(offset)
+                data = f.read(length)
+                if len(data) != length:
+                    raise OSError(f"{path}: spool file cut short at {offset + len(data)} bytes")
+                blocks.append(RowBlock.from_bytes(data))
+    return blocks
+
+
 class WriteShard(beam.DoFn):
-    """(write group, RowBlock bytes) -> the shard's manifest entry and statistics after
-    writing it, or (shard, part record) after writing one key range of it."""
+    """(write group, RowBlock bytes or SpoolRefs) -> the shard's manifest entry and
+    statistics after writing it, or (shard, part record) after writing one key range of it."""
 
     def __init__(self, config: BuildConfig, num_shards: int):
         self._config = config
@@ -72,7 +141,7 @@ class WriteShard(beam.DoFn):
 
     def process(self, element, vocab: list[str]) -> Iterator:
         group, blocks = element
-        block = RowBlock.concat([RowBlock.from_bytes(b) for b in blocks])
+        block = RowBlock.concat(read_blocks(blocks))
         if self._parts == 1:
             yield write_shard(group, block, vocab, self._config, self._num_shards)
             return
@@ -90,10 +159,12 @@ def part_path(output: str, shard: int, part: int, num_shards: int) -> str:
 
 
 def remove_leftovers(output: str) -> None:
-    """Delete every part file (:func:`part_path`) in ``output``, and every temporary file
-    of :func:`write_atomic` that a killed writer left (a worker lost mid-write; the
-    runner's retry wrote the file again under another temporary name)."""
-    patterns = [FileSystems.join(output, ".shard-*.part-*"), FileSystems.join(output, ".*.tmp")]
+    """Delete every part file (:func:`part_path`) and spool file (:class:`RowSpool`) in
+    ``output``, and every temporary file of :func:`write_atomic` that a killed writer left
+    (a worker lost mid-write; the runner's retry wrote the file again under another
+    temporary name)."""
+    patterns = [FileSystems.join(output, ".shard-*.part-*"), FileSystems.join(output, ".*.tmp"),
+                FileSystems.join(output, ".rows-*.spool")]  # fmt: skip
     found = {m.path for result in FileSystems.match(patterns) for m in result.metadata_list}
     if found:
         FileSystems.delete(sorted(found))

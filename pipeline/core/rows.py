@@ -83,6 +83,11 @@ class RowBlock:
     def __len__(self) -> int:
         return len(self.keys)
 
+    @property
+    def nbytes(self) -> int:
+        """The bytes of its arrays (in memory, uncompressed)."""
+        return sum(array.nbytes for array in self.__dict__.values())
+
     def __getstate__(self) -> dict:
         """Pickled (how Beam moves blocks between steps) compactly: offsets as uint16 row
         lengths, and every array of 64 KiB or more zstd-compressed (token ids ~1.6x).

@@ -689,3 +689,24 @@ def test_copies_of_a_document_are_kept_and_counted(corpus, tmp_path):
     assert copies["stats"]["input"]["duplicate_documents"] == 6
     assert "duplicate_documents" not in plain["stats"]["input"]
     assert copies["num_rows"] > plain["num_rows"]
+
+
+def test_rows_through_a_spool_or_the_shuffle_give_the_same_bytes(corpus, built, tmp_path,
+                                                                 monkeypatch):  # fmt: skip
+    """The DirectRunner sends rows through spool files by default (--row_spool auto); through
+    its shuffle (no) the shards are the same, and no spool file is left either way."""
+    from pipeline.beam.shard_steps import RowSpool
+
+    closed = []
+    real_close = RowSpool.close
+    monkeypatch.setattr(RowSpool, "close", lambda self: closed.append(1) or real_close(self))
+    for spool in ("no", "yes"):
+        out = tmp_path / spool
+        assert (
+            main(["build", "--input", corpus, "--output", str(out), "--row_spool", spool, *BASE])
+            == 0
+        )
+        assert same_build(out, built) and not list(out.glob(".*")), spool
+        assert bool(closed) == (spool == "yes")
+    with pytest.raises(SystemExit, match="2"):
+        main(["build", "--input", corpus, "--output", str(tmp_path / "x"), "--row_spool", "maybe"])

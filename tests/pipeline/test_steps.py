@@ -1,5 +1,7 @@
 """The pipeline's Beam steps: DoFns called as plain functions, transforms on a TestPipeline."""
 
+import tracemalloc
+
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
@@ -22,7 +24,14 @@ from pipeline.beam.document_steps import (
     split_skips,
 )
 from pipeline.beam.instance_steps import MakeInstances, split_into_buckets
-from pipeline.beam.shard_steps import JoinParts, WriteShard, parts_per_shard
+from pipeline.beam.shard_steps import (
+    JoinParts,
+    SpoolRef,
+    WriteShard,
+    parts_per_shard,
+    read_blocks,
+    remove_leftovers,
+)
 from pipeline.core.rows import RowBlock
 from pipeline.core.sources import FileRange, content_id, split_ranges
 from pipeline.core.text import basic_tokenize
@@ -155,6 +164,52 @@ def test_make_instances_rows_are_framed_and_masked(tmp_path):
     assert (np.diff(rows.mlm_offsets) >= 1).all() and (np.diff(rows.mlm_offsets) <= 3).all()
     groups = {group for group, _ in out}
     assert groups <= set(range(2 * parts_per_shard(2)))
+
+
+def held_rows_peak(make: MakeInstances, bucket: TokenizedBatch) -> int:
+    """tracemalloc's peak while MakeInstances makes a bucket's rows, each sent element
+    dropped at once (as the runner takes it)."""
+    tracemalloc.start()
+    try:
+        for _ in make.process((0, [bucket]), VOCAB):
+            pass
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_bucket_holds_one_pass_of_rows_not_every_dupe_pass(tmp_path, monkeypatch):
+    """Rows are sent whenever those held reach PENDING_ROW_BYTES, so at dupe factor 8 a
+    bucket holds about one pass's working memory, not eight (it held all of them at once)."""
+    bucket = tokenized_bucket(n_docs=400, seed=3)
+    monkeypatch.setattr(MakeInstances, "PENDING_ROW_BYTES", 1)  # send after every pass
+    peaks = {d: held_rows_peak(MakeInstances(config(tmp_path, dupe_factor=d), 2), bucket)
+             for d in (1, 8)}  # fmt: skip
+    assert peaks[8] < 2 * peaks[1], peaks
+    # The rows are the same however they are sent.
+    make = MakeInstances(config(tmp_path, dupe_factor=3), 2)
+    small = RowBlock.concat([RowBlock.from_bytes(b) for _, b in make.process((0, [bucket]), VOCAB)])
+    monkeypatch.setattr(MakeInstances, "PENDING_ROW_BYTES", 1 << 40)
+    whole = RowBlock.concat([RowBlock.from_bytes(b) for _, b in make.process((0, [bucket]), VOCAB)])
+    assert small.sorted_by_key().to_bytes() == whole.sorted_by_key().to_bytes()
+
+
+def test_a_spool_sends_references_and_the_writer_reads_the_same_rows(tmp_path):
+    bucket = tokenized_bucket(n_docs=50, seed=4)
+    cfg = config(tmp_path, dupe_factor=2)
+    direct = [(g, b) for g, b in MakeInstances(cfg, 2).process((0, [bucket]), VOCAB)]
+    spooled = MakeInstances(cfg, 2, spool=str(tmp_path))
+    spooled.start_bundle()
+    assert list(spooled.process((0, [bucket]), VOCAB)) == []  # nothing through the runner yet
+    refs = [w.value for w in spooled.finish_bundle()]
+    assert {g for g, _ in refs} == {g for g, _ in direct}
+    assert all(isinstance(ref, SpoolRef) and len(ref.path) < 200 for _, ref in refs)
+    (spool_file,) = tmp_path.glob(".rows-*.spool")
+    for group, ref in refs:
+        got = RowBlock.concat(read_blocks([ref])).to_bytes()
+        assert got == RowBlock.concat(read_blocks([b for g, b in direct if g == group])).to_bytes()
+    remove_leftovers(str(tmp_path))
+    assert not spool_file.exists()
 
 
 def test_steps_on_a_test_pipeline(corpus):
