@@ -4,6 +4,7 @@
     python -m pipeline export shards/ --to tfrecord --output tfrecord/ [--tfrecord-names v2]
     python -m pipeline export shards/ --to tfrecord --output tf/ --max_predictions_per_seq 80
     python -m pipeline export shards/ ... --runner=DataflowRunner --project=...  # Beam options
+    python -m pipeline export shards/ ... --runner=DataflowRunner ... --dry_run  # check only
 
 A Beam job on the same runners as ``build``: one shard in, one file out, in parallel
 (``shard-00003-of-00010.arrow`` -> ``training-part-00003-of-00010.hdf5`` or
@@ -16,6 +17,8 @@ pads them each consumer's way (FORMAT.md, "Exports").
 Exit codes: 0 success; 1 the job failed (a corrupt shard is named), and what it wrote is
 removed; 2 bad arguments or input found before the job (no manifest, P too small, an
 output directory that holds an earlier export without --overwrite, h5py missing).
+With Beam's ``--dry_run`` the job is built and checked, not run, and --output is left as it
+was (pipeline/beam/runner.py, ``run_pipeline``): 0 when the check passed.
 """
 
 from __future__ import annotations
@@ -173,6 +176,19 @@ def prepare_output(config: ExportConfig) -> None:
         ValueError: the output is the source directory or holds Arrow shards.
         FileExistsError: it holds an earlier export and --overwrite was not given.
     """
+    check_output(config)
+    remove_outputs(config.output)
+    if not FileSystems.exists(config.output):
+        FileSystems.mkdirs(config.output)
+
+
+def check_output(config: ExportConfig) -> None:
+    """prepare_output's refusals, reading only (a dry run's check of ``--output``).
+
+    Raises:
+        ValueError: the output is the source directory or holds Arrow shards.
+        FileExistsError: it holds an earlier export and --overwrite was not given.
+    """
     out = config.output
     if _same_place(out, config.source) or _existing(out, ["shard-*.arrow"]):
         raise ValueError(
@@ -185,9 +201,6 @@ def prepare_output(config: ExportConfig) -> None:
             f"{out} already holds {len(existing)} file(s) of an earlier export ({names}, ...); "
             "pass --overwrite to replace them or choose another --output"
         )
-    remove_outputs(out)
-    if not FileSystems.exists(out):
-        FileSystems.mkdirs(out)
 
 
 def _same_place(a: str, b: str) -> bool:
@@ -343,26 +356,34 @@ def export_graph(p: beam.Pipeline, plan: ExportPlan) -> beam.PCollection:
 def run_export(argv: Sequence[str], log_file: str | None, verbose: bool,
                handlers: list[logging.Handler]) -> int:  # fmt: skip
     """The command's body under pipeline/cli/main.py's console (run_with_console)."""
-    from pipeline.beam.runner import beam_options, check_beam_options, job_log_file, run_pipeline
+    from pipeline.beam import runner
 
     try:
         config, beam_args = parse_export_args(argv)
-        beam_args = check_beam_options(beam_args, export_parser())
+        dry_run, beam_args = runner.split_dry_run(beam_args)
+        beam_args = runner.check_beam_options(beam_args, export_parser())
         plan = make_plan(config)
-        prepare_output(config)
+        # A dry run checks --output and leaves it as it found it (no directory, no deletes).
+        (check_output if dry_run else prepare_output)(config)
     except (ValueError, OSError, ImportError) as e:  # ShardFormatError is a ValueError
         logger.error("%s", e)
         return 2
-    log_file = job_log_file(log_file, verbose, config.output, "export", handlers)
-    options, given = beam_options(beam_args)
+    log_file = runner.job_log_file(log_file, verbose, config.output, "export", handlers,
+                                   dry_run=dry_run)  # fmt: skip
+    options, given = runner.beam_options(beam_args)
     source = plan.manifest
-    logger.info("exporting %d shards (%d rows) of %s to %s as %s, L %d, P %d (Beam args: %s)",
+    logger.info("%s %d shards (%d rows) of %s to %s as %s, L %d, P %d (Beam args: %s)",
+                "dry run: checking, not running, the export of" if dry_run else "exporting",
                 len(source["shards"]), source["num_rows"], config.source, config.output,
                 config.to, plan.max_seq_length, plan.max_predictions_per_seq, given)  # fmt: skip
+    runner.warn_dataflow_pitfalls(options, {"source": [config.source], "--output": [config.output]})
     if log_file and not verbose:
         logger.info("Beam's log: %s (--verbose or BERT_VERBOSE=1 shows it here)", log_file)
     start = time.perf_counter()
-    failed = run_pipeline(options, lambda p: export_graph(p, plan), log_file, verbose, "export")
+    failed = runner.run_pipeline(options, lambda p: export_graph(p, plan), log_file, verbose,
+                                 "export", dry_run=dry_run)  # fmt: skip
+    if dry_run:  # nothing ran: nothing of the job's to remove or report
+        return failed
     if failed:
         remove_outputs(config.output)
         logger.info("removed the export's files from %s: nothing half-written is left",

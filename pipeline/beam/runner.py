@@ -4,6 +4,11 @@
 FnApiRunner unless ``--runner`` says otherwise; Beam's SDK workers at WARNING) after
 :func:`check_beam_options` refused what Beam would silently drop; :func:`run_pipeline` runs a
 job and turns its failure into one error line (the traceback in the log file).
+
+``--dry_run`` (:func:`split_dry_run`) builds the job without running it: the DataflowRunner
+translates and validates it and stops before staging or submitting (Beam's TestOptions
+``dry_run``); on runners without a dry run of their own the graph is built and encoded, and
+nothing runs (:func:`run_pipeline`).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import difflib
 import logging
 import os
 import tempfile
+from collections.abc import Sequence
 
 from pipeline.shards import shard_format
 
@@ -134,14 +140,15 @@ def _last_line(err: BaseException) -> str:
 
 
 def job_log_file(log_file: str | None, verbose: bool, output: str, command: str,
-                 handlers: list[logging.Handler]) -> str | None:  # fmt: skip
+                 handlers: list[logging.Handler], *, dry_run: bool = False) -> str | None:  # fmt: skip
     """The log file of a Beam command that passed its checks (a refused run keeps the last
     one's log): ``--log_file``, else :func:`default_log_file` emptied, unless verbose;
-    adds its handler to ``handlers``."""
+    adds its handler to ``handlers``. A dry run's default log is a temporary file: it
+    writes nothing beside the output, and the last real run's log stays."""
     from pipeline.console import add_log_file
 
     if log_file is None and not verbose:
-        log_file = default_log_file(output, command)
+        log_file = default_log_file(output, command, temporary=dry_run)
         open(log_file, "w").close()  # this run's log only (appended to below)
     if log_file is not None:
         handlers.append(add_log_file(log_file))
@@ -175,29 +182,115 @@ def beam_options(beam_args: list[str]):
     return PipelineOptions(beam_args), given
 
 
-def run_pipeline(options, add_steps, log_file: str | None, verbose: bool, what: str) -> int:
+def split_dry_run(beam_args: list[str]) -> tuple[bool, list[str]]:
+    """Take Beam's ``--dry_run`` out of ``beam_args``: (whether asked, the other arguments).
+
+    ``--dry_run``, ``--dry_run=true`` and ``--dry-run false`` all work (parse_bool), so it
+    reads like our flags. Beam declares it (TestOptions) as taking a value it never
+    converts: ``--dry_run`` alone stops Beam's parser with a usage dump, and
+    ``--dry_run=False`` is the string "False", which the DataflowRunner takes for true.
+    :func:`run_pipeline` sets Beam's option itself.
+
+    Raises:
+        SystemExit: a value that is not true/false (exit 2, one line naming it).
+    """
+    from pipeline.options import CommandParser, parse_bool
+
+    parser = CommandParser(prog="--dry_run", add_help=False, allow_abbrev=False)
+    parser.add_argument("--dry_run", type=parse_bool, nargs="?", const=True, default=False)
+    args, rest = parser.parse_known_args(beam_args)
+    return args.dry_run, rest
+
+
+def warn_dataflow_pitfalls(options, paths: dict[str, Sequence[str]]) -> None:
+    """On Dataflow, say what would fail only once workers start: paths of this machine
+    among ``paths`` (flag -> paths), and no way for workers to get this package.
+
+    Beam validates its own options only; --input and --output are ours. A worker runs on
+    its own VM, so a path on this machine is not there (a Dask or Spark cluster may share
+    a file system; Dataflow never does), and it imports ``pipeline`` only if
+    ``--setup_file`` (or an image or package) brings it. Warned, not refused: a dry run on
+    local files is how the job is checked without a bucket.
+    """
+    from apache_beam.options.pipeline_options import SetupOptions, StandardOptions, WorkerOptions
+
+    runner = options.view_as(StandardOptions).runner or ""
+    if "dataflow" not in runner.rsplit(".", 1)[-1].lower():
+        return
+    for flag, values in paths.items():
+        for path in values:
+            if path and not shard_format.is_remote(path):
+                logger.warning("%s %s is a path on this machine: Dataflow's workers cannot "
+                               "reach it; use gs://", flag, path)  # fmt: skip
+    setup = options.view_as(SetupOptions)
+    if not (setup.setup_file or setup.extra_packages
+            or options.view_as(WorkerOptions).sdk_container_image):  # fmt: skip
+        logger.warning("no --setup_file: Dataflow's workers would not have this package; "
+                       "pass --setup_file=setup.py (deploy/beam/dataflow.sh does)")  # fmt: skip
+
+
+def run_pipeline(options, add_steps, log_file: str | None, verbose: bool, what: str, *,
+                 dry_run: bool = False) -> int:  # fmt: skip
     """Run ``add_steps(pipeline)`` on ``options``: 0, or 1 after one error line (the
     worker's exception) with the traceback in the log file. Unless verbose, descriptor 2
-    (Beam's workers included) goes to the log file meanwhile."""
+    (Beam's workers included) goes to the log file meanwhile. ``dry_run``: build the job
+    without running it (:func:`_dry_run`), then one line saying what was checked."""
     import apache_beam as beam
 
     from pipeline.console import stderr_to
 
     try:
         quiet = contextlib.nullcontext() if verbose else stderr_to(log_file)
-        with quiet, beam.Pipeline(options=options) as p:
-            add_steps(p)
+        with quiet:
+            if dry_run:
+                checked = _dry_run(options, add_steps, what)
+            else:
+                with beam.Pipeline(options=options) as p:
+                    add_steps(p)
     except Exception as e:  # the runner's failure, whatever its type: exit 1, not a traceback
         where = f"; traceback and Beam's log: {log_file}" if log_file else ""
-        logger.error("%s failed: %s%s", what, _last_line(e), where, exc_info=True)
+        logger.error("%s%s failed: %s%s", "the dry run of the " if dry_run else "", what,
+                     _last_line(e), where, exc_info=True)  # fmt: skip
         return 1
+    if dry_run:
+        logger.info("dry run: %s", checked)
     return 0
 
 
-def default_log_file(output: str, command: str = "build") -> str:
+def _dry_run(options, add_steps, what: str) -> str:
+    """Build the job on ``options`` without running it; returns what was checked.
+
+    The DataflowRunner honours Beam's ``dry_run``: it validates the options (a project id,
+    a region, a gs:// temp_location; in ``beam.Pipeline``), builds the worker environment
+    (``--setup_file``'s source distribution included), translates the graph into
+    Dataflow's job request, and returns before staging a file or calling the service. The
+    other runners ignore the option (the FnApiRunner would run the whole job), so on them
+    the graph is built and encoded as Beam's runner API protos (every step pickled, every
+    coder chosen), which is what such a runner receives, and nothing runs.
+    """
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import TestOptions
+    from apache_beam.runners.dataflow.dataflow_runner import DataflowRunner
+
+    # Before the Pipeline: its option checks skip the bucket look-ups (network) on a dry run.
+    options.view_as(TestOptions).dry_run = True
+    p = beam.Pipeline(options=options)
+    add_steps(p)
+    runner = type(p.runner).__name__
+    if isinstance(p.runner, DataflowRunner):
+        p.run().wait_until_finish()
+        return (f"the {what} job was translated and validated for {runner}; nothing was "
+                "staged or submitted and nothing was written")  # fmt: skip
+    p.to_runner_api()
+    return (f"{runner} has no dry run of its own: the {what} graph was built and encoded "
+            "(every step pickled); nothing ran and nothing was written")  # fmt: skip
+
+
+def default_log_file(output: str, command: str = "build", *, temporary: bool = False) -> str:
     """Beside a local output directory, ``runs/shards/ -> runs/shards.build.log`` (not in
-    it: the directory holds only what the manifest lists); for a remote one, a temporary file."""
-    if shard_format.is_remote(output):
+    it: the directory holds only what the manifest lists); for a remote one, or if
+    ``temporary``, a temporary file."""
+    if temporary or shard_format.is_remote(output):
         fd, path = tempfile.mkstemp(prefix=f"pipeline-{command}-", suffix=".log")
         os.close(fd)
         return path

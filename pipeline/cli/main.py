@@ -9,6 +9,9 @@
 file whose path it prints: ``OUTPUT.build.log`` beside a local output directory, or
 ``--log_file PATH``. ``--verbose`` or ``BERT_VERBOSE=1`` puts everything on the console.
 
+``build`` and ``export`` take Beam's ``--dry_run``: the job is built and checked, not run
+(pipeline/beam/runner.py), and --output is left as it was; the command says what it checked.
+
 Exit codes: 0 success, 1 the job failed, 2 bad arguments or input.
 """
 
@@ -25,6 +28,8 @@ from pipeline.beam.runner import (
     check_beam_options,
     job_log_file,
     run_pipeline,
+    split_dry_run,
+    warn_dataflow_pitfalls,
     with_tokenizer_threads,
 )
 
@@ -87,23 +92,32 @@ def _build(argv: Sequence[str], log_file: str | None, verbose: bool,
 
     try:
         config, beam_args = parse_build_args(argv)
+        dry_run, beam_args = split_dry_run(beam_args)
         beam_args = check_beam_options(beam_args)
         plan = build.make_plan(config)
-        created = build.prepare_output(config)
+        # A dry run leaves --output as it found it: no directory made, no earlier build
+        # removed (so it does not check for one either: that check is prepare_output's).
+        created = False if dry_run else build.prepare_output(config)
     except (ValueError, OSError, ImportError) as e:  # FileNotFoundError, FileExistsError
         logger.error("%s", e)  # ImportError: an optional package (its message names the extra)
         return 2
-    log_file = job_log_file(log_file, verbose, config.output, "build", handlers)
+    log_file = job_log_file(log_file, verbose, config.output, "build", handlers,
+                            dry_run=dry_run)  # fmt: skip
     options, given = beam_options(beam_args)
     config = with_tokenizer_threads(config, options)
     start = time.perf_counter()
     runner = options.view_as(StandardOptions).runner or "DirectRunner"
-    logger.info("building shards in %s on %s (Beam args: %s)", config.output,
-                runner.rsplit(".", 1)[-1], given)  # fmt: skip
+    logger.info("%s shards in %s on %s (Beam args: %s)",
+                "dry run: checking, not running, the build of" if dry_run else "building",
+                config.output, runner.rsplit(".", 1)[-1], given)  # fmt: skip
+    warn_dataflow_pitfalls(options, {"--input": config.input, "--output": [config.output],
+                               "--vocab_file": [config.vocab_file or ""]})  # fmt: skip
     if not verbose:
         logger.info("Beam's log: %s (--verbose or BERT_VERBOSE=1 shows it here)", log_file)
     failed = run_pipeline(options, lambda p: build.build_graph(p, config, plan), log_file,
-                          verbose, "build")  # fmt: skip
+                          verbose, "build", dry_run=dry_run)  # fmt: skip
+    if dry_run:  # nothing ran: no manifest to read, nothing of the job's to remove
+        return failed
     if failed:  # nothing half-written stays: what the job wrote goes, the error stays shown
         build.discard_build(config.output, created)
         return failed
