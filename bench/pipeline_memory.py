@@ -20,7 +20,8 @@ peaked, and the peak of their sum. Without ``--input`` the corpus is English pro
 from Python's own documentation (``pipeline.cli.corpus``, all four sources: docstrings, the
 language reference, test docstrings, prose comments), repeated to ``--mb`` MB in
 ``--files`` files, and without ``--vocab_file`` a vocab is learned once from 8 MB of
-it (not measured). ``--timeline DIR`` writes every sample as CSV, one file per build.
+it (not measured); ``--learn_vocab``: each build learns its own (30,522 tokens), which
+makes every runner hold the read documents until the vocab is learned. ``--timeline DIR`` writes every sample as CSV, one file per build.
 """
 
 from __future__ import annotations
@@ -138,11 +139,13 @@ def main(argv=None) -> int:
     p.add_argument("--interval", type=float, default=0.25, help="seconds between samples")
     p.add_argument("--work", default=None, help="keep corpora and outputs here (reused)")
     p.add_argument("--timeline", default=None, help="write every sample to DIR/*.csv")
+    p.add_argument("--learn_vocab", action="store_true",
+                   help="learn a 30522-token vocab in the build (no --vocab_file)")  # fmt: skip
     p.add_argument("extra", nargs="*", help="more build flags, after --")
     args = p.parse_args(argv)
 
     work = Path(args.work or tempfile.mkdtemp(prefix="pipeline-memory-"))
-    vocab = args.vocab_file or str(learn_vocab(work))
+    vocab = None if args.learn_vocab else args.vocab_file or str(learn_vocab(work))
     corpora = []
     if args.input:
         size = sum(os.path.getsize(f) for f in glob.glob(args.input)) / 1e6
@@ -157,8 +160,9 @@ def main(argv=None) -> int:
     for mb, inputs, files in corpora:
         for runner in args.runners:
             out = work / f"shards-{mb:g}mb-{runner}"
+            given = ["--vocab_size", "30522"] if vocab is None else ["--vocab_file", vocab]
             cmd = [sys.executable, "-m", "pipeline", "build", "--input", inputs, "--output",
-                   str(out), "--overwrite", "--vocab_file", vocab,
+                   str(out), "--overwrite", *given,
                    "--dupe_factor", str(args.dupe_factor), *args.extra]  # fmt: skip
             cluster = None
             if runner == "dask":
