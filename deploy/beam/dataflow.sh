@@ -5,7 +5,15 @@
 # paths work for --input, --output and --vocab_file.
 #
 #   PROJECT=my-project REGION=us-central1 BUCKET=gs://my-bucket \
-#   INPUT='gs://my-bucket/corpus/*.txt' bash deploy/beam/dataflow.sh
+#   INPUT='gs://my-bucket/corpus/*.txt' bash deploy/beam/dataflow.sh --dry_run
+#
+# Try --dry_run first (arguments after the script's go to the build): a user's first
+# Dataflow attempt should fail here, not after workers start. It checks the inputs, has
+# Beam validate the options (project id, region, gs:// temp and staging locations), builds
+# the --setup_file package and translates the job for Dataflow, then stops before staging
+# or submitting: nothing written, exit 0 with one line saying so (Beam's part needs no
+# credentials; listing gs:// input does). It also warns of local --input/--output paths
+# (workers cannot read them). Then run the same command without --dry_run.
 #
 # Needs: pip install -e '.[gcp]' and gcloud credentials. Worker sizing: the
 # vocab step holds the word-count table (distinct words) in one worker, and
