@@ -21,7 +21,8 @@ from Python's own documentation (``pipeline.cli.corpus``, all four sources: docs
 language reference, test docstrings, prose comments), repeated to ``--mb`` MB in
 ``--files`` files, and without ``--vocab_file`` a vocab is learned once from 8 MB of
 it (not measured); ``--learn_vocab``: each build learns its own (30,522 tokens), which
-makes every runner hold the read documents until the vocab is learned. ``--timeline DIR`` writes every sample as CSV, one file per build.
+makes every runner hold the read documents until the vocab is learned. ``--timeline DIR``
+writes every sample as CSV, one file per build.
 """
 
 from __future__ import annotations
