@@ -19,24 +19,32 @@ from __future__ import annotations
 
 import argparse
 import ast
+import hashlib
 import io
 import itertools
+import json
 import logging
 import os
-import re
+import platform
 import sysconfig
+import time
 import tokenize
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from pipeline.cli.package_docs import DOCTEST, PACKAGES, is_prose, package_documents
 from pipeline.core.text import split_sentences
 from pipeline.options import CommandParser
+from pipeline.shards.shard_writer import atomic_write_bytes
 
 logger = logging.getLogger(__name__)
-_DOCTEST = re.compile(r"^\s*(>>>|\.\.\.)")
-_WORD = re.compile(r"^[A-Za-z][a-z]*[,.;:]?$")  # a plain English word, maybe with punctuation
 SOURCES = ("docstrings", "reference", "test-docstrings", "comments")
 _TEST_DIRS = frozenset({"test", "tests", "idle_test", "lib2to3"})
+_SKIPPED_DIRS = frozenset(
+    {"test", "tests", "testing", "_vendor", "vendor", "vendored", "benchmarks"}
+)
+MANIFEST_NAME = "corpus.json"  # beside the txt files: what they hold and their sha256
+MANIFEST_VERSION = 1
 _LAYOUT = frozenset({tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT})
 
 
@@ -104,10 +112,8 @@ def comment_blocks(source: str, *, min_words: int = 20, min_prose: float = 0.7) 
             last_row = tok.start[0]
             continue
         words = " ".join(block).split()
-        if len(words) >= min_words:
-            prose = sum(bool(_WORD.match(w)) for w in words) / len(words)
-            if prose >= min_prose:
-                blocks.append(" ".join(words))
+        if len(words) >= min_words and is_prose(words, min_prose):
+            blocks.append(" ".join(words))
         block = []
         if tok is not None and tok.type == tokenize.COMMENT:
             block, last_row = [tok.string.lstrip("#").strip()], tok.start[0]
@@ -119,7 +125,10 @@ def reference_topics() -> Iterator[str]:
     try:
         from pydoc_data.topics import topics
     except ImportError:
-        return
+        raise FileNotFoundError(
+            "corpus source 'reference' is missing: this Python has no pydoc_data.topics "
+            "(leave it out of --sources)"
+        ) from None
     for name in sorted(topics):
         yield topics[name]
 
@@ -129,7 +138,7 @@ def document_sentences(docstring: str) -> list[str]:
     up to the next blank line) dropped, paragraphs joined and split."""
     lines, in_example = [], False
     for line in docstring.splitlines():
-        in_example = bool(_DOCTEST.match(line)) or (in_example and bool(line.strip()))
+        in_example = bool(DOCTEST.match(line)) or (in_example and bool(line.strip()))
         if not in_example:
             lines.append(line)
     paragraphs = " ".join(line.strip() if line.strip() else "\n\n" for line in lines)
@@ -191,6 +200,79 @@ def write_corpus(
     return paths
 
 
+def write_package_corpus(
+    output: str | os.PathLike,
+    packages: Sequence[str],
+    *,
+    files: int = 1,
+    heldout_permille: int = 0,
+    processes: int | None = None,
+) -> tuple[list[Path], list[dict]]:
+    """Write the prose of ``packages``' docstrings and comments into ``files`` txt files
+    (``packages-000.txt``, ...) plus ``packages-heldout.txt``; returns (paths, sources).
+
+    A document (one docstring or comment block, :func:`prose_paragraphs`,
+    :func:`line_comment_blocks`) seen before is skipped; of the rest, those whose text's
+    sha256 falls in the first ``heldout_permille`` of 1000 go to the held-out file, so the
+    split depends on a document's text only, not on the other packages. ``sources`` holds
+    one dict per package: name, version, documents, bytes written.
+
+    Raises:
+        FileNotFoundError: a package is not installed (named), before anything is written.
+        ValueError: ``heldout_permille`` outside [0, 1000).
+    """
+    if not 0 <= heldout_permille < 1000:
+        raise ValueError(f"heldout_permille must be in [0, 1000), got {heldout_permille!r}")
+    chunks: list[list[bytes]] = [[] for _ in range(files + 1)]  # the last: held out
+    sources: dict[str, dict] = {}
+    seen: set[bytes] = set()
+    i = 0
+    for name, version, docs in package_documents(packages, processes):
+        source = sources.setdefault(name, {"name": name, "version": version, "documents": 0,
+                                           "bytes": 0})  # fmt: skip
+        for sentences in docs:
+            text = ("\n".join(sentences) + "\n\n").encode("utf-8")
+            digest = hashlib.sha256(text).digest()
+            if digest in seen:
+                continue
+            seen.add(digest)
+            held_out = int.from_bytes(digest[:8], "big") % 1000 < heldout_permille
+            chunks[files if held_out else i % files].append(text)
+            i += 0 if held_out else 1
+            source["documents"] += 1
+            source["bytes"] += len(text)
+    names = [f"packages-{k:03d}.txt" for k in range(files)] + ["packages-heldout.txt"]
+    paths = [Path(output, name) for name in names]
+    for path, chunk in zip(paths, chunks, strict=True):
+        atomic_write_bytes(path, chunk)
+    logger.info("wrote %d documents of %d packages, %.2f MB, in %s", len(seen), len(sources),
+                sum(s["bytes"] for s in sources.values()) / 1e6, output)  # fmt: skip
+    return paths, list(sources.values())
+
+
+def write_manifest(output: str | os.PathLike, paths: Sequence[Path], sources: list[dict]) -> dict:
+    """Write ``corpus.json`` beside the corpus: each source with its version, each file with
+    its size and sha256, and the corpus's sha256 (of the files' bytes concatenated in name
+    order: ``cat $(ls *.txt | sort) | sha256sum`` when only they are there). Returns it."""
+    whole = hashlib.sha256()
+    listed = []
+    for path in sorted(paths, key=lambda p: p.name):
+        data = path.read_bytes()
+        whole.update(data)
+        listed.append({"name": path.name, "bytes": len(data),
+                       "sha256": hashlib.sha256(data).hexdigest()})  # fmt: skip
+    manifest = {
+        "format_version": MANIFEST_VERSION,
+        "sources": sources,
+        "files": listed,
+        "bytes": sum(f["bytes"] for f in listed),
+        "sha256": whole.hexdigest(),
+    }
+    text = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
+    atomic_write_bytes(Path(output, MANIFEST_NAME), text.encode("utf-8"))
+    return manifest
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = CommandParser(
         prog="python -m pipeline.cli.corpus",
@@ -210,12 +292,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=list(SOURCES),
         help="what to write (default: all)",
     )
+    p.add_argument("--packages", nargs="*", default=[], metavar="NAME",
+                   help="installed packages whose docstrings and prose comments to add, or "
+                   "'default' for PACKAGES (default: none)")  # fmt: skip
+    p.add_argument("--heldout-permille", type=int, default=10,
+                   help="share of the packages' documents held out, per 1000 (default: 10)")  # fmt: skip
+    p.add_argument("--processes", type=int, default=None,
+                   help="processes reading the packages (default: one per CPU)")  # fmt: skip
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     max_bytes = int(args.max_mb * 1e6) if args.max_mb else None
-    write_corpus(
-        args.output, max_bytes=max_bytes, files=args.files, repeat=args.repeat, sources=args.sources
-    )
+    packages = [n for name in args.packages for n in (PACKAGES if name == "default" else [name])]
+    start = time.perf_counter()
+    try:
+        paths = write_corpus(args.output, max_bytes=max_bytes, files=args.files,
+                             repeat=args.repeat, sources=args.sources)  # fmt: skip
+        python = platform.python_version()
+        sources = [{"name": f"python-{name}", "version": python} for name in args.sources]
+        if packages:
+            more, package_sources = write_package_corpus(
+                args.output, packages, files=args.files,
+                heldout_permille=args.heldout_permille, processes=args.processes,
+            )  # fmt: skip
+            paths, sources = paths + more, sources + package_sources
+        manifest = write_manifest(args.output, paths, sources)
+    except (FileNotFoundError, ValueError) as err:
+        logger.error("%s", err)
+        return 2
+    logger.info("corpus: %.1f MB in %.0f s, sha256 %s (%s)", manifest["bytes"] / 1e6,
+                time.perf_counter() - start, manifest["sha256"],
+                Path(args.output, MANIFEST_NAME))  # fmt: skip
     return 0
 
 

@@ -1,3 +1,7 @@
+import hashlib
+import json
+from importlib import metadata
+
 import pytest
 
 from pipeline.cli.corpus import comment_blocks, document_sentences, write_corpus
@@ -42,3 +46,55 @@ def test_corpus_sources_are_chosen_and_checked(tmp_path):
     assert everything[0].read_text(encoding="utf-8") != text
     with pytest.raises(ValueError, match="unknown corpus source"):
         write_corpus(tmp_path / "x", sources=["tweets"])
+
+
+def test_package_corpus_is_deterministic_with_its_manifest(tmp_path):
+    """Same packages and versions -> the same bytes and sha256, twice; each source is named
+    with its version; held-out documents are split off by their text."""
+    from pipeline.cli.corpus import write_manifest, write_package_corpus
+
+    manifests = []
+    for name in ("a", "b"):
+        paths, sources = write_package_corpus(tmp_path / name, ["packaging", "filelock"],
+                                              files=2, heldout_permille=200, processes=1)  # fmt: skip
+        manifests.append(write_manifest(tmp_path / name, paths, sources))
+        assert [p.name for p in paths] == ["packages-000.txt", "packages-001.txt",
+                                           "packages-heldout.txt"]  # fmt: skip
+    a, b = manifests
+    assert a == b and a["bytes"] > 10_000
+    assert json.loads((tmp_path / "a" / "corpus.json").read_text()) == a
+    assert [s["name"] for s in a["sources"]] == ["packaging", "filelock"]
+    assert a["sources"][0]["version"] == metadata.version("packaging")
+    whole = b"".join((tmp_path / "a" / f["name"]).read_bytes() for f in a["files"])
+    assert hashlib.sha256(whole).hexdigest() == a["sha256"]
+    held_out = (tmp_path / "a" / "packages-heldout.txt").read_text(encoding="utf-8")
+    train = (tmp_path / "a" / "packages-000.txt").read_text(encoding="utf-8")
+    assert held_out and not set(held_out.split("\n\n")) - {""} & set(train.split("\n\n"))
+
+
+def test_a_missing_source_is_named(tmp_path, caplog):
+    from pipeline.cli.corpus import main, write_package_corpus
+
+    with pytest.raises(FileNotFoundError, match="corpus source 'no-such-package' is missing"):
+        write_package_corpus(tmp_path, ["packaging", "no-such-package"])
+    assert not list(tmp_path.iterdir())  # nothing written
+    assert main(["--output", str(tmp_path / "c"), "--sources", "reference",
+                 "--packages", "no-such-package"]) == 2  # fmt: skip
+    assert "no-such-package" in caplog.text
+
+
+def test_templated_api_text_is_dropped_and_prose_kept():
+    from pipeline.cli.package_docs import prose_paragraphs
+
+    doc = (
+        "Add two arrays element-wise, broadcasting their shapes as numpy does.\n\n"
+        "Args:\n    x: the first array of the two.\n    y: the second array of the two.\n\n"
+        "Returns:\n    The sum of the two arrays, with the broadcast shape.\n\n"
+        "Parameters\n----------\nx : ndarray\n    The first one, given as an array.\n\n"
+        "Notes\n-----\nThe :func:`add` ufunc is used, so a scalar works as well as an array.\n"
+        ":param z: unused here, kept for the old callers of this function.\n"
+    )
+    assert prose_paragraphs(doc) == [
+        "Add two arrays element-wise, broadcasting their shapes as numpy does.",
+        "The add ufunc is used, so a scalar works as well as an array.",
+    ]
