@@ -10,7 +10,11 @@ prints the output paths that exist, the throughput, the last training record and
 trivial baseline on the same rows (trainer/evaluate.py): always predicting the most frequent
 token for MLM, the majority class for NSP. An accuracy less than ``MARGIN`` above its baseline
 means the model learned token or label frequencies, not context (the unigram plateau); the
-summary then ends with a loud warning instead of a success line.
+summary then ends with a loud warning instead of a success line. So it does when the model
+memorises instead of generalizing (:func:`overfitting`): a held-out loss ending more than
+``LOSS_RISE`` above its minimum, or a train/held-out accuracy gap over ``ACCURACY_GAP``.
+A quickstart's second held-out set (``eval2/metrics.jsonl``, evaluated after training) is
+printed beside the first, and its ``corpus/corpus.json`` says what the run trained on.
 
 Exit codes: 0 printed (a warning included), 1 no readable metrics.
 """
@@ -20,12 +24,23 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline.options import CommandParser
 
 MARGIN = 0.05  # accuracy above the trivial baseline that counts as learned
+# A held-out loss that ends more than this above its minimum: the model got worse on unseen
+# rows while its training loss fell, i.e. it memorises (the main job's target, issue 24).
+LOSS_RISE = 0.05
+# Training minus held-out accuracy that counts as memorising. Not 0: sampling noise of a
+# window of training rows and of ~800 held-out rows is about 0.01-0.02 (NSP), and a held-out
+# set drawn from one source of a mixed corpus sits a few points off the training mix even
+# without memorising; 0.10 is well beyond both, and below the 0.17 NSP gap (0.98 training,
+# 0.81 held out) of a run that had memorised its 5 epochs.
+ACCURACY_GAP = 0.10
+GAP_WINDOW = 5  # training records averaged for the gap: one record is one --log-every window
 # (task, accuracy key, baseline key, baseline name)
 TASKS = (
     ("MLM", "mlm_accuracy", "mlm_baseline_accuracy", "most-frequent-token baseline"),
@@ -33,12 +48,14 @@ TASKS = (
 )
 
 
-def summary_lines(records: list[dict]) -> list[str]:
-    """The metrics part of the summary, from the records of a metrics.jsonl.
+def summary_lines(records: list[dict], second: list[dict] | None = None) -> list[str]:
+    """The metrics part of the summary, from the records of a metrics.jsonl (and those of a
+    second held-out set's evaluation, ``second``, evaluated after training).
 
     Example: a last eval record with mlm_accuracy 0.312, mlm_baseline_accuracy 0.061 gives
     ``"  MLM accuracy 0.312 (most-frequent-token baseline 0.061, +0.251)"``; with
-    mlm_accuracy 0.070 instead, a ``WARNING`` block naming MLM ends the lines.
+    mlm_accuracy 0.070 instead, a ``WARNING`` block naming MLM ends the lines; a held-out loss
+    that ends more than ``LOSS_RISE`` above its minimum gives an overfitting ``WARNING``.
     """
     train = [r for r in records if r.get("split", "train") == "train"]
     evals = [r for r in records if r.get("split") == "eval"]
@@ -50,15 +67,35 @@ def summary_lines(records: list[dict]) -> list[str]:
         lines.append(f"throughput:  {sequences:.1f} sequences/s, {tokens:.0f} real tokens/s")
     if train:
         t = train[-1]
+        epochs = f", {t['epoch']:.2f} epochs" if t.get("epoch") is not None else ""
         # Accuracies on training rows have no baseline of their own and count memorised
         # rows: only the held-out ones below are printed (metrics.jsonl has both).
-        lines.append(f"train (step {t['step']}): loss {t['loss']:.3f}")
+        lines.append(f"train (step {t['step']}{epochs}): loss {t['loss']:.3f}")
     if not evals:
         lines.append("held-out:    no evaluation (no --eval-data): learning not checked")
         return lines
-    e = evals[-1]
+    short = _heldout_lines(evals[-1], "held-out", lines)
+    second_evals = [r for r in second or () if r.get("split") == "eval"]
+    if second_evals:
+        short += _heldout_lines(second_evals[-1], "second held-out", lines)
+    overfit = overfitting(train, evals)
+    if short:
+        lines += _plateau_warning(short, evals[-1])
+    if overfit:
+        lines += _overfit_warning(overfit)
+    if not short and not overfit and all(evals[-1].get(k) is not None for _, _, k, _ in TASKS):
+        lines.append(f"OK: the model learned and generalizes: held-out accuracies beat their "
+                     f"trivial baselines by more than {MARGIN}, held-out losses end within "
+                     f"{LOSS_RISE} of their minimum, train/held-out accuracy gaps are under "
+                     f"{ACCURACY_GAP}.")  # fmt: skip
+    return lines
+
+
+def _heldout_lines(e: dict, name: str, lines: list[str]) -> list[tuple[str, float, float]]:
+    """Appends one held-out record's accuracies beside their baselines (and the MLM loss
+    beside the unigram loss) to ``lines``; returns the (task, accuracy, baseline) near it."""
     rows = f", {e['rows']} rows" if "rows" in e else ""
-    lines.append(f"held-out (step {e['step']}{rows}):")
+    lines.append(f"{name} (step {e['step']}{rows}):")
     short = []  # (task, accuracy, baseline) at or near the baseline
     for task, key, baseline_key, baseline_name in TASKS:
         accuracy, baseline = e[key], e.get(baseline_key)
@@ -68,17 +105,58 @@ def summary_lines(records: list[dict]) -> list[str]:
         lines.append(f"  {task} accuracy {accuracy:.3f} ({baseline_name} {baseline:.3f}, "
                      f"{accuracy - baseline:+.3f})")  # fmt: skip
         if accuracy < baseline + MARGIN:
-            short.append((task, accuracy, baseline))
+            short.append((task if name == "held-out" else f"{task} ({name})", accuracy, baseline))
     unigram = e.get("mlm_unigram_loss")
     if unigram is not None and e.get("mlm_loss") is not None:
         lines.append(f"  MLM loss {e['mlm_loss']:.3f} (unigram (context-free) loss "
                      f"{unigram:.3f}, {e['mlm_loss'] - unigram:+.3f})")  # fmt: skip
-    if short:
-        lines += _plateau_warning(short, e)
-    elif all(e.get(baseline_key) is not None for _, _, baseline_key, _ in TASKS):
-        lines.append(f"OK: the model learned: both held-out accuracies beat their trivial "
-                     f"baselines by more than {MARGIN}.")  # fmt: skip
-    return lines
+    return short
+
+
+def overfitting(train: list[dict], evals: list[dict]) -> list[str]:
+    """What says the model memorises its training rows instead of generalizing, one line
+    each ([] for none): a held-out loss (MLM, NSP) that ends more than ``LOSS_RISE`` above
+    its minimum over the evaluations, or a training accuracy more than ``ACCURACY_GAP`` above
+    the held-out one at the last evaluation (training accuracy: the mean of the training
+    records of the last ``GAP_WINDOW`` logs up to that step).
+
+    Example: held-out NSP losses 0.47 (step 4500), 0.70 (step 6000) ->
+    ``["held-out NSP loss rose from its minimum 0.470 (step 4500) to 0.700 at step 6000
+    (+0.230)"]``.
+    """
+    found = []
+    for task, key in (("MLM", "mlm_loss"), ("NSP", "nsp_loss")):
+        points = [(r["step"], r[key]) for r in evals if r.get(key) is not None]
+        if len(points) < 2:
+            continue
+        best_step, best = min(points, key=lambda p: p[1])
+        last_step, last = points[-1]
+        if last - best > LOSS_RISE:
+            found.append(f"held-out {task} loss rose from its minimum {best:.3f} (step "
+                         f"{best_step}) to {last:.3f} at step {last_step} ({last - best:+.3f})")  # fmt: skip
+    e = evals[-1]
+    window = [r for r in train if r["step"] <= e["step"]][-GAP_WINDOW:]
+    for task, key, _, _ in TASKS:
+        values = [r[key] for r in window if r.get(key) is not None]
+        if values and e.get(key) is not None:
+            gap = sum(values) / len(values) - e[key]
+            if gap > ACCURACY_GAP:
+                found.append(f"{task} accuracy {gap:.3f} higher on training rows "
+                             f"({sum(values) / len(values):.3f}) than held out ({e[key]:.3f})")  # fmt: skip
+    return found
+
+
+def _overfit_warning(found: list[str]) -> list[str]:
+    banner = "!" * 78
+    body = [
+        "WARNING: the model memorises its training rows (overfitting):",
+        *(f"  {line}." for line in found),
+        "  Give it more text (a bigger corpus: CORPUS, CORPUS_PACKAGES) or fewer epochs",
+        "  (a smaller TRAIN_MINUTES or MAX_STEPS: stop near the step of the lowest held-out",
+        "  loss), or re-mask each epoch (--masking dynamic); see loss.png and accuracy.png,",
+        "  where the dotted lines mark the epochs.",
+    ]
+    return [banner, *(f"!! {line}" for line in body), banner]
 
 
 def _plateau_warning(short: list[tuple[str, float, float]], e: dict) -> list[str]:
@@ -123,7 +201,7 @@ def path_lines(run: Path, train: Path) -> list[str]:
         m = json.loads(manifest_path.read_text())
         lines.append(f"shards:      {run / 'shards'} ({m['num_rows']} rows, "
                      f"{len(m['shards'])} shard(s), vocab {m['vocab']['size']})")  # fmt: skip
-    named = [("held-out:   ", [run / "heldout"]), ("checkpoints:", [train / "checkpoints"]),
+    named = [("held-out:   ", [run / "heldout", run / "heldout2"]), ("checkpoints:", [train / "checkpoints"]),
              ("HF export:  ", [train / "hf"]), ("plots:      ", [run / "plots", train / "plots"]),
              ("logs:       ", [run / "logs", train / "logs"])]  # fmt: skip
     for name, paths in named:
@@ -163,8 +241,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as err:
         print(f"no metrics to summarise: {err}", file=sys.stderr)
         return 1
-    print("\n".join(path_lines(run, train) + summary_lines(records)))
+    second_path = run / "eval2" / "metrics.jsonl"  # a quickstart's second held-out set
+    second = read_records(second_path) if second_path.is_file() else None
+    lines = path_lines(run, train) + corpus_lines(run / "corpus" / "corpus.json")
+    print("\n".join(lines + summary_lines(records, second)))
     return 0
+
+
+def corpus_lines(path: Path) -> list[str]:
+    """What the run trained on, from a quickstart's ``corpus/corpus.json``
+    (pipeline/cli/corpus.py): size, sha256, each source with its version; [] without one."""
+    if not path.is_file():
+        return []
+    m = json.loads(path.read_text(encoding="utf-8"))
+    sources = ", ".join(f"{s['name']} {s['version']}" for s in m["sources"])
+    return [f"corpus:      {m['bytes'] / 1e6:.1f} MB, sha256 {m['sha256']}",
+            *textwrap.wrap(f"from: {sources}", 90, initial_indent="             ",
+                           subsequent_indent="               ")]  # fmt: skip
 
 
 if __name__ == "__main__":

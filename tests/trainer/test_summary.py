@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from trainer.summary import main, summary_lines
+from trainer.summary import main, overfitting, summary_lines
 
 TRAIN = [{"step": s, "split": "train", "loss": 9.0 - s / 1000, "mlm_accuracy": 0.1,
           "nsp_accuracy": 0.6, "sequences_per_s": 40.0 + s / 100, "tokens_per_s": 3000.0}
@@ -85,3 +85,54 @@ def test_a_plain_trainer_output_dir_is_summarised(small_shards, tmp_path, capsys
     assert main([str(tmp_path)]) == 1  # neither layout: both places looked in are named
     err = capsys.readouterr().err
     assert f"no metrics.jsonl in {tmp_path} " in err and f"nor in {tmp_path / 'train'} " in err
+
+
+def losses(mlm, nsp, **accuracies):
+    """Eval records at steps 500, 1000, ... with these held-out losses."""
+    return [{"step": 500 * (i + 1), "split": "eval", "mlm_accuracy": 0.3, "nsp_accuracy": 0.8,
+             "mlm_loss": m, "nsp_loss": n, "rows": 800, **BASELINES, **accuracies}
+            for i, (m, n) in enumerate(zip(mlm, nsp, strict=True))]  # fmt: skip
+
+
+def test_a_rising_held_out_loss_is_called_overfitting_with_what_to_do():
+    records = [*TRAIN, *losses([5.0, 4.8, 4.82], [0.50, 0.47, 0.70])]
+    lines = summary_lines(records)
+    text = "\n".join(lines)
+    assert overfitting(TRAIN, losses([5.0, 4.8, 4.82], [0.50, 0.47, 0.70])) == [
+        "held-out NSP loss rose from its minimum 0.470 (step 1000) to 0.700 at step 1500 (+0.230)"
+    ]  # MLM rose 0.02, within LOSS_RISE
+    assert "WARNING: the model memorises its training rows (overfitting):" in text
+    assert "more text" in text and "fewer epochs" in text
+    assert not any(line.startswith("OK") for line in lines)
+
+
+@pytest.mark.parametrize("curve", [[0.6, 0.5, 0.45], [0.5, 0.5, 0.5], [0.5, 0.47, 0.5]])
+def test_a_flat_or_falling_held_out_loss_is_not_overfitting(curve):
+    evals = losses([5.0, 4.8, 4.7], curve)
+    assert overfitting(TRAIN, evals) == []
+    assert summary_lines([*TRAIN, *evals])[-1].startswith("OK: the model learned and generalizes")
+
+
+def test_a_wide_train_held_out_accuracy_gap_is_called_overfitting():
+    train = [{**r, "nsp_accuracy": 0.98} for r in TRAIN]  # held out: 0.8
+    found = overfitting(train, losses([5.0, 4.9], [0.5, 0.45]))
+    assert found == ["NSP accuracy 0.180 higher on training rows (0.980) than held out (0.800)"]
+
+
+def test_the_corpus_and_a_second_held_out_set_are_printed(tmp_path, capsys):
+    (tmp_path / "train").mkdir()
+    (tmp_path / "eval2").mkdir()
+    (tmp_path / "corpus").mkdir()
+    lines = "".join(json.dumps(r) + "\n" for r in [*TRAIN, evaluation(0.312, 0.7, **BASELINES)])
+    (tmp_path / "train" / "metrics.jsonl").write_text(lines)
+    second = evaluation(0.35, 0.75, **BASELINES)
+    (tmp_path / "eval2" / "metrics.jsonl").write_text(json.dumps(second) + "\n")
+    manifest = {"bytes": 17_500_000, "sha256": "ab" * 32,
+                "sources": [{"name": "python-docstrings", "version": "3.11.7"},
+                            {"name": "numpy", "version": "2.4.6"}]}  # fmt: skip
+    (tmp_path / "corpus" / "corpus.json").write_text(json.dumps(manifest))
+    assert main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"corpus:      17.5 MB, sha256 {'ab' * 32}" in out
+    assert "python-docstrings 3.11.7, numpy 2.4.6" in out
+    assert "second held-out (step 1500, 800 rows):\n  MLM accuracy 0.350" in out
