@@ -4,9 +4,12 @@ Writes into ``RUN_DIR/plots/`` (or ``--out``), each against the optimizer step:
 
 - ``loss.png``: total, MLM and NSP loss (train lines, eval points) and a dashed line at the
   unigram (context-free) loss of the held-out MLM targets: an MLM loss on that line means
-  the model has learnt token frequencies, not context.
+  the model has learnt token frequencies, not context. Dotted lines mark where each epoch
+  of the training data ends (:func:`epoch_ends`): a training loss that drops there while
+  the held-out one rises is a model memorising its rows.
 - ``accuracy.png``: MLM and NSP accuracy (train lines, eval points) and dashed lines at their
-  trivial baselines on the same held-out rows (most frequent token; majority class).
+  trivial baselines on the same held-out rows (most frequent token; majority class), the
+  epochs' ends dotted too; the legend sits beside the axes, off the lines.
 - ``lr.png``; ``throughput.png``: sequences/s and real tokens/s, each on its own y axis.
 
 Records of older runs, without the baseline keys, plot without those lines. The trainer
@@ -16,8 +19,10 @@ runs this at the end of training.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -34,6 +39,7 @@ ACCURACIES = (
     ("nsp_accuracy", "NSP", "nsp_baseline_accuracy", "NSP majority-class baseline"),
 )
 UNIGRAM_LABEL = "unigram (context-free) loss"
+EPOCH_LABEL = "end of an epoch"
 
 
 def read_metrics(path: str | os.PathLike) -> tuple[list[dict], list[dict]]:
@@ -69,10 +75,42 @@ def _last(records: list[dict], key: str) -> float | None:
     return values[-1] if values else None
 
 
+def epoch_ends(train: list[dict]) -> list[tuple[int, float]]:
+    """(epoch, step) where each epoch of the training data ends, from the records' ``epoch``
+    (stream position / rows, trainer/loop.py): the data position grows by one global batch a
+    step, so the step where it crosses a whole epoch is interpolated between the two records
+    around it. Records without ``epoch`` (older runs) give none.
+
+    Example: records (step 100, epoch 0.8), (step 150, epoch 1.2) -> ``[(1, 125.0)]``.
+    """
+    points = [(r["step"], r["epoch"]) for r in train if r.get("epoch") is not None]
+    ends = []
+    for (s0, e0), (s1, e1) in itertools.pairwise(points):
+        for k in range(math.floor(e0) + 1, math.floor(e1) + 1):
+            ends.append((k, s0 + (k - e0) / (e1 - e0) * (s1 - s0)))
+    return ends
+
+
+def _mark_epochs(ax, train: list[dict]) -> None:
+    """A dotted vertical line at each epoch's end, labelled with the epoch at the top."""
+    for k, step in epoch_ends(train):
+        ax.axvline(step, color="0.5", linestyle=":", linewidth=1,
+                   label=EPOCH_LABEL if k == 1 else "_nolegend_")  # fmt: skip
+        ax.annotate(f"epoch {k}", (step, 1), xycoords=("data", "axes fraction"),
+                    xytext=(2, -2), textcoords="offset points", va="top", fontsize=7,
+                    color="0.4")  # fmt: skip
+
+
+def _legend_outside(fig, ax) -> None:
+    """The legend right of the axes, where it covers no line."""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0, fontsize="small")
+    fig.tight_layout()
+
+
 def _axes(title: str, ylabel: str):
     from matplotlib.figure import Figure  # no pyplot: no global figure state to close
 
-    fig = Figure(figsize=(7, 4))
+    fig = Figure(figsize=(9, 4))
     ax = fig.subplots()
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
@@ -90,44 +128,47 @@ def _curves(ax, train: list[dict], evaluation: list[dict], key: str, label: str)
     return line.get_color()
 
 
-def loss_figure(train: list[dict], evaluation: list[dict], title: str):
-    """Losses, with the held-out unigram loss (``mlm_unigram_loss``) as a dashed line."""
-    fig, ax = _axes(f"Loss: {title}", "loss (nats)")
+def loss_figure(train: list[dict], evaluation: list[dict]):
+    """Losses, with the held-out unigram loss (``mlm_unigram_loss``) as a dashed line and
+    the epochs' ends as dotted ones."""
+    fig, ax = _axes("Training and held-out loss (MLM, NSP, total)", "loss (nats)")
     colors = {key: _curves(ax, train, evaluation, key, label) for key, label in LOSSES}
     unigram = _last(evaluation, "mlm_unigram_loss")
     if unigram is not None:
         ax.axhline(unigram, color=colors["mlm_loss"], linestyle="--", label=UNIGRAM_LABEL)
-    ax.legend()
-    fig.tight_layout()
+    _mark_epochs(ax, train)
+    _legend_outside(fig, ax)
     return fig
 
 
-def accuracy_figure(train: list[dict], evaluation: list[dict], title: str):
-    """Accuracies, each with its held-out trivial baseline as a dashed line."""
-    fig, ax = _axes(f"Accuracy: {title}", "accuracy")
+def accuracy_figure(train: list[dict], evaluation: list[dict]):
+    """Accuracies, each with its held-out trivial baseline as a dashed line, and the epochs'
+    ends as dotted lines; the legend beside the axes, off the lines."""
+    fig, ax = _axes("Training and held-out accuracy (MLM, NSP) beside trivial baselines",
+                    "accuracy")  # fmt: skip
     for key, label, baseline_key, baseline_label in ACCURACIES:
         color = _curves(ax, train, evaluation, key, label)
         baseline = _last(evaluation, baseline_key)
         if baseline is not None:
             ax.axhline(baseline, color=color, linestyle="--", label=baseline_label)
     ax.set_ylim(0, 1)
-    ax.legend()
-    fig.tight_layout()
+    _mark_epochs(ax, train)
+    _legend_outside(fig, ax)
     return fig
 
 
-def lr_figure(train: list[dict], title: str):
-    fig, ax = _axes(f"Learning rate: {title}", "lr")
+def lr_figure(train: list[dict]):
+    fig, ax = _axes("Learning rate schedule", "lr")
     ax.plot(*_series(train, "lr"), label="learning rate")
     ax.legend()
     fig.tight_layout()
     return fig
 
 
-def throughput_figure(train: list[dict], title: str):
+def throughput_figure(train: list[dict]):
     """Sequences/s on the left axis, real tokens/s on the right: on one axis the first
     (about 100 times smaller) would lie flat on zero."""
-    fig, ax = _axes(f"Throughput: {title}", "sequences/s")
+    fig, ax = _axes("Training throughput", "sequences/s")
     (sequences,) = ax.plot(*_series(train, "sequences_per_s"), color="C0", label="sequences/s")
     right = ax.twinx()
     (tokens,) = right.plot(*_series(train, "tokens_per_s"), color="C1", label="real tokens/s")
@@ -157,16 +198,15 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
         raise ValueError(f"{run_dir / 'metrics.jsonl'} holds no training record")
     out = Path(out_dir) if out_dir else run_dir / "plots"
     out.mkdir(parents=True, exist_ok=True)
-    title = run_dir.name
     figures = {
-        "loss.png": loss_figure(train, evaluation, title),
-        "accuracy.png": accuracy_figure(train, evaluation, title),
-        "lr.png": lr_figure(train, title),
-        "throughput.png": throughput_figure(train, title),
+        "loss.png": loss_figure(train, evaluation),
+        "accuracy.png": accuracy_figure(train, evaluation),
+        "lr.png": lr_figure(train),
+        "throughput.png": throughput_figure(train),
     }
     for name, fig in figures.items():
         png = io.BytesIO()
-        fig.savefig(png, format="png", dpi=100)
+        fig.savefig(png, format="png", dpi=100, bbox_inches="tight")  # the legend outside
         atomic_write_bytes(out / name, png.getvalue())
     return [out / name for name in figures]
 
