@@ -6,19 +6,25 @@
 #
 # Settings (environment variables; defaults make a small run of a few minutes):
 #   RUN_DIR      where everything goes                 (default: runs/quickstart)
-#   CORPUS       input files/globs in Google's txt format; default: the Python
-#                standard library's docstrings and reference, written offline
-#   HELDOUT      held-out input files/globs            (default: 10% of the default corpus)
-#   CORPUS_SOURCES  parts of the default corpus (default: "docstrings reference", 1.8 MB;
-#                also "test-docstrings comments": 2.7 MB, see pipeline/cli/corpus.py)
+#   CORPUS       input files/globs in Google's txt format; default: written offline from
+#                the Python standard library's docstrings and reference and the installed
+#                packages' docstrings and prose comments (pipeline/cli/corpus.py)
+#   HELDOUT      held-out input files/globs (default: the stdlib's stdlib-docs-009.txt, 10%
+#                of its part, evaluated during training)
+#   HELDOUT2     a second held-out set, evaluated after training (default: 1% of the
+#                packages' documents, packages-heldout.txt; "" for none)
+#   CORPUS_SOURCES  stdlib parts of the default corpus (default: "docstrings reference",
+#                1.8 MB; also "test-docstrings comments": 2.7 MB)
+#   CORPUS_PACKAGES packages whose docs join it (default: "default", pipeline/cli/package_docs.py's
+#                PACKAGES, 15.7 MB; "" for the stdlib alone)
 #   VOCAB_SIZE   learned WordPiece vocab size          (default: 8000)
-#   DUPE_FACTOR  masking passes over the data          (default: 5)
+#   DUPE_FACTOR  masking passes over the data          (default: 2)
 #   MAX_SEQ      max_seq_length                        (default: 128)
 #   WORKERS      Beam DirectRunner worker processes    (default: 2)
 #   BEAM_ARGS    extra Beam options, e.g. "--runner=DataflowRunner --project=..."
 #   PRESET       model size: tiny mini small medium base large, or a config.json (default: tiny)
 #   DROPOUT      hidden and attention dropout of a PRESET (default: 0, right for short runs)
-#   TRAIN_MINUTES  training time budget: the schedule decays over it (default: 11)
+#   TRAIN_MINUTES  training time budget: the schedule decays over it (default: 8)
 #   MAX_STEPS    optimizer steps instead, for a run reproducible step for step (default: unset)
 #   DS_CONFIG    DeepSpeed JSON                         (default: deploy/cpu.json)
 #   RANKS        training processes (default: GPUs present, else 2 CPU ranks)
@@ -41,26 +47,34 @@ export SETUP_LOG="$logs/setup.log"
 . "$root/scripts/stage.sh"
 
 vocab_size="${VOCAB_SIZE:-8000}"
-dupe="${DUPE_FACTOR:-5}"
+dupe="${DUPE_FACTOR:-2}"
 max_seq="${MAX_SEQ:-128}"
 workers="${WORKERS:-2}"
 read -r -a beam_args <<< "${BEAM_ARGS:-}"
 runner=(--direct_num_workers="$workers" --direct_running_mode=multi_processing "${beam_args[@]}")
 start=$(date +%s)
 
-heldout="${HELDOUT:-}"
-[ -z "${CORPUS:-}" ] && heldout="${HELDOUT:-$run/corpus/stdlib-docs-009.txt}"
+heldout="${HELDOUT:-}" heldout2="${HELDOUT2-}"
+packages="${CORPUS_PACKAGES-default}"
+if [ -z "${CORPUS:-}" ]; then
+  heldout="${HELDOUT:-$run/corpus/stdlib-docs-009.txt}"
+  [ -n "$packages" ] && heldout2="${HELDOUT2-$run/corpus/packages-heldout.txt}"
+fi
 fillmask=""  # the demo, where this checkout has it
 if [ -n "$heldout" ] && python -c "import trainer.fillmask" 2>/dev/null; then fillmask=1; fi
 stages_total=3  # pipeline, statistics, training; then the optional ones
 [ -z "${CORPUS:-}" ] && stages_total=$((stages_total + 1))
 [ -n "$heldout" ] && stages_total=$((stages_total + 1))
+[ -n "$heldout2" ] && stages_total=$((stages_total + 2))  # its shards, its evaluation
 [ -n "$fillmask" ] && stages_total=$((stages_total + 1))
 
 if [ -z "${CORPUS:-}" ]; then
-  stage "corpus: Python's docs -> $run/corpus" corpus \
-  python -m pipeline.cli.corpus --output "$run/corpus" --files 10 --sources ${CORPUS_SOURCES:-docstrings reference}
+  read -r -a package_args <<< "$packages"
+  stage "corpus: Python's and the installed packages' docs -> $run/corpus" corpus \
+  python -m pipeline.cli.corpus --output "$run/corpus" --files 10 \
+    --sources ${CORPUS_SOURCES:-docstrings reference} --packages "${package_args[@]}"
   corpus="$run/corpus/stdlib-docs-00[0-8].txt"
+  [ -n "$packages" ] && corpus="$corpus $run/corpus/packages-00?.txt"
 else
   corpus="$CORPUS"
 fi
@@ -73,6 +87,11 @@ if [ -n "$heldout" ]; then
   python -m pipeline build --input $heldout --output "$run/heldout" --overwrite \
     --vocab_file "$run/shards/vocab.txt" --dupe_factor 1 --max_seq_length "$max_seq" "${runner[@]}"
 fi
+if [ -n "$heldout2" ]; then
+  stage "second held-out shards: $heldout2 -> $run/heldout2 (same vocab)" heldout2 \
+  python -m pipeline build --input $heldout2 --output "$run/heldout2" --overwrite \
+    --vocab_file "$run/shards/vocab.txt" --dupe_factor 1 --max_seq_length "$max_seq" "${runner[@]}"
+fi
 stage "data statistics and plots -> $run/plots" stats \
 python -m pipeline stats "$run/shards" --plot --plot-dir "$run/plots"
 
@@ -80,7 +99,7 @@ preset="${PRESET:-tiny}"
 if [ -n "${MAX_STEPS:-}" ]; then
   budget=(--max-steps "$MAX_STEPS") budget_text="$MAX_STEPS steps"
 else
-  budget=(--max-minutes "${TRAIN_MINUTES:-11}") budget_text="${TRAIN_MINUTES:-11} minutes"
+  budget=(--max-minutes "${TRAIN_MINUTES:-8}") budget_text="${TRAIN_MINUTES:-8} minutes"
 fi
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   ranks="${RANKS:-$(nvidia-smi -L | wc -l)}"
@@ -95,6 +114,17 @@ stage "training: $preset, $budget_text, $ranks rank(s), ${DS_CONFIG:-deploy/cpu.
 deepspeed --num_gpus "$ranks" trainer/run.py --ds-config "${DS_CONFIG:-deploy/cpu.json}" \
   --data "$run/shards" "${eval_args[@]}" --model "$preset" --output-dir "$run/train" \
   --dropout "${DROPOUT:-0}" "${budget[@]}" --log-every 50 --save-every 1000
+
+if [ -n "$heldout2" ]; then
+  # The trainer evaluates one --eval-data: the second set is evaluated by resuming the final
+  # checkpoint with its budget already spent (no step runs), into its own output directory.
+  rm -rf "$run/eval2"
+  stage "second held-out evaluation: $run/heldout2 -> $run/eval2" eval2 \
+  deepspeed --num_gpus "$ranks" trainer/run.py --ds-config "${DS_CONFIG:-deploy/cpu.json}" \
+    --data "$run/shards" --eval-data "$run/heldout2" --model "$preset" \
+    --output-dir "$run/eval2" --resume "$run/train/checkpoints" --dropout "${DROPOUT:-0}" \
+    "${budget[@]}" --export-hf false --save-every 0
+fi
 
 if [ -n "$fillmask" ]; then
   stage "fill-mask demo on held-out sentences" fillmask \
