@@ -77,7 +77,7 @@ def test_a_plain_trainer_output_dir_is_summarised(small_shards, tmp_path, capsys
     capsys.readouterr()
     assert main([str(out)]) == 0
     text = capsys.readouterr().out
-    assert "train (step 2): loss" in text and "held-out (step 2" in text
+    assert "train (step 2, " in text and " epochs): loss" in text and "held-out (step 2" in text
     assert f"HF export:   {out / 'hf'}" in text and f"logs:        {out / 'logs'}" in text
     assert f"checkpoints: {out / 'checkpoints'}" in text  # the final one
     assert f"plots:       {out / 'plots'}\n" in text  # written by the trainer
