@@ -370,9 +370,12 @@ class ReadCorpus(beam.PTransform):
             | "PerFile" >> beam.Map(lambda x: (x.path, x.documents))
             | "SumPerFile" >> beam.CombinePerKey(sum)
             | "FileNotes" >> beam.FlatMap(file_notes, self._plan.input_format)
+            | "FileCounts" >> beam.FlatMap(count_pair)
         )
-        counts = (read, file_counts) | "ReadNotes" >> beam.Flatten()
-        return documents, counts | "ReadCounts" >> beam.FlatMap(count_pair)
+        # Counted before they are joined: a Flatten of the documents themselves would make
+        # the local runner hold every document (its input cannot fuse with both producers).
+        counts = read | "ReadCounts" >> beam.FlatMap(count_pair)
+        return documents, (counts, file_counts) | "ReadNotes" >> beam.Flatten()
 
 
 class LearnVocabulary(beam.PTransform):

@@ -24,6 +24,45 @@ _OFFSET_FIELDS = ("row_offsets", "mlm_offsets")
 _COMPRESS_MIN_BYTES = 1 << 16
 
 
+def pack_array(array: np.ndarray) -> tuple:
+    """``array`` as (dtype, count, bytes), zstd-compressed from ``_COMPRESS_MIN_BYTES`` on:
+    how arrays cross Beam's shuffles (token ids ~1.6x smaller). :func:`unpack_array` undoes it."""
+    data = array.tobytes()
+    codec = "zstd" if len(data) >= _COMPRESS_MIN_BYTES else None
+    if codec:
+        data = pa.compress(data, codec=codec, asbytes=True)
+    return array.dtype.str, len(array), codec, data
+
+
+def unpack_array(packed: tuple) -> np.ndarray:
+    """The array :func:`pack_array` packed (writable)."""
+    dtype, count, codec, data = packed
+    if codec is not None:
+        data = pa.decompress(data, count * np.dtype(dtype).itemsize, codec=codec, asbytes=True)
+    return np.frombuffer(data, dtype=dtype, count=count).copy()
+
+
+def pack_text(parts: Sequence[str]) -> tuple:
+    """Strings without line breaks (sentences, ids) as one UTF-8 text, zstd-compressed from
+    ``_COMPRESS_MIN_BYTES`` on (English ~3x smaller than the strings pickled one by one).
+
+    Raises:
+        ValueError: a string holds a line break (the caller pickles them as they are).
+    """
+    text = "\n".join(parts)
+    if text.count("\n") != max(len(parts) - 1, 0):
+        raise ValueError("a string holds a line break")
+    data = text.encode("utf-8", "surrogatepass")  # lone surrogates come from JSON escapes
+    return pack_array(np.frombuffer(data, dtype=np.uint8)), len(parts)
+
+
+def unpack_text(packed: tuple) -> list[str]:
+    array, count = packed
+    if not count:
+        return []
+    return unpack_array(array).tobytes().decode("utf-8", "surrogatepass").split("\n")
+
+
 def offsets_of(lengths: np.ndarray) -> np.ndarray:
     """Row lengths -> int64 offsets, e.g. ``[2, 3] -> [0, 2, 5]``."""
     out = np.zeros(len(lengths) + 1, dtype=np.int64)

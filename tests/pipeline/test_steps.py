@@ -1,11 +1,13 @@
 """The pipeline's Beam steps: DoFns called as plain functions, transforms on a TestPipeline."""
 
+import pickle
 import tracemalloc
 
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 import pytest
+from apache_beam.coders import typecoders
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
@@ -258,3 +260,30 @@ def test_buckets_and_writers_on_a_test_pipeline(tmp_path):
         total += table.num_rows
         assert table.num_rows > 0 and isinstance(table, pa.Table)
     assert total >= 30 * 2
+
+
+@pytest.mark.parametrize("joins", [False, True])
+def test_batches_cross_a_shuffle_compactly_and_unchanged(joins):
+    """Documents and tokenized batches pickle (Beam's coder for them) smaller than their
+    parts one by one, and come back equal, lone surrogates and empty batches included."""
+    coder = typecoders.registry.get_coder(object)
+    words = " ".join(WORDS * 3)  # documents of ~100 kB in all: compressed (from 64 KiB)
+    documents = [[f"Sentence {i} of document {d}: {words}." for i in range(1 + d % 5)]
+                 for d in range(300)]  # fmt: skip
+    documents[7] = ["A lone surrogate \ud800 from a JSON escape.", "Tab\tand NUL\x00 stay."]
+    batch = DocumentBatch([content_id(d) for d in documents], documents)
+    for value in (batch, DocumentBatch([], [])):
+        assert coder.decode(coder.encode(value)) == value
+    assert len(coder.encode(batch)) < len(pickle.dumps((batch.doc_ids, batch.documents))) / 2
+    broken = DocumentBatch(["x"], [["a\nb"]])  # never made by a reader: pickled as it is
+    assert coder.decode(coder.encode(broken)) == broken
+    tokenized = tokenized_bucket(n_docs=300, seed=5)
+    if joins:
+        tokenized = tokenized._replace(
+            joins=np.random.default_rng(0).random(len(tokenized.ids)) < 0.5
+        )
+    back = coder.decode(coder.encode(tokenized))
+    assert back.doc_ids == tokenized.doc_ids
+    for name in ("ids", "lengths", "counts") + (("joins",) if joins else ()):
+        got, want = getattr(back, name), getattr(tokenized, name)
+        assert got.dtype == want.dtype and (got == want).all(), name
