@@ -272,6 +272,7 @@ class Plan(NamedTuple):
     """What the driver decides before the pipeline runs (fails fast on bad input)."""
 
     files: list[str]
+    sizes: list[int]  # each file's bytes
     ranges: list[FileRange]  # the files in the byte ranges workers read
     num_shards: int
     vocab: list[str] | None  # from --vocab_file, or None to learn one
@@ -345,7 +346,7 @@ def make_plan(config: BuildConfig) -> Plan:
                        "workers", path, n / 1e6)  # fmt: skip
     if len(whole) > 3:
         logger.warning("... and %d more compressed files over %.0f MB", len(whole) - 3, size / 1e6)
-    return Plan(paths, ranges, num_shards, vocab, input_format, origin)
+    return Plan(paths, [n for _, n in files], ranges, num_shards, vocab, input_format, origin)
 
 
 class ReadCorpus(beam.PTransform):

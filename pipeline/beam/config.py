@@ -105,6 +105,13 @@ class BuildConfig:
         choices=ROW_SPOOL,
     )
 
+    # Checked before the job starts (pipeline/beam/sizing.py); not in the manifest.
+    force: bool = option(
+        False,
+        "build on the local runner even when its memory estimate (0.3 GB a process + about "
+        "8x the input, 13x when learning the vocab) exceeds the memory available",
+    )
+
     def __post_init__(self) -> None:
         if not self.input:
             raise ValueError("input: give at least one path or glob")
@@ -142,7 +149,8 @@ class BuildConfig:
         build adds its version), so builds without one keep the manifests they had.
         """
         values = dataclasses.asdict(self)
-        for key in ("output", "overwrite", "tokenizer_threads", "input_split_mb", "row_spool"):
+        for key in ("output", "overwrite", "tokenizer_threads", "input_split_mb", "row_spool",
+                    "force"):  # fmt: skip
             values.pop(key)
         if self.wwm_segmenter == "none":
             values.pop("wwm_segmenter")

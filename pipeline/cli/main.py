@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -79,13 +80,31 @@ def run_with_console(argv: Sequence[str], body) -> int:
             stream.close()
 
 
+def runner_of(beam_args: list[str]) -> str | None:
+    """The ``--runner`` of Beam's arguments, or None (the DirectRunner)."""
+    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+
+    return PipelineOptions(beam_args).view_as(StandardOptions).runner
+
+
+def local_worker_processes(beam_args: list[str]) -> int:
+    """The local runner's worker processes besides its driver: --direct_num_workers in
+    multi_processing mode (0: one per core), none in memory (threads of the driver)."""
+    from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions
+
+    direct = PipelineOptions(beam_args).view_as(DirectOptions)
+    if direct.direct_running_mode != "multi_processing":
+        return 0
+    return direct.direct_num_workers or os.cpu_count() or 1
+
+
 def _build(argv: Sequence[str], log_file: str | None, verbose: bool,
            handlers: list[logging.Handler]) -> int:  # fmt: skip
     """Plan, run and summarise the build. The log file takes every record; unless verbose,
     descriptor 2 (Beam's workers included) goes there too while the pipeline runs."""
     from apache_beam.options.pipeline_options import StandardOptions
 
-    from pipeline.beam import build
+    from pipeline.beam import build, sizing
     from pipeline.beam.config import parse_build_args
     from pipeline.beam.document_steps import LONG_SENTENCE_CHARS
     from pipeline.shards.shard_format import read_manifest
@@ -95,12 +114,19 @@ def _build(argv: Sequence[str], log_file: str | None, verbose: bool,
         dry_run, beam_args = split_dry_run(beam_args)
         beam_args = check_beam_options(beam_args)
         plan = build.make_plan(config)
+        runner = runner_of(beam_args)
+        # One input range per Dask partition (pipeline/beam/sizing.py).
+        beam_args += sizing.dask_partitions(beam_args, runner, len(plan.ranges))
+        if not dry_run:  # the local runner's memory, before anything is written
+            workers = local_worker_processes(beam_args)
+            files = list(zip(plan.files, plan.sizes, strict=True))
+            sizing.check_local_memory(config, files, runner, workers)
         # A dry run leaves --output as it found it: no directory made, no earlier build
         # removed (so it does not check for one either: that check is prepare_output's).
         created = False if dry_run else build.prepare_output(config)
     except (ValueError, OSError, ImportError) as e:  # FileNotFoundError, FileExistsError
         logger.error("%s", e)  # ImportError: an optional package (its message names the extra)
-        return 2
+        return 2  # (ValueError includes sizing.MemoryCheckError)
     log_file = job_log_file(log_file, verbose, config.output, "build", handlers,
                             dry_run=dry_run)  # fmt: skip
     options, given = beam_options(beam_args)

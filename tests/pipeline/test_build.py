@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pipeline.beam.config import BuildConfig
 from pipeline.beam.document_steps import TokenizedBatch
 from pipeline.cli.main import check_beam_options, main
 from pipeline.cli.stats import compute_stats
@@ -710,3 +711,39 @@ def test_rows_through_a_spool_or_the_shuffle_give_the_same_bytes(corpus, built, 
         assert bool(closed) == (spool == "yes")
     with pytest.raises(SystemExit, match="2"):
         main(["build", "--input", corpus, "--output", str(tmp_path / "x"), "--row_spool", "maybe"])
+
+
+def test_the_memory_check_refuses_a_local_build_that_would_not_fit(corpus, tmp_path, monkeypatch,
+                                                                   capfd):  # fmt: skip
+    """Exit 2 before anything is written, naming the estimate, the memory available and the
+    Dask command; --force builds anyway; other runners are not checked."""
+    from pipeline.beam import sizing
+
+    monkeypatch.setattr(sizing, "available_bytes", lambda: 100_000_000)  # 0.1 GB
+    monkeypatch.delenv("BERT_VERBOSE", raising=False)
+    out = tmp_path / "out"
+    assert main(["build", "--input", corpus, "--output", str(out), *BASE]) == 2
+    err = capfd.readouterr().err
+    assert (
+        "the local runner would need about 0.3 GB for 0.1 MB" in err
+        and "0.1 GB are available" in err
+    )
+    assert "--runner=apache_beam.runners.dask.dask_runner.DaskRunner" in err and "--force" in err
+    assert not out.exists()
+    assert main(["build", "--input", corpus, "--output", str(out), "--force", *BASE]) == 0
+    files = [("a.txt", 10**9), ("b.txt.gz", 10**9)]  # a compressed file counts 3x
+    assert sizing.text_bytes(files) == 4 * 10**9
+    with pytest.raises(sizing.MemoryCheckError, match=r"4,000\.0 MB of input"):
+        sizing.check_local_memory(BuildConfig(input=("x",), output="x"), files, None, 2, 10**9)
+    assert sizing.check_local_memory(BuildConfig(input=("x",), output="x"), files,
+                                     "DataflowRunner", 2, 10**9) is None  # fmt: skip
+
+
+def test_a_dask_build_gets_one_partition_per_input_range():
+    from pipeline.beam.sizing import dask_partitions
+
+    dask = "apache_beam.runners.dask.dask_runner.DaskRunner"
+    assert dask_partitions([], dask, 192) == ["--dask_npartitions=192"]
+    assert dask_partitions(["--dask_partition_size=4"], dask, 192) == []
+    assert dask_partitions(["--dask_npartitions=8"], dask, 192) == []
+    assert dask_partitions([], None, 192) == [] == dask_partitions([], "DataflowRunner", 5)
