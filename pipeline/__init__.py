@@ -10,9 +10,11 @@ the ones above it in this list (tests/test_layout.py checks it):
   No Beam.
 - ``pipeline.beam``: the jobs: ``build`` (the build's graph) with its steps
   (``document_steps``, ``instance_steps``, ``shard_steps``) and options (``config``),
-  ``export``, ``runner`` (options, runner and log of a job), ``dask_compat``.
+  ``export``, ``runner`` (options, runner and log of a job), ``sizing`` (the local
+  runner's memory check, Dask's partitions), ``dask_compat``.
 - ``pipeline.cli``: the commands: ``main`` (``python -m pipeline build|stats|inspect|
-  validate|export``), ``inspect_cli``, ``stats``, ``corpus`` (``python -m pipeline.cli.corpus``).
+  validate|export``), ``inspect_cli``, ``stats``, ``corpus`` (``python -m pipeline.cli.corpus``,
+  with ``package_docs``: the installed packages' documentation).
 
 Beside them, the command-line plumbing every command of the project uses (trainer/ and
 finetune/ too): ``options`` (typed options, flags, did-you-mean) and ``console``.
