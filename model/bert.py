@@ -43,7 +43,15 @@ from torch.utils.checkpoint import checkpoint
 
 from . import hf
 from .config import BertConfig
-from .unpad import PATHS, Packing, attention_path, packed_attention
+from .unpad import (
+    PATHS,
+    Packing,
+    attention,
+    attention_path,
+    bucket_rows,
+    packed_attention,
+    pad_rows,
+)
 
 IGNORE_INDEX = -100
 # Value-range checks of the inputs in forward: one host sync per tensor (module docstring).
@@ -145,7 +153,8 @@ class BertSelfAttention(nn.Module):
         self.attention_path = "auto"  # packed input only: see model/unpad.py
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | Packing) -> torch.Tensor:
-        """(B, T, H) with an additive (B, 1, 1, T) mask, or packed (N, H) with its Packing."""
+        """(B, T, H) with an additive (B, 1, 1, T) mask, or packed (N, H) with its Packing;
+        packed rows past N (a row bucket, model/unpad.py) come out zero."""
         # One (H -> 3H) matmul instead of three: the parameters stay separate (and
         # named as in the reference); only this step's weights are concatenated.
         weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])
@@ -153,16 +162,14 @@ class BertSelfAttention(nn.Module):
         qkv = F.linear(x, weight, bias)
         dropout_p = self.dropout_p if self.training else 0.0
         if isinstance(mask, Packing):
+            n = mask.num_tokens  # the real tokens; any rows after them are a bucket's zeros
             path = attention_path(qkv, dropout_p, self.attention_path)
-            return packed_attention(qkv, mask, self.num_heads, dropout_p, path)
+            y = packed_attention(qkv[:n], mask, self.num_heads, dropout_p, path)
+            return pad_rows(y, qkv.shape[0])
         b, t, h = x.shape
         qkv = qkv.view(b, t, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, A, T, D)
-        y = F.scaled_dot_product_attention(
-            q, k, v,
-            attn_mask=mask,  # (B, 1, 1, T) additive
-            dropout_p=dropout_p,
-        )  # fmt: skip
+        y = attention(q, k, v, mask, dropout_p)  # mask: (B, 1, 1, T) additive
         return y.transpose(1, 2).reshape(b, t, h)
 
 
@@ -285,8 +292,10 @@ class BertModel(nn.Module):
             packing = Packing.from_mask(attention_mask, predicted)
             padding = packing.num_tokens < packing.batch * packing.width
             if padding and packing.min_seqlen > 0:
-                x = self.embeddings(input_ids, segment_ids, packing)
-                return self.encoder(x, packing), packing
+                x = self.embeddings(input_ids, segment_ids, packing)  # (N, H)
+                n = packing.num_tokens
+                x = self.encoder(pad_rows(x, bucket_rows(x, n)), packing)
+                return x[:n], packing
         x = self.embeddings(input_ids, segment_ids)
         # Additive key-padding mask (B, 1, 1, T): 0 where attended, the dtype's
         # minimum where padding, as the reference does (a fully padded row stays finite).
@@ -436,12 +445,19 @@ class BertForPreTraining(nn.Module):
             shape = tuple(masked_lm_positions.shape)
             if packing is not None:  # the real predictions only, straight from the packed rows
                 index = packing.prediction_index
-                gathered = hidden[packing.rows_of(masked_lm_positions).flatten()[index]]  # (M, H)
+                rows = packing.rows_of(masked_lm_positions).flatten()[index]  # (M,)
+                # A row bucket on CPU in bf16 (model/unpad.py): extra rows read token 0
+                # and their logits are dropped below.
+                m = rows.shape[0]
+                rows = pad_rows(rows, bucket_rows(hidden, m, floor=16))
+                gathered = hidden[rows]  # (M, H)
             else:
                 index = torch.arange(shape[0] * shape[1], device=masked_lm_positions.device)
                 positions = masked_lm_positions.long()[..., None].expand(-1, -1, hidden.shape[-1])
                 gathered = hidden.gather(1, positions).flatten(0, 1)  # (B * P, H)
             prediction_logits = self.cls.predictions(gathered)  # (R, V)
+            if packing is not None:
+                prediction_logits = prediction_logits[:m]
             if masked_lm_ids is not None:
                 targets = masked_lm_ids.long().masked_fill(masked_lm_positions == 0, IGNORE_INDEX)
                 mlm_loss = F.cross_entropy(

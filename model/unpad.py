@@ -25,6 +25,15 @@ Attention has three paths, picked per call by :func:`attention_path`:
 
 Rows are read where ``attention_mask`` is 1, in order; they need not be right-padded.
 Position ids stay the tokens' original positions.
+
+Row buckets (:func:`bucket_rows`): on CPU in bf16 or fp16 (weights in that dtype, or
+autocast), a matmul runs on a oneDNN kernel that is built (JIT) for its exact shape and
+cached. N, the batch's real tokens, differs from batch to batch, so nearly every step
+would build its kernels again, which costs more than bf16 saves. There the packed rows are
+rounded up to one of a few sizes: zero rows follow the N real ones through every Linear,
+GELU and LayerNorm, attention never sees them, and the encoder's output drops them.
+fp32 (MKL's kernels) and CUDA keep N rows. bench/precision_speed.py times fp32 against
+bf16.
 """
 
 from __future__ import annotations
@@ -228,6 +237,32 @@ class _Unpack(torch.autograd.Function):
         return grad.index_select(0, index), None, None
 
 
+def bucket_rows(x: torch.Tensor, n: int, floor: int = 64) -> int:
+    """The rows to run ``n`` rows of ``x`` on: ``n`` except for low-precision matmuls on
+    CPU, where it is rounded up to a multiple of ``max(floor, 2 ** (n.bit_length() - 5))``
+    (see the module docstring): fewer than ``floor`` more rows below ``16 * floor``, fewer
+    than 1/16 more above, and 16 sizes per doubling of ``n``, so that the kernels built for
+    them stay in oneDNN's cache.
+
+    Example: 1170 bf16 rows on CPU -> 1216 (a multiple of 64); 5000 -> 5120 (of 256);
+    fp32 or CUDA -> 1170.
+    """
+    if x.device.type != "cpu" or n == 0:
+        return n
+    low = (torch.bfloat16, torch.float16)
+    autocast = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") in low
+    if x.dtype not in low and not autocast:
+        return n
+    step = max(floor, 1 << max(n.bit_length() - 5, 0))
+    return -(-n // step) * step
+
+
+def pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """(n, ...) -> (rows, ...): zeros after ``x``'s rows (``x`` itself when rows == n)."""
+    extra = rows - x.shape[0]
+    return x if extra == 0 else torch.cat([x, x.new_zeros((extra, *x.shape[1:]))])
+
+
 def attention_path(x: torch.Tensor, dropout_p: float, requested: str = "auto") -> str:
     """The attention path for packed ``x`` (see the module docstring).
 
@@ -255,6 +290,26 @@ def _has_varlen() -> bool:
     except ImportError:
         return False
     return True
+
+
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor, dropout_p: float
+) -> torch.Tensor:
+    """``scaled_dot_product_attention`` of (B, A, T, D) q, k, v -> (B, A, T, D), in q's dtype.
+
+    On CPU it runs in fp32 whatever q's dtype (bf16 weights, or autocast): the CPU kernels
+    are slower in bf16 than in fp32 (mostly the backward), more than the casts cost
+    (bench/precision_speed.py). On CUDA bf16 is the fast path and stays.
+    """
+    if q.device.type != "cpu":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
+    if attn_mask.is_floating_point():
+        attn_mask = attn_mask.float()
+    with torch.autocast("cpu", enabled=False):
+        y = F.scaled_dot_product_attention(
+            q.float(), k.float(), v.float(), attn_mask=attn_mask, dropout_p=dropout_p
+        )
+    return y.to(q.dtype)
 
 
 def packed_attention(
@@ -296,6 +351,9 @@ def packed_attention(
     # padded: grids for attention only, one per group of rows of similar length (see
     # AttentionGroups); padding keys are masked out.
     groups = packing.attention_groups()
+    dtype = qkv.dtype
+    if qkv.device.type == "cpu":  # one cast per layer, not three per group (see attention)
+        qkv = qkv.float()
     x = qkv if groups.order is None else _Pack.apply(qkv, groups.order)
     outs = []
     for part, rows, width, grid_index, key_mask in zip(
@@ -304,9 +362,7 @@ def packed_attention(
     ):  # fmt: skip
         grid = _Unpack.apply(part, grid_index, rows * width).view(rows, width, 3, num_heads, d)
         q, k, v = grid.permute(2, 0, 3, 1, 4)  # each (rows, A, width, D)
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=key_mask[:, None, None, :], dropout_p=dropout_p
-        )  # (rows, A, width, D)
+        y = attention(q, k, v, key_mask[:, None, None, :], dropout_p)  # (rows, A, width, D)
         outs.append(_Pack.apply(y.transpose(1, 2).reshape(rows * width, h), grid_index))
     y = outs[0] if len(outs) == 1 else torch.cat(outs)
-    return y if groups.restore is None else _Pack.apply(y, groups.restore)
+    return (y if groups.restore is None else _Pack.apply(y, groups.restore)).to(dtype)

@@ -11,8 +11,9 @@ from model import (
     BertForSequenceClassification,
     BertForTokenClassification,
     HeadConfig,
+    unpad,
 )
-from model.unpad import Packing, attention_path
+from model.unpad import Packing, attention_path, bucket_rows
 from tests.torch_helpers import CountHostSyncs
 
 CFG = BertConfig(
@@ -204,6 +205,70 @@ def test_varlen_kernel_matches_padded_in_bf16():
     assert packing is not None and attention_path(hidden, 0.0) == "varlen"
     out, ref = unpadded(*batch), padded(*batch)
     assert rel(out.loss.float(), ref.loss.float()) < 2e-2  # bf16 rounding
+
+
+def test_bucket_rows_known_answers():
+    """Low-precision matmuls on CPU get one of a few row counts; fp32 and other devices N."""
+    bf16 = torch.empty(0, dtype=torch.bfloat16)
+    assert [bucket_rows(bf16, n) for n in (0, 1, 64, 65, 1170, 2047, 5000)] == [
+        0, 64, 64, 128, 1216, 2048, 5120,
+    ]  # fmt: skip
+    assert bucket_rows(bf16, 170, floor=16) == 176
+    assert bucket_rows(torch.empty(0, dtype=torch.float16), 1170) == 1216
+    assert bucket_rows(torch.empty(0), 1170) == 1170  # fp32: MKL builds nothing per shape
+    assert bucket_rows(torch.empty(0, dtype=torch.bfloat16, device="meta"), 1170) == 1170
+    with torch.autocast("cpu", torch.bfloat16):  # fp32 activations, bf16 matmuls
+        assert bucket_rows(torch.empty(0), 1170) == 1216
+    for n in range(1, 5000, 7):  # fewer than 1/16 more rows, past the floor
+        assert 0 <= bucket_rows(bf16, n) - n < max(64, n / 16)
+
+
+@pytest.mark.parametrize("weights", ["bf16", "autocast"])
+def test_bf16_on_cpu_buckets_rows_and_matches_the_unbucketed_step(weights, monkeypatch):
+    """Bucket rows follow the real ones through the encoder without reaching them: the loss
+    and gradients are those of the same bf16 step without buckets (to kernel rounding)."""
+    _, model = pair()
+    if weights == "bf16":
+        model = model.bfloat16()
+    plain = copy.deepcopy(model)
+    batch = varied_batch(LENGTHS, 128)
+    rows = []
+    linear = torch.nn.functional.linear
+    monkeypatch.setattr(
+        torch.nn.functional, "linear", lambda x, *a: rows.append(x.shape[0]) or linear(x, *a)
+    )
+    with torch.autocast("cpu", torch.bfloat16, enabled=weights == "autocast"):
+        out = model(*batch)
+    out.loss.backward()
+    n, m = sum(LENGTHS), int((batch[3] != 0).sum())
+    bucket = bucket_rows(torch.empty(0, dtype=torch.bfloat16), n)
+    assert bucket > n and bucket in rows and n not in rows
+    assert out.hidden.shape[0] == n and out.prediction_logits.shape[0] == m
+    monkeypatch.setattr(unpad, "bucket_rows", lambda x, n, floor=64: n)
+    monkeypatch.setattr("model.bert.bucket_rows", lambda x, n, floor=64: n)
+    with torch.autocast("cpu", torch.bfloat16, enabled=weights == "autocast"):
+        ref = plain(*batch)
+    ref.loss.backward()
+    assert rel(out.loss.float(), ref.loss.float()) < 1e-2
+    assert rel(out.hidden.float(), ref.hidden.float()) < 2e-2
+    for (name, a), (_, b) in zip(model.named_parameters(), plain.named_parameters(), strict=True):
+        if not name.endswith("attention.self.key.bias"):  # rounding noise (assert_grads_close)
+            assert rel(a.grad.float(), b.grad.float()) < 5e-2, name
+
+
+def test_cpu_attention_runs_in_fp32_for_bf16_inputs():
+    """The CPU's SDPA kernels are slower in bf16: attention casts up, and the result down."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 9, 8, generator=g).bfloat16() for _ in range(3))
+    mask = torch.ones(2, 1, 1, 9, dtype=torch.bool)
+    mask[1, ..., 5:] = False
+    y = unpad.attention(q, k, v, mask, 0.0)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q.float(), k.float(), v.float(), attn_mask=mask
+    )
+    assert y.dtype == torch.bfloat16 and torch.equal(y, expected.bfloat16())
+    with torch.autocast("cpu", torch.bfloat16):  # autocast would run SDPA in bf16
+        assert torch.equal(unpad.attention(q.float(), k.float(), v.float(), mask, 0.0), expected)
 
 
 def test_nested_path_gives_sdpa_the_row_lengths_without_a_host_sync(monkeypatch):
