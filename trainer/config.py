@@ -1,7 +1,8 @@
 """Options of ``trainer/run.py``: one typed, validated config built from defaults < JSON < flags.
 
 The CLI owns data, model, output, steps and cadence; precision, ZeRO stage, batch sizes,
-optimizer and schedule belong to the DeepSpeed JSON (``--ds-config``, see trainer/dsconfig.py).
+optimizer and schedule belong to the DeepSpeed JSON (``--ds-config``, see trainer/dsconfig.py),
+precision with one override: ``--precision fp32|bf16|auto``, so that one JSON serves both.
 
     python trainer/run.py --ds-config deploy/cpu.json --data shards/ --model tiny \\
         --output-dir runs/tiny --max-steps 100
@@ -24,6 +25,7 @@ from typing import Any
 from pipeline.options import CommandParser, add_options, flag, option, parse_options
 
 MASKING = ("static", "dynamic")
+PRECISIONS = ("config", "fp32", "bf16", "auto")  # trainer/dsconfig.py with_precision
 TEACHER_DTYPES = ("auto", "fp32", "bf16")
 DISTILL_INITS = ("auto", "teacher", "random")
 DEFAULT_MAX_STEPS = 1000
@@ -40,6 +42,13 @@ class TrainConfig:
     data: str = option(help="shard directory (manifest.json + shard-*.arrow); local or gs:// s3://")
     output_dir: str = option(
         help="checkpoints/, tensorboard/, metrics.jsonl and hf/ are written here"
+    )
+    # trainer/dsconfig.py with_precision: the JSON's bf16/fp16 sections, or an override.
+    precision: str = option(
+        "config",
+        "config (as the DeepSpeed JSON says), fp32, bf16, or auto (bf16 where the device "
+        "has it natively: CUDA with bf16, a CPU with AVX512-BF16 or AMX; else fp32)",
+        choices=PRECISIONS,
     )
     # A preset name (tiny ... large; vocab_size and pad id taken from the shards' manifest)
     # or a Hugging Face style config.json (used as is, and checked against the manifest).
@@ -167,6 +176,8 @@ class TrainConfig:
             low = 1 if name in positive else 0
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"--{_flag(name)} must be an int >= {low}, got {value!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"--precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.masking not in MASKING:
             raise ValueError(f"--masking must be one of {MASKING}, got {self.masking!r}")
         if self.peak_tflops is not None and not self.peak_tflops > 0:

@@ -5,7 +5,8 @@
 
 ZeRO partitions (stage 1, 2 or 3, any number of ranks) are consolidated into fp32 weights
 with DeepSpeed's ``get_fp32_state_dict_from_zero_checkpoint`` (a stage-0 checkpoint holds
-the full weights already). The result is ``config.json`` + ``model.safetensors`` that
+the full weights already; in bf16 or fp16 the export takes its optimizer's fp32 master
+weights, not the module's 16-bit copies of them). The result is ``config.json`` + ``model.safetensors`` that
 ``transformers.BertForPreTraining.from_pretrained`` loads (model/hf.py), plus the tokenizer
 files of the shards the run trained on (trainer/hf_tokenizer.py: vocab.txt, tokenizer.json,
 tokenizer_config.json, special_tokens_map.json), so ``transformers.pipeline("fill-mask",
@@ -34,7 +35,7 @@ import torch
 from model import BertConfig, BertForPreTraining, save_hf
 from pipeline.options import CommandParser
 
-from . import checkpoint
+from . import checkpoint, prepare
 from .hf_tokenizer import TOKENIZER_FILES, Vocab, read_shard_vocab, save_tokenizer, shard_dir_of
 
 logger = logging.getLogger(__name__)
@@ -52,11 +53,46 @@ def consolidated_state_dict(directory: str, tag: str) -> dict[str, torch.Tensor]
 
         state = get_fp32_state_dict_from_zero_checkpoint(directory, tag=tag)
     else:  # ZeRO stage 0: the model states file holds every weight
-        module = torch.load(
+        states = torch.load(
             os.path.join(path, "mp_rank_00_model_states.pt"), map_location="cpu", weights_only=False
-        )["module"]
-        state = dict(module)
+        )
+        state = {**states["module"], **master_weights(states, where=path)}
     return {k: v.float() for k, v in state.items()}
+
+
+def master_weights(states: dict, *, where: str) -> dict[str, torch.Tensor]:
+    """The fp32 master weights, by name, of a ZeRO stage-0 bf16/fp16 checkpoint's model
+    states; {} in fp32. DeepSpeed's 16-bit optimizers keep them per parameter group, in the
+    order of trainer/prepare.py's ``param_groups``: ``fp32_groups`` (one tensor per
+    parameter, FP16_UnfusedOptimizer, torch's optimizers) or ``fp32_groups_flat`` (one flat
+    tensor per group, FP16_Optimizer, DeepSpeed's fused ones).
+
+    Raises:
+        ValueError: the groups do not fit the module's parameters (names ``where``).
+    """
+    optimizer = states.get("optimizer")
+    if not isinstance(optimizer, dict):
+        return {}
+    groups = optimizer.get("fp32_groups") or optimizer.get("fp32_groups_flat")
+    if groups is None:
+        return {}
+    module = states["module"]
+    names = [g for g in prepare.param_group_names(list(module)) if g]  # DeepSpeed drops empty ones
+    if len(names) != len(groups):
+        raise ValueError(f"{where}: {len(groups)} fp32 groups for {len(names)} parameter groups")
+    out = {}
+    for group_names, group in zip(names, groups, strict=True):
+        if isinstance(group, torch.Tensor):  # flat: split by the module's shapes
+            sizes = [module[n].numel() for n in group_names]
+            group = group[: sum(sizes)].split(sizes)
+        for name, tensor in zip(group_names, group, strict=True):
+            if tensor.numel() != module[name].numel():
+                raise ValueError(
+                    f"{where}: fp32 master weight of {name} has {tensor.numel()} values, "
+                    f"the module's {tuple(module[name].shape)}"
+                )
+            out[name] = tensor.detach().view(module[name].shape)
+    return out
 
 
 def load_model(path: str | os.PathLike) -> BertForPreTraining:

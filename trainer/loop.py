@@ -48,7 +48,7 @@ from . import checkpoint, distributed, metrics, ops, prepare, universal
 from .config import TrainConfig
 from .data import PretrainingStream, StreamSpec, make_loader
 from .distillation import Distiller, check_resumed_teacher
-from .dsconfig import load_ds_config, precision, resolve_ds_config
+from .dsconfig import load_ds_config, precision, resolve_ds_config, with_precision
 from .dskeys import check_keys
 from .evaluate import baselines
 from .schedule import time_budget_scheduler
@@ -117,6 +117,7 @@ class Trainer:
         ds = load_ds_config(config.ds_config)
         where = f"--ds-config {config.ds_config}"
         check_keys(ds, where=where)
+        ds = with_precision(ds, config.precision, info.device)
         self.ds, self.sizes = resolve_ds_config(
             ds, info.world_size, config.step_limit or 0, where=where
         )
@@ -151,6 +152,7 @@ class Trainer:
         another world size, resume from the checkpoint's universal conversion
         (trainer/universal.py)."""
         prepare.check_resumed_model(self.config, self.model_config, directory, tag)
+        prepare.check_resumed_precision(self.config, self.ds, directory, tag)
         saved = checkpoint.read_state(directory, tag)
         if saved is not None:  # trainer_state.json: the data and batch, readable before loading
             prepare.check_resumed_data(self.config, self.fingerprint, saved, f"{directory}/{tag}")
@@ -170,6 +172,7 @@ class Trainer:
             logger.info("deepspeed config (resolved): %s", json.dumps(self.ds, sort_keys=True))
             logger.info("model config: %s", json.dumps(self.model_config.to_dict(), sort_keys=True))
             logger.info("batch: %s, world size %d", self.sizes, self.info.world_size)
+            logger.info("precision: %s (--precision %s)", self.precision, self.config.precision)
 
     def build_engine(self) -> None:
         import deepspeed

@@ -25,7 +25,7 @@ from pipeline.shards import shard_format
 
 from .config import TrainConfig
 from .data import DynamicMasker
-from .dsconfig import BatchSizes
+from .dsconfig import BatchSizes, precision
 from .shards import ShardSet
 
 logger = logging.getLogger(__name__)
@@ -134,6 +134,25 @@ def check_fit(cfg: BertConfig, manifest: dict) -> None:
         raise ValueError(
             f"the shards have rows of up to {seq} tokens but the model has "
             f"max_position_embeddings {cfg.max_position_embeddings}"
+        )
+
+
+def check_resumed_precision(config: TrainConfig, ds: dict, directory: str, tag: str) -> None:
+    """Refuse to resume in another precision than the checkpoint's (its ds_config.json):
+    DeepSpeed's optimizer states differ (fp32 master weights in bf16/fp16, none in fp32).
+
+    Raises:
+        ValueError: naming both precisions and the --precision that resumes it.
+    """
+    path = Path(directory, tag, "ds_config.json")
+    if not path.is_file():
+        return
+    saved, now = precision(json.loads(path.read_text())), precision(ds)
+    if saved != now:
+        raise ValueError(
+            f"--resume {directory}/{tag} trained in {saved}, this run would train in {now} "
+            f"(--precision {config.precision}, --ds-config {config.ds_config}); resume with "
+            f"--precision {saved}"
         )
 
 
@@ -267,10 +286,25 @@ def param_groups(model: torch.nn.Module) -> list[dict]:
     Google's BERT (and transformers' recipe) exempt them; the decayed group takes the
     ds-config's ``weight_decay``.
     """
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        (no_decay if name.endswith("bias") or "LayerNorm" in name else decay).append(p)
-    return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+    params = dict(model.named_parameters())
+    decay, no_decay = param_group_names(list(params))
+    return [
+        {"params": [params[n] for n in decay]},
+        {"params": [params[n] for n in no_decay], "weight_decay": 0.0},
+    ]
+
+
+def param_group_names(names: list[str]) -> tuple[list[str], list[str]]:
+    """The parameter names of :func:`param_groups`' two groups, in order (decayed, not).
+
+    Example: ``["a.weight", "a.bias", "LayerNorm.weight"]`` -> ``(["a.weight"], ["a.bias",
+    "LayerNorm.weight"])``.
+    """
+    exempt = [n.endswith("bias") or "LayerNorm" in n for n in names]
+    return (
+        [n for n, e in zip(names, exempt, strict=True) if not e],
+        [n for n, e in zip(names, exempt, strict=True) if e],
+    )
 
 
 def masker_for(shards: ShardSet, config: TrainConfig) -> DynamicMasker | None:

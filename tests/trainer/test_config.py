@@ -3,9 +3,11 @@
 import json
 
 import pytest
+import torch
 
+from trainer import dsconfig, prepare
 from trainer.config import parse_args
-from trainer.dsconfig import precision, resolve_batch_sizes, resolve_ds_config
+from trainer.dsconfig import precision, resolve_batch_sizes, resolve_ds_config, with_precision
 
 REQUIRED = ["--ds-config", "ds.json", "--data", "shards", "--output-dir", "out"]
 
@@ -93,6 +95,52 @@ def test_warmup_decay_length_defaults_to_max_steps():
     assert ds["scheduler"]["params"]["total_num_steps"] == "auto"  # the input is not modified
     assert resolved["train_batch_size"] == 2 and resolved["gradient_accumulation_steps"] == 1
     assert precision(resolved) == "bf16" and precision({}) == "fp32"
+
+
+def test_precision_flag_overrides_the_json(monkeypatch):
+    cpu = torch.device("cpu")
+    base = {
+        "train_micro_batch_size_per_gpu": 2,
+        "bf16": {"enabled": False, "immediate_grad_update": True},
+    }
+    assert with_precision(base, "config", cpu) is base
+    bf16 = with_precision(base, "bf16", cpu)
+    assert bf16["bf16"] == {"enabled": True, "immediate_grad_update": True} and "fp16" not in bf16
+    assert base["bf16"]["enabled"] is False  # the input is not modified
+    fp16 = {"train_micro_batch_size_per_gpu": 2, "fp16": {"enabled": True}}
+    assert precision(with_precision(fp16, "bf16", cpu)) == "bf16"
+    assert with_precision(fp16, "fp32", cpu)["fp16"] == {"enabled": False}
+    assert precision(with_precision(bf16, "fp32", cpu)) == "fp32"
+    for native, expected in ((True, "bf16"), (False, "fp32")):
+        monkeypatch.setattr(dsconfig, "bf16_native", lambda device, native=native: native)
+        assert precision(with_precision(base, "auto", cpu)) == expected
+    assert parse_args([*REQUIRED, "--precision", "auto"]).precision == "auto"
+    with pytest.raises(SystemExit):
+        parse_args([*REQUIRED, "--precision", "fp16"])
+
+
+def test_bf16_native_reads_the_cpu_flags(monkeypatch):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    assert not dsconfig.bf16_native(torch.device("cpu"))
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
+    assert dsconfig.bf16_native(torch.device("cpu"))
+    assert not dsconfig.bf16_native(torch.device("meta"))
+
+
+def test_resume_in_another_precision_is_refused(tmp_path):
+    config = parse_args([*REQUIRED, "--precision", "fp32"])
+    (tmp_path / "step00000004").mkdir()
+    (tmp_path / "step00000004" / "ds_config.json").write_text(
+        json.dumps({"bf16": {"enabled": True}})
+    )
+    with pytest.raises(
+        ValueError, match=r"trained in bf16, this run would train in fp32 .*--precision bf16"
+    ):
+        prepare.check_resumed_precision(config, {}, str(tmp_path), "step00000004")
+    prepare.check_resumed_precision(
+        config, {"bf16": {"enabled": True}}, str(tmp_path), "step00000004"
+    )
 
 
 @pytest.mark.parametrize("flag, value", [("--dropout", "1.0"), ("--dropout", "-0.1"),

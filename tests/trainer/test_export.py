@@ -122,3 +122,24 @@ def test_shard_dir_of_accepts_the_directory_or_its_vocab():
     assert shard_dir_of("gs://b/shards/vocab.txt") == "gs://b/shards"
     assert shard_dir_of("gs://b/shards/") == "gs://b/shards/"
     assert shard_dir_of("/data/shards/vocab.txt") == "/data/shards"
+
+
+@pytest.mark.parametrize("layout", ["fp32_groups", "fp32_groups_flat"])
+def test_stage0_16bit_checkpoint_exports_the_fp32_master_weights(layout):
+    """bf16/fp16 without ZeRO: the module holds 16-bit copies; the optimizer's fp32 groups
+    (per tensor: torch's optimizers; flat: DeepSpeed's fused ones) are the weights."""
+    masters = {"a.weight": torch.randn(3, 2), "a.bias": torch.randn(3),
+               "b.LayerNorm.weight": torch.randn(3), "b.weight": torch.randn(4, 3)}  # fmt: skip
+    module = {k: v.bfloat16() for k, v in masters.items()}
+    groups = [[masters["a.weight"], masters["b.weight"]],  # decayed, then not (prepare.py)
+              [masters["a.bias"], masters["b.LayerNorm.weight"]]]  # fmt: skip
+    if layout == "fp32_groups_flat":  # DeepSpeed pads a flat group for alignment
+        groups = [torch.cat([*(t.flatten() for t in g), torch.zeros(2)]) for g in groups]
+    states = {"module": module, "optimizer": {layout: groups}}
+    out = export.master_weights(states, where="ckpt")
+    assert out.keys() == masters.keys()
+    assert all(torch.equal(out[k], masters[k]) for k in masters)
+    assert export.master_weights({"module": module, "optimizer": {"state": {}}}, where="x") == {}
+    states["optimizer"][layout] = groups[:1]
+    with pytest.raises(ValueError, match="ckpt: 1 fp32 groups for 2 parameter groups"):
+        export.master_weights(states, where="ckpt")
