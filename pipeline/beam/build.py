@@ -113,14 +113,14 @@ def default_num_shards(total_input_bytes: int, dupe_factor: int) -> int:
     return max(1, min(99999, round(estimate / TARGET_SHARD_BYTES)))
 
 
-def prepare_output(config: BuildConfig) -> bool:
-    """Create the output directory; refuse to mix with an earlier build unless --overwrite.
+def check_output(config: BuildConfig) -> list[str]:
+    """prepare_output's refusal, reading only (also a dry run's check of ``--output``).
 
     Returns:
-        Whether this call created the directory (a build of 0 rows removes it again).
+        The shards and manifest of an earlier build there (to replace: --overwrite).
 
     Raises:
-        FileExistsError: the directory already holds shards or a manifest.
+        FileExistsError: the directory already holds shards or a manifest, and no --overwrite.
     """
     out = config.output
     existing = [
@@ -133,6 +133,20 @@ def prepare_output(config: BuildConfig) -> bool:
             f"{out} already holds {len(existing)} shard/manifest file(s) from an earlier build; "
             "pass --overwrite to replace them or choose another --output"
         )
+    return existing
+
+
+def prepare_output(config: BuildConfig) -> bool:
+    """Create the output directory; refuse to mix with an earlier build unless --overwrite.
+
+    Returns:
+        Whether this call created the directory (a build of 0 rows removes it again).
+
+    Raises:
+        FileExistsError: the directory already holds shards or a manifest.
+    """
+    out = config.output
+    existing = check_output(config)
     remove_leftovers(out)  # an interrupted build's parts and temporaries are never output
     # The manifest goes first, so an interrupted clean-up never leaves a manifest
     # that lists deleted shards.

@@ -122,7 +122,9 @@ def _build(argv: Sequence[str], log_file: str | None, verbose: bool,
             files = list(zip(plan.files, plan.sizes, strict=True))
             sizing.check_local_memory(config, files, runner, workers)
         # A dry run leaves --output as it found it: no directory made, no earlier build
-        # removed (so it does not check for one either: that check is prepare_output's).
+        # removed; it refuses one without --overwrite as the build would.
+        if dry_run:
+            build.check_output(config)
         created = False if dry_run else build.prepare_output(config)
     except (ValueError, OSError, ImportError) as e:  # FileNotFoundError, FileExistsError
         logger.error("%s", e)  # ImportError: an optional package (its message names the extra)

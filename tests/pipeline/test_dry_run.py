@@ -88,6 +88,9 @@ def test_a_dry_run_leaves_an_earlier_build_as_it_was(small_shards, tmp_path, cap
     argv = ["build", "--input", corpus, "--output", str(out), *BASE, "--overwrite", "--dry_run"]
     assert main(argv) == 0
     assert digest(out) == before  # --overwrite would have deleted it all first
+    # Without --overwrite the dry run refuses, as the build would.
+    assert main([a for a in argv if a != "--overwrite"]) == 2
+    assert "already holds" in capfd.readouterr().err and digest(out) == before
     exported = tmp_path / "exported"
     assert main(["export", str(out), "--to", "tfrecord", "--output", str(exported),
                  "--dry_run"]) == 0  # fmt: skip
