@@ -11,8 +11,9 @@ Each build is ``python -m pipeline build --vocab_file ... --dupe_factor 5`` on
   every PCollection between stages) and its two SDK worker processes;
 - ``dask``: a fresh Dask cluster started with the ``dask`` CLI (``tests/dask_cluster.py``:
   a scheduler and two ``dask worker --nworkers 1 --nthreads 1`` processes) and the
-  build submitted to it with ``--dask_npartitions`` = the number of input files: the
-  client, the scheduler, each worker (and its nanny).
+  build submitted to it (one partition per input range, the build's default; or
+  ``--dask_npartitions files``: one per input file): the client, the scheduler, each
+  worker (and its nanny).
 
 psutil samples the resident set size (RSS) of every process of the build's tree and of
 the cluster every ``--interval`` seconds; the table gives each process's peak, when it
@@ -140,6 +141,9 @@ def main(argv=None) -> int:
     p.add_argument("--interval", type=float, default=0.25, help="seconds between samples")
     p.add_argument("--work", default=None, help="keep corpora and outputs here (reused)")
     p.add_argument("--timeline", default=None, help="write every sample to DIR/*.csv")
+    p.add_argument("--dask_npartitions", choices=("auto", "files"), default="auto",
+                   help="auto: the build's default (one partition per input range); files: "
+                   "one per input file")  # fmt: skip
     p.add_argument("--learn_vocab", action="store_true",
                    help="learn a 30522-token vocab in the build (no --vocab_file)")  # fmt: skip
     p.add_argument("extra", nargs="*", help="more build flags, after --")
@@ -169,8 +173,9 @@ def main(argv=None) -> int:
             if runner == "dask":
                 cluster = DaskCluster(work / f"dask-{mb:g}mb", workers=2,
                                       memory_limit=args.memory_limit).start()  # fmt: skip
-                cmd += [f"--runner={DASK_RUNNER}", f"--dask_client_address={cluster.address}",
-                        f"--dask_npartitions={files}"]  # fmt: skip
+                cmd += [f"--runner={DASK_RUNNER}", f"--dask_client_address={cluster.address}"]
+                if args.dask_npartitions == "files":
+                    cmd.append(f"--dask_npartitions={files}")
             else:
                 cmd += DIRECT
             try:
