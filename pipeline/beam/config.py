@@ -108,8 +108,8 @@ class BuildConfig:
     # Checked before the job starts (pipeline/beam/sizing.py); not in the manifest.
     force: bool = option(
         False,
-        "build on the local runner even when its memory estimate (0.3 GB a process + about "
-        "8x the input, 13x when learning the vocab) exceeds the memory available",
+        "build on the local runner even when its memory estimate (0.35 GB a process + about "
+        "5x the input, 8x when learning the vocab) exceeds 80 percent of the memory available",
     )
 
     def __post_init__(self) -> None:

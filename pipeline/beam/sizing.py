@@ -18,16 +18,19 @@ from pipeline.beam.config import BuildConfig, is_local_runner
 from pipeline.core.sources import is_compressed
 
 GB = 10**9
-# Measured on English prose, --max_seq_length 128, dupe factor 5, 2 worker processes
-# (bench/pipeline_memory.py; deploy/beam/README.md has the table): every process starts at
-# ~0.3 GB (Python, Beam, pyarrow, the tokenizer); the driver adds DRIVER_PER_INPUT bytes per
-# input byte (the tokenized documents it holds between steps) and LEARNING_PER_INPUT more
-# when the build learns its vocab (it holds the documents until the vocab is learned); the
-# workers add WORKERS_PER_INPUT in all (each holds its share of a step's input at a time).
-PROCESS_BYTES = int(0.3 * GB)
-DRIVER_PER_INPUT = 5.0
-LEARNING_PER_INPUT = 5.0
-WORKERS_PER_INPUT = 3.0
+# Fitted on bench/pipeline_memory.py (deploy/beam/README.md, "Memory and parallelism"):
+# English prose, --max_seq_length 128, dupe factor 5, 2 worker processes; the peak of all
+# processes together was 1.31 GB at 50 MB and 1.98 GB at 200 MB (a line of 4.5 bytes per
+# input byte over 0.36 GB a process), and learning the vocab added 0.12 GB at 50 MB (the
+# documents are held until the vocab is learned). Rounded up: every process starts at
+# PROCESS_BYTES (Python, Beam, pyarrow, the tokenizer); the driver (the tokenized documents
+# it holds between steps) and the workers (their share of a step's input) add
+# DRIVER_PER_INPUT and WORKERS_PER_INPUT bytes per input byte, LEARNING_PER_INPUT more
+# when the build learns its vocab.
+PROCESS_BYTES = int(0.35 * GB)
+DRIVER_PER_INPUT = 2.5
+WORKERS_PER_INPUT = 2.5
+LEARNING_PER_INPUT = 3.0
 # A compressed input file is assumed to hold this many times its size in text.
 COMPRESSION_RATIO = 3.0
 # Headroom: the estimate is kept under this share of the memory available.
@@ -88,8 +91,8 @@ def check_local_memory(config: BuildConfig, files: list[tuple[str, int]], runner
     limit = f"{max(2, int(6 * text / GB / cores) + 2)}GiB"
     raise MemoryCheckError(
         f"the local runner would need about {estimate / GB:.1f} GB for {text / 1e6:,.1f} MB of "
-        f"input (0.3 GB a process + about {(estimate - PROCESS_BYTES * (1 + workers)) / text:.0f}"
-        f"x the input), and {available / GB:.1f} GB are available: build on Dask, whose "
+        f"input ({PROCESS_BYTES / GB:.2f} GB a process + about "
+        f"{(estimate - PROCESS_BYTES * (1 + workers)) / text:.0f}x the input), and {available / GB:.1f} GB are available: build on Dask, whose "
         f"workers spill to disk: {DASK_COMMAND.format(cores=cores, limit=limit)}; or pass "
         "--force to try anyway"
     )

@@ -725,7 +725,7 @@ def test_the_memory_check_refuses_a_local_build_that_would_not_fit(corpus, tmp_p
     assert main(["build", "--input", corpus, "--output", str(out), *BASE]) == 2
     err = capfd.readouterr().err
     assert (
-        "the local runner would need about 0.3 GB for 0.1 MB" in err
+        "the local runner would need about 0.4 GB for 0.1 MB" in err
         and "0.1 GB are available" in err
     )
     assert "--runner=apache_beam.runners.dask.dask_runner.DaskRunner" in err and "--force" in err
