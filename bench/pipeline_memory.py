@@ -34,6 +34,7 @@ import csv
 import glob
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -148,6 +149,8 @@ def main(argv=None) -> int:
                    help="learn a 30522-token vocab in the build (no --vocab_file)")  # fmt: skip
     p.add_argument("extra", nargs="*", help="more build flags, after --")
     args = p.parse_args(argv)
+    # A SIGTERM (say, from `timeout`) unwinds like Ctrl-C, so each Dask cluster is closed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     work = Path(args.work or tempfile.mkdtemp(prefix="pipeline-memory-"))
     vocab = None if args.learn_vocab else args.vocab_file or str(learn_vocab(work))
