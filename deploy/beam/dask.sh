@@ -16,13 +16,13 @@
 #   # input and output on storage every machine reaches at the same path: a shared
 #   # file system mounted alike, or gs:// (apache-beam[gcp]) / s3:// (apache-beam[aws])
 #   # with credentials on every worker
-#   DASK_ADDRESS=tcp://SCHEDULER:8786 PARTITIONS=512 \
+#   DASK_ADDRESS=tcp://SCHEDULER:8786 \
 #     INPUT='s3://bucket/corpus/*.txt' OUTPUT=s3://bucket/shards bash deploy/beam/dask.sh
 #
 # PARTITIONS (--dask_npartitions) is how many parts the DaskRunner cuts the list of input
-# files into, and every later step keeps that many: make it the number of input files
-# (at least a few per worker process, and at least the number of shards). Unset, a
-# list of up to 128 files is one partition: one worker does everything.
+# ranges into, and every later step keeps that many. Unset, the build makes it the number
+# of ranges its files are read in (its first line says how many; --input_split_mb sizes
+# them): each task then holds one range's documents, whatever the files.
 #
 #   INPUT='corpus/*.txt' OUTPUT=shards bash deploy/beam/dask.sh      # local cluster
 set -euo pipefail
