@@ -228,9 +228,7 @@ class ReadDocuments(beam.DoFn):
         self._skips = Metrics.counter(NAMESPACE, "records_skipped")
         self._ranges = Metrics.counter(NAMESPACE, "ranges_read")
 
-    def process(self, part: FileRange | str) -> Iterator:
-        if isinstance(part, str):
-            part = FileRange(part)
+    def process(self, part: FileRange) -> Iterator:
         path = part.path
         documents = with_nul = long = 0
         batch = DocumentBatch([], [])
