@@ -32,6 +32,8 @@
 #   PRECISION    fp32, bf16 or auto (bf16 on a CPU with AVX512-BF16/AMX or a GPU with bf16),
 #                overriding DS_CONFIG's (default: unset, DS_CONFIG decides: fp32 for cpu.json;
 #                on tiny, bf16 measured 1.1-1.2x faster on CPU, so fp32 stays the default)
+#   MASKING      static (the shards' masks) or dynamic (re-masked by the trainer each epoch,
+#                RoBERTa-style) (default: unset, the trainer's default: static)
 #   RANKS        training processes (default: GPUs present, else 2 CPU ranks)
 #   VERBOSE      1: every stage's full output on the console too (default: one line per stage)
 #
@@ -114,11 +116,12 @@ else
 fi
 eval_args=()
 [ -n "$heldout" ] && eval_args=(--eval-data "$run/heldout" --eval-every 500)
-precision=()
-[ -n "${PRECISION:-}" ] && precision=(--precision "$PRECISION")
+train_opts=()  # the trainer options both training and the second evaluation take
+[ -n "${PRECISION:-}" ] && train_opts+=(--precision "$PRECISION")
+[ -n "${MASKING:-}" ] && train_opts+=(--masking "$MASKING")
 rm -rf "$run/train"
 stage "training: $preset, $budget_text, $ranks rank(s), ${DS_CONFIG:-deploy/cpu.json}${PRECISION:+, $PRECISION}" train \
-deepspeed --num_gpus "$ranks" trainer/run.py --ds-config "${DS_CONFIG:-deploy/cpu.json}" "${precision[@]}" \
+deepspeed --num_gpus "$ranks" trainer/run.py --ds-config "${DS_CONFIG:-deploy/cpu.json}" "${train_opts[@]}" \
   --data "$run/shards" "${eval_args[@]}" --model "$preset" --output-dir "$run/train" \
   --dropout "${DROPOUT:-0}" "${budget[@]}" --log-every 50 --save-every 1000
 
@@ -128,7 +131,7 @@ if [ -n "$heldout2" ]; then
   rm -rf "$run/eval2"
   stage "second held-out evaluation: $run/heldout2 -> $run/eval2" eval2 \
   deepspeed --num_gpus "$ranks" trainer/run.py --ds-config "${DS_CONFIG:-deploy/cpu.json}" \
-    "${precision[@]}" --data "$run/shards" --eval-data "$run/heldout2" --model "$preset" \
+    "${train_opts[@]}" --data "$run/shards" --eval-data "$run/heldout2" --model "$preset" \
     --output-dir "$run/eval2" --resume "$run/train/checkpoints" --dropout "${DROPOUT:-0}" \
     "${budget[@]}" --export-hf false --save-every 0
 fi

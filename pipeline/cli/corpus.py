@@ -211,10 +211,11 @@ def write_package_corpus(
     """Write the prose of ``packages``' docstrings and comments into ``files`` txt files
     (``packages-000.txt``, ...) plus ``packages-heldout.txt``; returns (paths, sources).
 
-    A document (one docstring or comment block, :func:`prose_paragraphs`,
-    :func:`line_comment_blocks`) seen before is skipped; of the rest, those whose text's
-    sha256 falls in the first ``heldout_permille`` of 1000 go to the held-out file, so the
-    split depends on a document's text only, not on the other packages. ``sources`` holds
+    A document is one .py file's prose pieces (:func:`~pipeline.cli.package_docs._file_pieces`:
+    docstrings and comment blocks, in source order); a piece seen before (a copied docstring)
+    is left out of it, and a document of fewer than two sentences is skipped. Documents whose
+    text's sha256 falls in the first ``heldout_permille`` of 1000 go to the held-out file, so
+    the split depends on a document's text only, not on the other packages. ``sources`` holds
     one dict per package: name, version, documents, bytes written.
 
     Raises:
@@ -226,26 +227,31 @@ def write_package_corpus(
     chunks: list[list[bytes]] = [[] for _ in range(files + 1)]  # the last: held out
     sources: dict[str, dict] = {}
     seen: set[bytes] = set()
-    i = 0
-    for name, version, docs in package_documents(packages, processes):
+    i = documents = 0
+    for name, version, pieces in package_documents(packages, processes):
         source = sources.setdefault(name, {"name": name, "version": version, "documents": 0,
                                            "bytes": 0})  # fmt: skip
-        for sentences in docs:
-            text = ("\n".join(sentences) + "\n\n").encode("utf-8")
-            digest = hashlib.sha256(text).digest()
-            if digest in seen:
-                continue
-            seen.add(digest)
-            held_out = int.from_bytes(digest[:8], "big") % 1000 < heldout_permille
-            chunks[files if held_out else i % files].append(text)
-            i += 0 if held_out else 1
-            source["documents"] += 1
-            source["bytes"] += len(text)
+        sentences = []
+        for piece in pieces:
+            digest = hashlib.sha256("\n".join(piece).encode("utf-8")).digest()
+            if digest not in seen:
+                seen.add(digest)
+                sentences += piece
+        if len(sentences) < 2:
+            continue
+        text = ("\n".join(sentences) + "\n\n").encode("utf-8")
+        digest = hashlib.sha256(text).digest()
+        held_out = int.from_bytes(digest[:8], "big") % 1000 < heldout_permille
+        chunks[files if held_out else i % files].append(text)
+        i += 0 if held_out else 1
+        documents += 1
+        source["documents"] += 1
+        source["bytes"] += len(text)
     names = [f"packages-{k:03d}.txt" for k in range(files)] + ["packages-heldout.txt"]
     paths = [Path(output, name) for name in names]
     for path, chunk in zip(paths, chunks, strict=True):
         atomic_write_bytes(path, chunk)
-    logger.info("wrote %d documents of %d packages, %.2f MB, in %s", len(seen), len(sources),
+    logger.info("wrote %d documents of %d packages, %.2f MB, in %s", documents, len(sources),
                 sum(s["bytes"] for s in sources.values()) / 1e6, output)  # fmt: skip
     return paths, list(sources.values())
 

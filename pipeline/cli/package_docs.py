@@ -7,9 +7,10 @@ and drop templated API text.
 A package's ``.py`` files (from its installed RECORD, sorted; tests and vendored copies
 left out) are parsed; each docstring (and each string written as a C function's docstring,
 numpy's ``add_newdoc``, torch's ``add_docstr``) keeps its prose paragraphs
-(:func:`prose_paragraphs`), and each run of ``#`` lines that reads as prose is a document of
-its own (:func:`line_comment_blocks`). Parsing runs in worker processes, in order, so the
-output depends only on the packages' versions.
+(:func:`prose_paragraphs`), and each run of ``#`` lines that reads as prose is kept too
+(:func:`line_comment_blocks`). A file's pieces, in source order, make one document
+(:func:`_file_pieces`). Parsing runs in worker processes, in order, so the output depends
+only on the packages' versions.
 """
 
 from __future__ import annotations
@@ -124,8 +125,13 @@ def _is_doc_call(node: ast.AST) -> bool:
 
 def source_docstrings(source: str, *, min_words: int = 8) -> list[str]:
     """Docstrings of one module's source (module, classes, functions) and the string
-    arguments of its documentation calls (:func:`_is_doc_call`), in tree order, with at least
-    ``min_words`` words each; [] for a file that does not parse."""
+    arguments of its documentation calls (:func:`_is_doc_call`), in source order, with at
+    least ``min_words`` words each; [] for a file that does not parse."""
+    return [doc for _, doc in _located_docstrings(source, min_words=min_words)]
+
+
+def _located_docstrings(source: str, *, min_words: int = 8) -> list[tuple[int, str]]:
+    """(line, docstring) of :func:`source_docstrings`, sorted by line."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
@@ -133,11 +139,12 @@ def source_docstrings(source: str, *, min_words: int = 8) -> list[str]:
     docs = []
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            docs.append(ast.get_docstring(node) or "")
+            line = node.body[0].lineno if node.body else getattr(node, "lineno", 0)
+            docs.append((line, ast.get_docstring(node) or ""))
         elif _is_doc_call(node):
-            docs += [inspect.cleandoc(a.value) for a in node.args
+            docs += [(a.lineno, inspect.cleandoc(a.value)) for a in node.args
                      if isinstance(a, ast.Constant) and isinstance(a.value, str)]  # fmt: skip
-    return [d for d in docs if len(d.split()) >= min_words]
+    return sorted((d for d in docs if len(d[1].split()) >= min_words), key=lambda d: d[0])
 
 
 def package_files(name: str) -> tuple[str, list[Path]]:
@@ -162,21 +169,26 @@ def package_files(name: str) -> tuple[str, list[Path]]:
     return dist.version, sorted(paths)
 
 
-def _file_documents(path: Path) -> list[list[str]]:
-    """The documents (lists of sentences, at least two) of one .py file's docstrings."""
+def _file_pieces(path: Path) -> list[list[str]]:
+    """The prose pieces (lists of sentences) of one .py file, in source order: each
+    docstring's prose paragraphs (:func:`prose_paragraphs`) and each prose comment block
+    (:func:`line_comment_blocks`). The corpus joins a file's pieces into one document, so that
+    a document is a module's prose, as an article is on Wikipedia: NSP's true next segment
+    then continues its topic (one docstring each made documents of 3.3 sentences on average,
+    most too short for a 128-token pair)."""
     try:
         source = path.read_text(encoding="utf-8")
     except (UnicodeDecodeError, OSError):
         return []
-    docs = []
-    for docstring in source_docstrings(source):
+    located = []
+    for line, docstring in _located_docstrings(source):
         sentences = [s for p in prose_paragraphs(docstring) for s in split_sentences(p)]
-        if len(sentences) >= 2:
-            docs.append(sentences)
-    for block in line_comment_blocks(source):
-        if len(sentences := split_sentences(block)) >= 2:
-            docs.append(sentences)
-    return docs
+        if sentences:
+            located.append((line, sentences))
+    for line, block in _located_comment_blocks(source):
+        if sentences := split_sentences(block):
+            located.append((line, sentences))
+    return [sentences for _, sentences in sorted(located, key=lambda piece: piece[0])]
 
 
 def line_comment_blocks(source: str, *, min_words: int = 12, min_prose: float = 0.7) -> list[str]:
@@ -184,16 +196,25 @@ def line_comment_blocks(source: str, *, min_words: int = 12, min_prose: float = 
     runs of lines that start with ``#`` (a ``#`` line inside a string literal counts too,
     which the prose test mostly drops). ``"# Walk the tree.\\n# Then return.\\nx = 1"``
     with ``min_words=4`` -> ``["Walk the tree. Then return."]``."""
-    blocks, block = [], []
-    for line in [*source.splitlines(), ""]:
+    return [text for _, text in _located_comment_blocks(source, min_words=min_words,
+                                                        min_prose=min_prose)]  # fmt: skip
+
+
+def _located_comment_blocks(
+    source: str, *, min_words: int = 12, min_prose: float = 0.7
+) -> list[tuple[int, str]]:
+    """(first line, text) of :func:`line_comment_blocks`."""
+    blocks, block, start = [], [], 0
+    for number, line in enumerate([*source.splitlines(), ""], start=1):
         text = line.strip()
         if text.startswith("#") and not text.startswith("#!"):
+            start = start if block else number
             block.append(text.lstrip("#").strip())
             continue
         words = " ".join(block).split()
         text = " ".join(words)
         if len(words) >= min_words and is_prose(words, min_prose) and not _LEGAL.search(text):
-            blocks.append(text)
+            blocks.append((start, text))
         block = []
     return blocks
 
@@ -201,7 +222,8 @@ def line_comment_blocks(source: str, *, min_words: int = 12, min_prose: float = 
 def package_documents(
     names: Sequence[str], processes: int | None = None
 ) -> Iterator[tuple[str, str, list[list[str]]]]:
-    """Yields (package, version, documents of one file) for ``names`` in order, files sorted.
+    """Yields (package, version, prose pieces of one file (:func:`_file_pieces`)) for
+    ``names`` in order, files sorted.
 
     Files are parsed by ``processes`` worker processes (default: one per CPU); ``imap``
     keeps the order, so the output does not depend on their number.
@@ -212,6 +234,6 @@ def package_documents(
     found = [(name, *package_files(name)) for name in names]
     jobs = [(name, version, path) for name, version, paths in found for path in paths]
     with multiprocessing.get_context("spawn").Pool(processes or os.cpu_count()) as pool:
-        results = pool.imap(_file_documents, [path for _, _, path in jobs], chunksize=8)
+        results = pool.imap(_file_pieces, [path for _, _, path in jobs], chunksize=8)
         for (name, version, _), docs in zip(jobs, results, strict=True):
             yield name, version, docs

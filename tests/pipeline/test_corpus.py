@@ -98,3 +98,32 @@ def test_templated_api_text_is_dropped_and_prose_kept():
         "Add two arrays element-wise, broadcasting their shapes as numpy does.",
         "The add ufunc is used, so a scalar works as well as an array.",
     ]
+
+
+def test_a_files_prose_is_one_document_in_source_order(tmp_path):
+    """Docstrings and comment blocks of one file come out in the order they are written
+    (ast.walk would give the nested function's docstring after the class's), so one
+    document reads as the module does."""
+    from pipeline.cli.package_docs import _file_pieces
+
+    source = tmp_path / "m.py"
+    source.write_text(
+        '"""Tools for walking a tree of nodes. Each node is visited once."""\n'
+        "# The walk is iterative, so that deep trees do not hit the recursion limit of\n"
+        "# the interpreter when they are walked.\n"
+        "def walk(tree):\n"
+        '    """Yield every node of the tree, parents before their children, in order."""\n'
+        "    def inner(node):\n"
+        '        """Push the children of one node onto the stack, last child first."""\n'
+        "class Tree:\n"
+        '    """A tree of nodes, each with a list of children that may be empty."""\n',
+        encoding="utf-8",
+    )
+    assert _file_pieces(source) == [
+        ["Tools for walking a tree of nodes.", "Each node is visited once."],
+        ["The walk is iterative, so that deep trees do not hit the recursion limit of the "
+         "interpreter when they are walked."],
+        ["Yield every node of the tree, parents before their children, in order."],
+        ["Push the children of one node onto the stack, last child first."],
+        ["A tree of nodes, each with a list of children that may be empty."],
+    ]  # fmt: skip
