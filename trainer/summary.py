@@ -78,7 +78,7 @@ def summary_lines(records: list[dict], second: list[dict] | None = None) -> list
     second_evals = [r for r in second or () if r.get("split") == "eval"]
     if second_evals:
         short += _heldout_lines(second_evals[-1], "second held-out", lines)
-    overfit = overfitting(train, evals)
+    overfit = overfitting(train, evals, second_evals[-1] if second_evals else None)
     if short:
         lines += _plateau_warning(short, evals[-1])
     if overfit:
@@ -113,12 +113,17 @@ def _heldout_lines(e: dict, name: str, lines: list[str]) -> list[tuple[str, floa
     return short
 
 
-def overfitting(train: list[dict], evals: list[dict]) -> list[str]:
+def overfitting(train: list[dict], evals: list[dict], second: dict | None = None) -> list[str]:
     """What says the model memorises its training rows instead of generalizing, one line
     each ([] for none): a held-out loss (MLM, NSP) that ends more than ``LOSS_RISE`` above
     its minimum over the evaluations, or a training accuracy more than ``ACCURACY_GAP`` above
     the held-out one at the last evaluation (training accuracy: the mean of the training
     records of the last ``GAP_WINDOW`` logs up to that step).
+
+    With a second held-out set (``second``: its last evaluation, at the same step), the gap
+    is taken to the held-out set nearer the training accuracy: memorising shows on every
+    unseen set, while a set from one source of a mixed corpus (the stdlib's docstrings in a
+    corpus mostly of the packages' prose) sits lower on that one alone.
 
     Example: held-out NSP losses 0.47 (step 4500), 0.70 (step 6000) ->
     ``["held-out NSP loss rose from its minimum 0.470 (step 4500) to 0.700 at step 6000
@@ -134,15 +139,15 @@ def overfitting(train: list[dict], evals: list[dict]) -> list[str]:
         if last - best > LOSS_RISE:
             found.append(f"held-out {task} loss rose from its minimum {best:.3f} (step "
                          f"{best_step}) to {last:.3f} at step {last_step} ({last - best:+.3f})")  # fmt: skip
-    e = evals[-1]
-    window = [r for r in train if r["step"] <= e["step"]][-GAP_WINDOW:]
+    window = [r for r in train if r["step"] <= evals[-1]["step"]][-GAP_WINDOW:]
     for task, key, _, _ in TASKS:
         values = [r[key] for r in window if r.get(key) is not None]
-        if values and e.get(key) is not None:
-            gap = sum(values) / len(values) - e[key]
-            if gap > ACCURACY_GAP:
-                found.append(f"{task} accuracy {gap:.3f} higher on training rows "
-                             f"({sum(values) / len(values):.3f}) than held out ({e[key]:.3f})")  # fmt: skip
+        held = [e[key] for e in (evals[-1], second) if e is not None and e.get(key) is not None]
+        if values and held:
+            trained, nearest = sum(values) / len(values), max(held)
+            if trained - nearest > ACCURACY_GAP:
+                found.append(f"{task} accuracy {trained - nearest:.3f} higher on training rows "
+                             f"({trained:.3f}) than held out ({nearest:.3f})")  # fmt: skip
     return found
 
 

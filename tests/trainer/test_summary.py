@@ -119,6 +119,20 @@ def test_a_wide_train_held_out_accuracy_gap_is_called_overfitting():
     assert found == ["NSP accuracy 0.180 higher on training rows (0.980) than held out (0.800)"]
 
 
+def test_a_gap_on_one_of_two_held_out_sets_is_a_domain_shift_not_memorising():
+    """Training NSP 0.90: 0.20 above the first held-out set (0.70, another source than most
+    of the corpus) but 0.04 above the second (0.86, a slice of the corpus itself)."""
+    train = [{**r, "nsp_accuracy": 0.90} for r in TRAIN]
+    evals = losses([5.0, 4.9], [0.5, 0.45], nsp_accuracy=0.70)
+    assert overfitting(train, evals) == [
+        "NSP accuracy 0.200 higher on training rows (0.900) than held out (0.700)"
+    ]
+    assert overfitting(train, evals, {**evals[-1], "nsp_accuracy": 0.86}) == []
+    assert overfitting(train, evals, {**evals[-1], "nsp_accuracy": 0.78}) == [
+        "NSP accuracy 0.120 higher on training rows (0.900) than held out (0.780)"
+    ]  # both sets far below training: memorising
+
+
 def test_the_corpus_and_a_second_held_out_set_are_printed(tmp_path, capsys):
     (tmp_path / "train").mkdir()
     (tmp_path / "eval2").mkdir()
