@@ -15,12 +15,13 @@
 #                CORPUS_PACKAGES: 1% of the packages' documents, packages-heldout.txt)
 #   CORPUS_SOURCES  stdlib parts of the default corpus (default: "docstrings reference",
 #                1.8 MB; also "test-docstrings comments": 2.7 MB)
-#   CORPUS_PACKAGES packages whose docs join it (default: "", the stdlib alone; "default":
-#                pipeline/cli/package_docs.py's PACKAGES, 15.7 MB more, with a second
-#                held-out set; measured once, quiet, with DUPE_FACTOR=2 TRAIN_MINUTES=8: held-out
-#                MLM 0.240 and NSP +0.021 on the stdlib set, below the stdlib-only default)
+#   CORPUS_PACKAGES packages whose prose joins it, a .py file's docstrings and comments one
+#                document (default: "default", pipeline/cli/package_docs.py's PACKAGES, 21.6 MB,
+#                with a second held-out set; "": the stdlib alone, 1.8 MB, which the model
+#                memorises within the budget: use DUPE_FACTOR=5 there)
 #   VOCAB_SIZE   learned WordPiece vocab size          (default: 8000)
-#   DUPE_FACTOR  masking passes over the data          (default: 5)
+#   DUPE_FACTOR  masking passes over the data          (default: 2: the budget sees each row
+#                of the default corpus about once)
 #   MAX_SEQ      max_seq_length                        (default: 128)
 #   WORKERS      Beam DirectRunner worker processes    (default: 2)
 #   BEAM_ARGS    extra Beam options, e.g. "--runner=DataflowRunner --project=..."
@@ -54,7 +55,7 @@ export SETUP_LOG="$logs/setup.log"
 . "$root/scripts/stage.sh"
 
 vocab_size="${VOCAB_SIZE:-8000}"
-dupe="${DUPE_FACTOR:-5}"
+dupe="${DUPE_FACTOR:-2}"
 max_seq="${MAX_SEQ:-128}"
 workers="${WORKERS:-2}"
 read -r -a beam_args <<< "${BEAM_ARGS:-}"
@@ -62,7 +63,7 @@ runner=(--direct_num_workers="$workers" --direct_running_mode=multi_processing "
 start=$(date +%s)
 
 heldout="${HELDOUT:-}" heldout2="${HELDOUT2-}"
-packages="${CORPUS_PACKAGES-}"
+packages="${CORPUS_PACKAGES-default}"
 if [ -z "${CORPUS:-}" ]; then
   heldout="${HELDOUT:-$run/corpus/stdlib-docs-009.txt}"
   [ -n "$packages" ] && heldout2="${HELDOUT2-$run/corpus/packages-heldout.txt}"

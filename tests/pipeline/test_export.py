@@ -281,7 +281,7 @@ def test_the_main_jobs_build_exports_on_its_runner(tmp_path):
     corpus = make_corpus(tmp_path / "corpus", n_docs=60)
     built = tmp_path / "shards"
     assert main(["build", "--input", corpus, "--output", str(built), "--overwrite",
-                 "--vocab_size", "8000", "--dupe_factor", "5", "--max_seq_length", "128",
+                 "--vocab_size", "8000", "--dupe_factor", "2", "--max_seq_length", "128",
                  *runner]) == 0  # fmt: skip
     seq, pred = 128, json.loads((built / "manifest.json").read_text())["params"][
         "max_predictions_per_seq"]  # fmt: skip
