@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 
 from pipeline.core.rows import RowBlock, take_ragged
 
@@ -75,3 +76,18 @@ def test_pickle_round_trip_is_exact_and_compact():
             assert np.array_equal(getattr(copy, name), array), name
     raw = sum(array.nbytes for array in vars(big).values())
     assert len(pickle.dumps(big)) < 0.8 * raw  # compressed ids, uint16 lengths for offsets
+
+
+def test_a_blocks_size_counts_its_arrays_for_dask():
+    """Dask sizes a task's result with ``dask.sizeof``, which falls back to sys.getsizeof
+    for an object: without ``__sizeof__`` a block of megabytes counted as 56 bytes, so the
+    rows a worker held were memory it could not spill."""
+    import sys
+
+    sizeof = pytest.importorskip("dask.sizeof").sizeof
+    rng = np.random.default_rng(0)
+    big = block(rng.integers(0, 2**63, 5_000), rng.integers(5, 129, 5_000).tolist())
+    assert big.nbytes > 1_000_000
+    assert sys.getsizeof(big) >= big.nbytes
+    assert big.nbytes <= sizeof(big) < big.nbytes + 1_000
+    assert sizeof([(7, big), (8, big)]) >= 2 * big.nbytes  # as a Dask partition holds blocks
