@@ -56,7 +56,7 @@ from pipeline.beam.document_steps import (
     learn_vocab,
     split_skips,
 )
-from pipeline.beam.instance_steps import MakeInstances, SummariseBuckets, split_into_buckets
+from pipeline.beam.instance_steps import AssignBuckets, MakeInstances, SummariseBuckets
 from pipeline.beam.shard_steps import (
     JoinParts,
     WriteShard,
@@ -437,8 +437,8 @@ class MakeRows(beam.PTransform):
             | "DocumentsPerBatch" >> beam.Map(lambda batch: len(batch.doc_ids))
             | "CountDocuments" >> beam.CombineGlobally(sum)
         )
-        buckets = tokenized | "AssignBuckets" >> beam.FlatMap(
-            split_into_buckets, beam.pvalue.AsSingleton(num_docs), config
+        buckets = tokenized | "AssignBuckets" >> beam.ParDo(
+            AssignBuckets(config), beam.pvalue.AsSingleton(num_docs)
         )
         bucket_sizes = (
             buckets

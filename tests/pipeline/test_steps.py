@@ -25,7 +25,7 @@ from pipeline.beam.document_steps import (
     file_notes,
     split_skips,
 )
-from pipeline.beam.instance_steps import MakeInstances, split_into_buckets
+from pipeline.beam.instance_steps import AssignBuckets, MakeInstances, split_into_buckets
 from pipeline.beam.shard_steps import (
     JoinParts,
     SpoolRef,
@@ -287,3 +287,32 @@ def test_batches_cross_a_shuffle_compactly_and_unchanged(joins):
     for name in ("ids", "lengths", "counts") + (("joins",) if joins else ()):
         got, want = getattr(back, name), getattr(tokenized, name)
         assert got.dtype == want.dtype and (got == want).all(), name
+
+
+def test_a_bundles_batches_are_bucketed_together(tmp_path, monkeypatch):
+    """Six batches of one bundle give one element per bucket, not one per batch and
+    bucket (about one per document on a large corpus), with the same documents in each
+    bucket as batch by batch; past HELD_BYTES the held batches are split early."""
+    cfg = config(tmp_path, bucket_size=3)
+    batch = tokenized_bucket(n_docs=60)
+    batches = [batch.take(np.arange(i, i + 10)) for i in range(0, 60, 10)]
+
+    def bucketed(elements):
+        found: dict[int, list[str]] = {}
+        for bucket, part in elements:
+            found.setdefault(bucket, []).extend(part.doc_ids)
+        return {bucket: sorted(ids) for bucket, ids in found.items()}
+
+    one_by_one = [kv for b in batches for kv in split_into_buckets(b, 60, cfg)]
+    assign = AssignBuckets(cfg)
+    assign.start_bundle()
+    held = [kv for b in batches for kv in assign.process(b, 60)]
+    together = [wv.value for wv in assign.finish_bundle()]
+    assert held == []  # all held to the bundle's end
+    assert len(together) == len({bucket for bucket, _ in together}) < len(one_by_one)
+    assert bucketed(together) == bucketed(one_by_one)
+
+    monkeypatch.setattr(AssignBuckets, "HELD_BYTES", 1)  # split after every batch
+    assign.start_bundle()
+    early = [kv for b in batches for kv in assign.process(b, 60)]
+    assert list(assign.finish_bundle()) == [] and bucketed(early) == bucketed(one_by_one)
