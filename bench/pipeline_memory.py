@@ -11,7 +11,7 @@ Each build is ``python -m pipeline build --vocab_file ... --dupe_factor 5`` on
   every PCollection between stages) and its two SDK worker processes;
 - ``dask``: a fresh Dask cluster started with the ``dask`` CLI (``tests/dask_cluster.py``:
   a scheduler and two ``dask worker --nworkers 1 --nthreads 1`` processes) and the
-  build submitted to it (one partition per input range, the build's default; or
+  build submitted to it (partitions of ~8 MB of input, at most one per range: the build's default; or
   ``--dask_npartitions files``: one per input file): the client, the scheduler, each
   worker (and its nanny).
 
@@ -143,7 +143,7 @@ def main(argv=None) -> int:
     p.add_argument("--work", default=None, help="keep corpora and outputs here (reused)")
     p.add_argument("--timeline", default=None, help="write every sample to DIR/*.csv")
     p.add_argument("--dask_npartitions", choices=("auto", "files"), default="auto",
-                   help="auto: the build's default (one partition per input range); files: "
+                   help="auto: the build's default (~8 MB of input each, at most one per range); files: "
                    "one per input file")  # fmt: skip
     p.add_argument("--learn_vocab", action="store_true",
                    help="learn a 30522-token vocab in the build (no --vocab_file)")  # fmt: skip

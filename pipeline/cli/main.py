@@ -115,8 +115,8 @@ def _build(argv: Sequence[str], log_file: str | None, verbose: bool,
         beam_args = check_beam_options(beam_args)
         plan = build.make_plan(config)
         runner = runner_of(beam_args)
-        # One input range per Dask partition (pipeline/beam/sizing.py).
-        beam_args += sizing.dask_partitions(beam_args, runner, len(plan.ranges))
+        # Dask partitions of ~8 MB of input, at most one per range (pipeline/beam/sizing.py).
+        beam_args += sizing.dask_partitions(beam_args, runner, len(plan.ranges), sum(plan.sizes))
         if not dry_run:  # the local runner's memory, before anything is written
             workers = local_worker_processes(beam_args)
             files = list(zip(plan.files, plan.sizes, strict=True))

@@ -739,11 +739,14 @@ def test_the_memory_check_refuses_a_local_build_that_would_not_fit(corpus, tmp_p
                                      "DataflowRunner", 2, 10**9) is None  # fmt: skip
 
 
-def test_a_dask_build_gets_one_partition_per_input_range():
+def test_a_dask_build_gets_partitions_of_8_mb_at_most_one_per_input_range():
     from pipeline.beam.sizing import dask_partitions
 
     dask = "apache_beam.runners.dask.dask_runner.DaskRunner"
-    assert dask_partitions([], dask, 192) == ["--dask_npartitions=192"]
+    assert dask_partitions([], dask, 192) == ["--dask_npartitions=192"]  # size unknown
+    assert dask_partitions([], dask, 480, 500 * 10**6) == ["--dask_npartitions=60"]
+    assert dask_partitions([], dask, 1024, 20 * 10**9) == ["--dask_npartitions=1024"]
+    assert dask_partitions([], dask, 3, 1000) == ["--dask_npartitions=1"]
     assert dask_partitions(["--dask_partition_size=4"], dask, 192) == []
     assert dask_partitions(["--dask_npartitions=8"], dask, 192) == []
     assert dask_partitions([], None, 192) == [] == dask_partitions([], "DataflowRunner", 5)
