@@ -12,7 +12,8 @@
 #   HELDOUT      held-out input files/globs (default: the stdlib's stdlib-docs-009.txt, 10%
 #                of its part, evaluated during training)
 #   HELDOUT2     a second held-out set, evaluated after training (default with
-#                CORPUS_PACKAGES: 1% of the packages' documents, packages-heldout.txt)
+#                CORPUS_PACKAGES: 1% of the packages' documents, packages-heldout.txt;
+#                "" for none)
 #   CORPUS_SOURCES  stdlib parts of the default corpus (default: "docstrings reference",
 #                1.8 MB; also "test-docstrings comments": 2.7 MB)
 #   CORPUS_PACKAGES packages whose prose joins it, a .py file's docstrings and comments one

@@ -105,7 +105,7 @@ def _run_bundle(items, invoker_args, invoker_kwargs, receivers, views, *side_val
     invoker.invoke_finish_bundle()
     invoker.invoke_teardown()
     results = [v.value for v in receivers.values]
-    del invoker, items
+    del invoker  # the DoFn and what it built, freed before the trim
     trim_memory()
     return results
 

@@ -123,15 +123,10 @@ def _is_doc_call(node: ast.AST) -> bool:
     return "doc" in name.lower()
 
 
-def source_docstrings(source: str, *, min_words: int = 8) -> list[str]:
-    """Docstrings of one module's source (module, classes, functions) and the string
-    arguments of its documentation calls (:func:`_is_doc_call`), in source order, with at
-    least ``min_words`` words each; [] for a file that does not parse."""
-    return [doc for _, doc in _located_docstrings(source, min_words=min_words)]
-
-
-def _located_docstrings(source: str, *, min_words: int = 8) -> list[tuple[int, str]]:
-    """(line, docstring) of :func:`source_docstrings`, sorted by line."""
+def source_docstrings(source: str, *, min_words: int = 8) -> list[tuple[int, str]]:
+    """(line, docstring) of one module's source (module, classes, functions) and of the
+    string arguments of its documentation calls (:func:`_is_doc_call`), sorted by line,
+    with at least ``min_words`` words each; [] for a file that does not parse."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
@@ -181,29 +176,24 @@ def _file_pieces(path: Path) -> list[list[str]]:
     except (UnicodeDecodeError, OSError):
         return []
     located = []
-    for line, docstring in _located_docstrings(source):
+    for line, docstring in source_docstrings(source):
         sentences = [s for p in prose_paragraphs(docstring) for s in split_sentences(p)]
         if sentences:
             located.append((line, sentences))
-    for line, block in _located_comment_blocks(source):
+    for line, block in line_comment_blocks(source):
         if sentences := split_sentences(block):
             located.append((line, sentences))
     return [sentences for _, sentences in sorted(located, key=lambda piece: piece[0])]
 
 
-def line_comment_blocks(source: str, *, min_words: int = 12, min_prose: float = 0.7) -> list[str]:
-    """:func:`comment_blocks` read line by line, about 20 times faster than ``tokenize``:
-    runs of lines that start with ``#`` (a ``#`` line inside a string literal counts too,
-    which the prose test mostly drops). ``"# Walk the tree.\\n# Then return.\\nx = 1"``
-    with ``min_words=4`` -> ``["Walk the tree. Then return."]``."""
-    return [text for _, text in _located_comment_blocks(source, min_words=min_words,
-                                                        min_prose=min_prose)]  # fmt: skip
-
-
-def _located_comment_blocks(
+def line_comment_blocks(
     source: str, *, min_words: int = 12, min_prose: float = 0.7
 ) -> list[tuple[int, str]]:
-    """(first line, text) of :func:`line_comment_blocks`."""
+    """(first line, text) of the prose comment blocks of ``source``: :func:`comment_blocks`
+    read line by line, about 20 times faster than ``tokenize``: runs of lines that start
+    with ``#`` (a ``#`` line inside a string literal counts too, which the prose test mostly
+    drops). ``"# Walk the tree.\\n# Then return.\\nx = 1"`` with ``min_words=4`` ->
+    ``[(1, "Walk the tree. Then return.")]``."""
     blocks, block, start = [], [], 0
     for number, line in enumerate([*source.splitlines(), ""], start=1):
         text = line.strip()
