@@ -8,8 +8,8 @@ Stages (labels as in the Beam graph; each a PTransform of the steps in brackets)
 
     ReadCorpus [ListRanges -> ReadDocuments (-> SumPerFile -> FileNotes)]
       -> LearnVocabulary [CountWords -> LearnVocab] (or VocabFromFile), WriteVocab
-      -> MakeRows [Tokenize -> AssignBuckets -> GroupBuckets
-                   -> MakeInstances (NSP + masking, rows keyed by shard)]
+      -> MakeRows [Tokenize -> AssignBuckets (bucket groups) -> GroupBuckets
+                   -> MakeInstances (per bucket: NSP + masking, rows keyed by shard)]
       -> WriteShards [GroupShards -> WriteGroups
                       (-> GroupParts -> JoinParts: shards in key-range parts) -> CollectShards]
       -> WriteManifest (empty shards, then the manifest, last)
@@ -46,6 +46,7 @@ from pipeline.beam.config import (
     resolve_row_spool,
 )
 from pipeline.beam.document_steps import (
+    BucketSize,
     CountWords,
     FileDocuments,
     ReadDocuments,
@@ -437,27 +438,36 @@ class MakeRows(beam.PTransform):
             | "DocumentsPerBatch" >> beam.Map(lambda batch: len(batch.doc_ids))
             | "CountDocuments" >> beam.CombineGlobally(sum)
         )
-        buckets = tokenized | "AssignBuckets" >> beam.ParDo(
-            AssignBuckets(config), beam.pvalue.AsSingleton(num_docs)
+        num_tokens = (
+            tokenized
+            | "TokensPerBatch" >> beam.Map(lambda batch: len(batch.ids))
+            | "CountTokens" >> beam.CombineGlobally(sum)
         )
-        bucket_sizes = (
-            buckets
-            | "DocumentsPerBucket" >> beam.Map(lambda kv: (kv[0], len(kv[1].doc_ids)))
-            | "SumPerBucket" >> beam.CombinePerKey(sum)
-            | "BucketSizes" >> beam.Values()
-            | "SummariseBuckets" >> beam.CombineGlobally(SummariseBuckets())
+        groups = tokenized | "AssignBuckets" >> beam.ParDo(
+            AssignBuckets(config), beam.pvalue.AsSingleton(num_docs), beam.pvalue.AsSingleton(num_tokens)
         )
         runner = documents.pipeline.options.view_as(StandardOptions).runner
         spool = config.output if resolve_row_spool(config.row_spool, runner) else None
         make = MakeInstances(config, self._num_shards, spool=spool)
-        rows, copies = split_skips(
-            buckets
+        made = (
+            groups
             | "GroupBuckets" >> beam.GroupByKey()
-            | "MakeInstances" >> beam.ParDo(make, vocab=self._vocab),
-            "Made",
+            | "MakeInstances"
+            >> beam.ParDo(make, vocab=self._vocab, num_docs=beam.pvalue.AsSingleton(num_docs))
         )
+        bucket_sizes = (
+            made
+            | "BucketSizes" >> beam.FlatMap(bucket_size)
+            | "SummariseBuckets" >> beam.CombineGlobally(SummariseBuckets())
+        )
+        rows, copies = split_skips(made, "Made")
         skipped = (skipped, copies) | "MakeRowsCounts" >> beam.Flatten()
         return Rows(rows, skipped, num_docs, bucket_sizes)
+
+
+def bucket_size(x) -> list[int]:
+    """A BucketSize's documents, for ``stats.buckets``; nothing for anything else."""
+    return [x.documents] if isinstance(x, BucketSize) else []
 
 
 class WriteShards(beam.PTransform):

@@ -153,6 +153,12 @@ class Noted(NamedTuple):
     count: int
 
 
+class BucketSize(NamedTuple):
+    """How many documents one bucket holds (MakeInstances): the manifest's ``stats.buckets``."""
+
+    documents: int
+
+
 # A sentence (txt: a line) this long is kept, and counted as ``long_sentences``.
 LONG_SENTENCE_CHARS = 1_000_000
 
@@ -178,7 +184,7 @@ def count_pair(x) -> list:
 
 def is_record(x) -> bool:
     """Not a count: what a step passes on (split_skips and ReadCorpus filter on it)."""
-    return not isinstance(x, (Skipped, Noted, FileDocuments))
+    return not isinstance(x, (Skipped, Noted, BucketSize, FileDocuments))
 
 
 def noted(kind: str, count: int) -> list[Noted]:

@@ -1,8 +1,9 @@
 """Beam steps that group documents into buckets and make masked NSP rows from them.
 
-A document's bucket is a seeded hash of its id; each bucket's documents are
-planned with Google's NSP algorithm (``pipeline/core/nsp.py``), gathered and masked
-in a few vectorised calls, and sent on grouped by where they will be written.
+A document's bucket is a seeded hash of its id; buckets cross the shuffle in groups of
+about ``GROUP_BYTES`` of token ids; each bucket's documents are planned with Google's
+NSP algorithm (``pipeline/core/nsp.py``), gathered and masked in a few vectorised calls,
+and sent on grouped by where they will be written.
 Part of ``python -m pipeline build`` (see ``pipeline/beam/build.py``).
 """
 
@@ -18,7 +19,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindows
 
 from pipeline.beam.config import BuildConfig
-from pipeline.beam.document_steps import NAMESPACE, TokenizedBatch, noted
+from pipeline.beam.document_steps import NAMESPACE, BucketSize, TokenizedBatch, noted
 from pipeline.beam.shard_steps import RowSpool, write_group
 from pipeline.core.masking import MaskingConfig, MaskingVocab, mask_flat
 from pipeline.core.nsp import (
@@ -48,17 +49,57 @@ def num_buckets(num_docs: int, bucket_size: int) -> int:
 
 
 def split_into_buckets(batch: TokenizedBatch, num_docs: int, config: BuildConfig):
-    """TokenizedBatch -> (bucket, TokenizedBatch) per bucket its documents fall in.
+    """TokenizedBatch -> (bucket, TokenizedBatch) per bucket its documents fall in,
+    in bucket order.
 
     A document's bucket is a seeded hash of its id, so it is the same on every runner.
     """
     count = num_buckets(num_docs, config.bucket_size)
+    yield from _split_by(batch, _buckets_of(batch, count, config))
+
+
+def _buckets_of(batch: TokenizedBatch, count: int, config: BuildConfig) -> np.ndarray:
     hashes = derive_seeds((config.random_seed, "bucket"), batch.doc_ids)
-    buckets = np.array(hashes, dtype=np.uint64) % np.uint64(count)
-    order = np.argsort(buckets, kind="stable")
-    present, starts = np.unique(buckets[order], return_index=True)
-    for bucket, part in zip(present.tolist(), np.split(order, starts[1:]), strict=True):
-        yield bucket, batch.take(part)
+    return np.array(hashes, dtype=np.uint64) % np.uint64(count)
+
+
+def _split_by(batch: TokenizedBatch, labels: np.ndarray):
+    order = np.argsort(labels, kind="stable")
+    present, starts = np.unique(labels[order], return_index=True)
+    for label, part in zip(present.tolist(), np.split(order, starts[1:]), strict=True):
+        yield label, batch.take(part)
+
+
+# The bucketing shuffle carries one element per key and AssignBuckets bundle. Keyed by
+# bucket, its elements grew with the corpus's square, since buckets and bundles both
+# grow with it: ~240,000 at 1 GB on Dask (120 partitions x ~2,000 buckets), held as
+# ~1 KB of Python objects each. Keyed by a group of buckets holding about GROUP_BYTES of
+# token ids, there are ~60 groups a GB of ids; MakeInstances holds one group at a time.
+GROUP_BYTES = 8 << 20
+# At least this many groups (or one per bucket, if fewer), so that MakeInstances spreads
+# over a local runner's workers on a small corpus.
+MIN_GROUPS = 32
+
+
+def num_groups(num_docs: int, num_tokens: int, itemsize: int, config: BuildConfig) -> int:
+    """How many bucket groups: about GROUP_BYTES of token ids each, at least MIN_GROUPS,
+    at most one per bucket."""
+    buckets = num_buckets(num_docs, config.bucket_size)
+    by_bytes = math.ceil(num_tokens * itemsize / GROUP_BYTES)
+    return max(1, min(buckets, max(MIN_GROUPS, by_bytes)))
+
+
+def split_into_groups(batch: TokenizedBatch, num_docs: int, num_tokens: int,
+                      config: BuildConfig):  # fmt: skip
+    """TokenizedBatch -> (group, TokenizedBatch) per bucket group its documents fall in.
+
+    Group g holds buckets ``[g * B / G, (g + 1) * B / G)`` of B buckets in G groups, so
+    each bucket is whole in one group, which MakeInstances splits into its buckets.
+    """
+    buckets = num_buckets(num_docs, config.bucket_size)
+    groups = num_groups(num_docs, num_tokens, batch.ids.itemsize, config)
+    labels = _buckets_of(batch, buckets, config) * np.uint64(groups) // np.uint64(buckets)
+    yield from _split_by(batch, labels)
 
 
 class SummariseBuckets(beam.CombineFn):
@@ -94,15 +135,15 @@ def by_write_group(rows: RowBlock, num_shards: int) -> Iterator[tuple[int, RowBl
 
 
 class AssignBuckets(beam.DoFn):
-    """TokenizedBatch -> (bucket, TokenizedBatch), a bundle's batches split together.
+    """TokenizedBatch -> (bucket group, TokenizedBatch), a bundle's batches split together.
 
     Split one by one, a batch of 512 documents lands in up to 512 buckets, so at a
     bucket size of 1,000 a large corpus crossed the bucketing shuffle as about one element
     per document, each a tuple, a windowed value and five arrays: ~1 KB of Python objects
     around ~0.5 KB of token ids. A Dask worker of a 500 MB build held 600,000 of them.
     Held here until ``HELD_BYTES`` of token ids or the bundle's end, a bundle's batches
-    give one element per bucket. The bytes do not change: MakeInstances orders a bucket's
-    documents by id.
+    give one element per bucket group (:func:`split_into_groups`). The bytes do not
+    change: MakeInstances orders a bucket's documents by id.
     """
 
     HELD_BYTES = 32 << 20  # token ids (and their lengths) held before a split
@@ -111,13 +152,13 @@ class AssignBuckets(beam.DoFn):
         self._config = config
         self._held: list[TokenizedBatch] = []
         self._held_bytes = 0
-        self._num_docs = 0
+        self._num_docs = self._num_tokens = 0
 
     def start_bundle(self) -> None:
         self._held, self._held_bytes = [], 0
 
-    def process(self, batch: TokenizedBatch, num_docs: int) -> Iterator:
-        self._num_docs = num_docs
+    def process(self, batch: TokenizedBatch, num_docs: int, num_tokens: int) -> Iterator:
+        self._num_docs, self._num_tokens = num_docs, num_tokens
         self._held.append(batch)
         self._held_bytes += batch.ids.nbytes + batch.lengths.nbytes + batch.counts.nbytes
         if self._held_bytes >= self.HELD_BYTES:
@@ -132,20 +173,20 @@ class AssignBuckets(beam.DoFn):
             return
         batch = TokenizedBatch.concat(self._held)
         self._held, self._held_bytes = [], 0
-        yield from split_into_buckets(batch, self._num_docs, self._config)
+        yield from split_into_groups(batch, self._num_docs, self._num_tokens, self._config)
 
 
 class MakeInstances(beam.DoFn):
-    """(bucket, TokenizedBatches) -> (write group, RowBlock bytes): Google's NSP pairs,
-    then static masks.
+    """(bucket group, TokenizedBatches) -> (write group, RowBlock bytes): Google's NSP
+    pairs, then static masks; and a :class:`BucketSize` per bucket.
 
-    Documents meet the others of their bucket in id order. Each document's NSP
+    A group is split into its buckets, made one after the other. Documents meet the others of their bucket in id order. Each document's NSP
     rng is seeded from (seed, doc id, dupe pass); each row gets a 64-bit key from
     (seed, doc id, dupe pass, index) that places it in a shard and seeds its
     masks. Instances are planned on segment lengths, then a whole dupe pass of the
     bucket is assembled and masked in a few vectorised calls.
 
-    Memory: one pass's working arrays, plus the rows made and not yet sent, which are
+    Memory: one group's token ids, one pass's working arrays, plus the rows made and not yet sent, which are
     sent (grouped by write group) whenever they reach ``PENDING_ROW_BYTES``, and at the
     end of the bucket; so the dupe factor multiplies the work, never the memory. With a
     ``spool`` (:class:`RowSpool`), the rows go to a file of the bundle and only
@@ -166,6 +207,8 @@ class MakeInstances(beam.DoFn):
         )
         self._vocab = None
         self._spool: RowSpool | None = None
+        self._pending: dict[int, list[RowBlock]] = {}  # write group -> rows not yet sent
+        self._pending_bytes = 0
         self._instances = Metrics.counter(NAMESPACE, "instances")
 
     def start_bundle(self) -> None:
@@ -177,12 +220,21 @@ class MakeInstances(beam.DoFn):
                 yield GlobalWindows.windowed_value(element)
             self._spool = None
 
-    def process(self, element, vocab: list[str]) -> Iterator:
+    def process(self, element, vocab: list[str], num_docs: int) -> Iterator:
         _, batches = element
         if self._vocab is None:
             self._vocab = MaskingVocab.from_tokens(vocab)
             self._special = SpecialIds(self._vocab.cls_id, self._vocab.sep_id)
-        bucket = TokenizedBatch.concat(list(batches))
+        group = TokenizedBatch.concat(list(batches))
+        del batches
+        self._pending, self._pending_bytes = {}, 0
+        for _, bucket in split_into_buckets(group, num_docs, self._config):
+            yield BucketSize(len(bucket.doc_ids))
+            yield from self._bucket(bucket)
+        yield from self._send(self._pending)
+        self._pending = {}
+
+    def _bucket(self, bucket: TokenizedBatch) -> Iterator:
         order = sorted(range(len(bucket.doc_ids)), key=bucket.doc_ids.__getitem__)
         bucket = bucket.take(np.array(order, dtype=np.int64))
         # Copies of a document share its content id, and its bucket: number them here.
@@ -194,8 +246,6 @@ class MakeInstances(beam.DoFn):
         # Grid row i, column d == derive_seed(*prefix, doc_ids[i], d).
         nsp_seeds = derive_seed_grid((seed, "nsp"), ids, passes)
         key_bases = derive_seed_grid(("shard_key", seed), ids, passes)
-        pending: dict[int, list[RowBlock]] = {}
-        pending_bytes = 0
         for dupe in passes:
             plans: list[tuple[int, int, int, int, int]] = []
             counts = [
@@ -209,13 +259,12 @@ class MakeInstances(beam.DoFn):
             rows = self._masked_block(bucket, np.array(plans, dtype=np.int64), keys)
             self._instances.inc(len(rows))
             for group, part in by_write_group(rows, self._num_shards):
-                pending.setdefault(group, []).append(part)
-            pending_bytes += rows.nbytes
+                self._pending.setdefault(group, []).append(part)
+            self._pending_bytes += rows.nbytes
             del plans, rows
-            if pending_bytes >= self.PENDING_ROW_BYTES:
-                yield from self._send(pending)
-                pending, pending_bytes = {}, 0
-        yield from self._send(pending)
+            if self._pending_bytes >= self.PENDING_ROW_BYTES:
+                yield from self._send(self._pending)
+                self._pending, self._pending_bytes = {}, 0
 
     def _send(self, pending: dict[int, list[RowBlock]]) -> Iterator:
         """Each write group's rows, as bytes (the runner then groups opaque bytes instead

@@ -23,9 +23,17 @@ from pipeline.beam.document_steps import (
     Tokenize,
     TokenizedBatch,
     file_notes,
+    is_record,
     split_skips,
 )
-from pipeline.beam.instance_steps import AssignBuckets, MakeInstances, split_into_buckets
+from pipeline.beam import instance_steps
+from pipeline.beam.instance_steps import (
+    AssignBuckets,
+    MakeInstances,
+    num_groups,
+    split_into_buckets,
+    split_into_groups,
+)
 from pipeline.beam.shard_steps import (
     JoinParts,
     SpoolRef,
@@ -151,13 +159,20 @@ def tokenized_bucket(n_docs=12, seed=0):
     return TokenizedBatch([f"f.txt:{i}" for i in range(n_docs)], ids, lengths, counts)
 
 
+def made(make: MakeInstances, batches: list[TokenizedBatch]) -> list:
+    """MakeInstances' (write group, rows) elements for one group of ``batches`` (one
+    bucket at the default bucket size), its BucketSize records left out."""
+    num_docs = sum(len(b.doc_ids) for b in batches)
+    return [x for x in make.process((0, batches), VOCAB, num_docs) if is_record(x)]
+
+
 def test_make_instances_rows_are_framed_and_masked(tmp_path):
     cfg = config(tmp_path, max_predictions_per_seq=3)
     make = MakeInstances(cfg, num_shards=2)
     batch = tokenized_bucket()
     halves = [batch.take(np.arange(0, 6)), batch.take(np.arange(6, 12))]
-    out = list(make.process((0, halves[::-1]), VOCAB))  # batch order must not matter
-    assert out == list(make.process((0, halves), VOCAB))
+    out = made(make, halves[::-1])  # batch order must not matter
+    assert out == made(make, halves)
     rows = RowBlock.concat([RowBlock.from_bytes(data) for _, data in out])
     assert len(rows) >= 12 * 2  # every document makes a row in each of the two passes
     starts, ends = rows.row_offsets[:-1], rows.row_offsets[1:]
@@ -173,7 +188,7 @@ def held_rows_peak(make: MakeInstances, bucket: TokenizedBatch) -> int:
     dropped at once (as the runner takes it)."""
     tracemalloc.start()
     try:
-        for _ in make.process((0, [bucket]), VOCAB):
+        for _ in make.process((0, [bucket]), VOCAB, len(bucket.doc_ids)):
             pass
         return tracemalloc.get_traced_memory()[1]
     finally:
@@ -190,19 +205,19 @@ def test_a_bucket_holds_one_pass_of_rows_not_every_dupe_pass(tmp_path, monkeypat
     assert peaks[8] < 2 * peaks[1], peaks
     # The rows are the same however they are sent.
     make = MakeInstances(config(tmp_path, dupe_factor=3), 2)
-    small = RowBlock.concat([RowBlock.from_bytes(b) for _, b in make.process((0, [bucket]), VOCAB)])
+    small = RowBlock.concat([RowBlock.from_bytes(b) for _, b in made(make, [bucket])])
     monkeypatch.setattr(MakeInstances, "PENDING_ROW_BYTES", 1 << 40)
-    whole = RowBlock.concat([RowBlock.from_bytes(b) for _, b in make.process((0, [bucket]), VOCAB)])
+    whole = RowBlock.concat([RowBlock.from_bytes(b) for _, b in made(make, [bucket])])
     assert small.sorted_by_key().to_bytes() == whole.sorted_by_key().to_bytes()
 
 
 def test_a_spool_sends_references_and_the_writer_reads_the_same_rows(tmp_path):
     bucket = tokenized_bucket(n_docs=50, seed=4)
     cfg = config(tmp_path, dupe_factor=2)
-    direct = [(g, b) for g, b in MakeInstances(cfg, 2).process((0, [bucket]), VOCAB)]
+    direct = made(MakeInstances(cfg, 2), [bucket])
     spooled = MakeInstances(cfg, 2, spool=str(tmp_path))
     spooled.start_bundle()
-    assert list(spooled.process((0, [bucket]), VOCAB)) == []  # nothing through the runner yet
+    assert made(spooled, [bucket]) == []  # nothing through the runner yet
     refs = [w.value for w in spooled.finish_bundle()]
     assert {g for g, _ in refs} == {g for g, _ in direct}
     assert all(isinstance(ref, SpoolRef) and len(ref.path) < 200 for _, ref in refs)
@@ -237,13 +252,23 @@ def test_buckets_and_writers_on_a_test_pipeline(tmp_path):
     num_shards = 2  # fewer than 16: each shard is written in parts, then joined
     batch = tokenized_bucket(n_docs=30)
     with beam_pipeline() as p:
-        buckets = p | beam.Create([batch]) | beam.FlatMap(split_into_buckets, 30, cfg)
-        sizes = buckets | beam.Map(lambda kv: len(kv[1].doc_ids)) | beam.CombineGlobally(sum)
+        groups = (
+            p | beam.Create([batch])
+            | beam.FlatMap(split_into_groups, 30, len(batch.ids), cfg)
+        )  # fmt: skip
+        sizes = groups | beam.Map(lambda kv: len(kv[1].doc_ids)) | beam.CombineGlobally(sum)
         assert_that(sizes, equal_to([30]), label="all documents bucketed")
-        entries = (
-            buckets
+        made = (
+            groups
             | "GroupBuckets" >> beam.GroupByKey()
-            | beam.ParDo(MakeInstances(cfg, num_shards), vocab=VOCAB)
+            | beam.ParDo(MakeInstances(cfg, num_shards), vocab=VOCAB, num_docs=30)
+        )
+        bucket_sizes = made | beam.Filter(lambda x: not is_record(x)) | beam.Map(tuple)
+        assert_that(bucket_sizes, equal_to([(n,) for n in bucket_sizes_of(batch, 30, cfg)]),
+                    label="bucket sizes")  # fmt: skip
+        entries = (
+            made
+            | beam.Filter(is_record)
             | "GroupShards" >> beam.GroupByKey()
             | beam.ParDo(WriteShard(cfg, num_shards), vocab=VOCAB)
             | "GroupParts" >> beam.GroupByKey()
@@ -260,6 +285,47 @@ def test_buckets_and_writers_on_a_test_pipeline(tmp_path):
         total += table.num_rows
         assert table.num_rows > 0 and isinstance(table, pa.Table)
     assert total >= 30 * 2
+
+
+def bucket_sizes_of(batch: TokenizedBatch, num_docs: int, cfg: BuildConfig) -> list[int]:
+    return [len(part.doc_ids) for _, part in split_into_buckets(batch, num_docs, cfg)]
+
+
+def test_buckets_cross_the_shuffle_in_groups_and_make_the_same_rows(tmp_path, monkeypatch):
+    """Twenty buckets cross the shuffle as three groups, each bucket whole in one; made
+    group by group, the rows are byte for byte those made bucket by bucket, and each
+    bucket's size is reported once."""
+    monkeypatch.setattr(instance_steps, "MIN_GROUPS", 3)
+    cfg = config(tmp_path, bucket_size=3, dupe_factor=2)
+    batch = tokenized_bucket(n_docs=300, seed=6)
+    buckets = dict(split_into_buckets(batch, 300, cfg))
+    assert len(buckets) == 20 and num_groups(300, len(batch.ids), 2, cfg) == 3
+    groups = dict(split_into_groups(batch, 300, len(batch.ids), cfg))
+    assert sorted(groups) == [0, 1, 2]
+    members = {g: {d for d in part.doc_ids} for g, part in groups.items()}
+    for part in buckets.values():  # each bucket lies whole in one group
+        assert sum(set(part.doc_ids) <= m for m in members.values()) == 1
+
+    def rows(elements) -> bytes:
+        blocks = [RowBlock.from_bytes(data) for _, data in elements]
+        return RowBlock.concat(blocks).sorted_by_key().to_bytes()
+
+    make = MakeInstances(cfg, 2)
+    by_bucket = [x for b in sorted(buckets) for x in make.process((b, [buckets[b]]), VOCAB, 300)]
+    by_group = [x for g in sorted(groups) for x in make.process((g, [groups[g]]), VOCAB, 300)]
+    assert rows(filter(is_record, by_group)) == rows(filter(is_record, by_bucket))
+    sizes = sorted(x.documents for x in by_group if not is_record(x))
+    assert sizes == sorted(len(part.doc_ids) for part in buckets.values())
+
+
+def test_groups_grow_with_the_corpus_buckets_faster(tmp_path):
+    """The shuffle's keys are groups of about GROUP_BYTES of token ids: at 1 GB of uint16
+    ids, ~120 of them where there are ~400,000 buckets of 1,000 documents."""
+    cfg = config(tmp_path, bucket_size=1000)
+    docs, tokens = 500_000_000, 500_000_000  # 1 GB of uint16 ids in 0.5 billion documents
+    assert num_groups(docs, tokens, 2, cfg) == 1_000_000_000 // instance_steps.GROUP_BYTES + 1
+    assert num_groups(1_000, 10**9, 2, cfg) == 1  # never more groups than buckets
+    assert num_groups(10**6, 10**6, 2, cfg) == instance_steps.MIN_GROUPS  # a small corpus
 
 
 @pytest.mark.parametrize("joins", [False, True])
@@ -290,29 +356,30 @@ def test_batches_cross_a_shuffle_compactly_and_unchanged(joins):
 
 
 def test_a_bundles_batches_are_bucketed_together(tmp_path, monkeypatch):
-    """Six batches of one bundle give one element per bucket, not one per batch and
-    bucket (about one per document on a large corpus), with the same documents in each
-    bucket as batch by batch; past HELD_BYTES the held batches are split early."""
+    """Six batches of one bundle give one element per bucket group, not one per batch and
+    group (about one per document on a large corpus), with the same documents in each
+    group as batch by batch; past HELD_BYTES the held batches are split early."""
     cfg = config(tmp_path, bucket_size=3)
     batch = tokenized_bucket(n_docs=60)
     batches = [batch.take(np.arange(i, i + 10)) for i in range(0, 60, 10)]
+    tokens = len(batch.ids)
 
-    def bucketed(elements):
+    def grouped(elements):
         found: dict[int, list[str]] = {}
-        for bucket, part in elements:
-            found.setdefault(bucket, []).extend(part.doc_ids)
-        return {bucket: sorted(ids) for bucket, ids in found.items()}
+        for group, part in elements:
+            found.setdefault(group, []).extend(part.doc_ids)
+        return {group: sorted(ids) for group, ids in found.items()}
 
-    one_by_one = [kv for b in batches for kv in split_into_buckets(b, 60, cfg)]
+    one_by_one = [kv for b in batches for kv in split_into_groups(b, 60, tokens, cfg)]
     assign = AssignBuckets(cfg)
     assign.start_bundle()
-    held = [kv for b in batches for kv in assign.process(b, 60)]
+    held = [kv for b in batches for kv in assign.process(b, 60, tokens)]
     together = [wv.value for wv in assign.finish_bundle()]
     assert held == []  # all held to the bundle's end
-    assert len(together) == len({bucket for bucket, _ in together}) < len(one_by_one)
-    assert bucketed(together) == bucketed(one_by_one)
+    assert len(together) == len({group for group, _ in together}) < len(one_by_one)
+    assert grouped(together) == grouped(one_by_one)
 
     monkeypatch.setattr(AssignBuckets, "HELD_BYTES", 1)  # split after every batch
     assign.start_bundle()
-    early = [kv for b in batches for kv in assign.process(b, 60)]
-    assert list(assign.finish_bundle()) == [] and bucketed(early) == bucketed(one_by_one)
+    early = [kv for b in batches for kv in assign.process(b, 60, tokens)]
+    assert list(assign.finish_bundle()) == [] and grouped(early) == grouped(one_by_one)
