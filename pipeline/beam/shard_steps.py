@@ -111,14 +111,19 @@ class RowSpool:
 
 
 def read_blocks(items: Iterable[bytes | SpoolRef]) -> list[RowBlock]:
-    """A write group's rows: blocks sent as bytes, or read back from spool files (each
-    file opened once, its spans read in file order)."""
+    """A write group's rows: blocks sent as bytes, or read back from spool files."""
+    return [RowBlock.from_bytes(data) for data in block_bytes(items)]
+
+
+def block_bytes(items: Iterable[bytes | SpoolRef]) -> list[bytes]:
+    """A write group's blocks as RowBlock bytes (compressed): sent as bytes, or read back
+    from spool files (each file opened once, its spans read in file order)."""
     blocks, spans = [], defaultdict(list)
     for item in items:
         if isinstance(item, SpoolRef):
             spans[item.path].extend(item.spans)
         else:
-            blocks.append(RowBlock.from_bytes(item))
+            blocks.append(item)
     for path in sorted(spans):
         with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
             for offset, length in sorted(spans[path]):
@@ -126,8 +131,63 @@ def read_blocks(items: Iterable[bytes | SpoolRef]) -> list[RowBlock]:
                 data = f.read(length)
                 if len(data) != length:
                     raise OSError(f"{path}: spool file cut short at {offset + len(data)} bytes")
-                blocks.append(RowBlock.from_bytes(data))
+                blocks.append(data)
     return blocks
+
+
+# A write group is sorted and encoded in key ranges of about this many bytes of rows (as
+# sent, compressed), one range at a time. Sorted and encoded at once, a group held ~5x
+# its rows' bytes: a 2 GiB Dask worker writing shards of ~170 MB was restarted.
+RANGE_BYTES = 16 << 20
+
+
+def key_ranges(blocks: list[bytes], parts: int, part: int) -> Iterator[RowBlock]:
+    """The rows of ``blocks`` (RowBlock bytes of write group part ``part`` of ``parts``)
+    in key order, as consecutive key ranges: the part's span of the keys' top 32 bits cut
+    into ``ceil(bytes / RANGE_BYTES)`` ranges. Each range decodes every block once and keeps
+    its own rows, so one range's rows are held at a time, with one block decoded."""
+    count = max(1, -(-sum(map(len, blocks)) // RANGE_BYTES))
+    for index in range(part * count, (part + 1) * count):
+        taken = []
+        for data in blocks:
+            block = RowBlock.from_bytes(data)
+            fine = ((block.keys >> np.uint64(32)) * np.uint64(parts * count)) >> np.uint64(32)
+            rows = np.flatnonzero(fine == np.uint64(index))
+            if len(rows):
+                taken.append(block if len(rows) == len(block) else block.take(rows))
+            del block
+        if taken:
+            yield RowBlock.concat(taken).sorted_by_key()
+
+
+def encoded_bodies(ranges: Iterable[RowBlock], schema, mask_id: int, max_seq_length: int,
+                   stats: list[dict]) -> Iterator[bytes]:  # fmt: skip
+    """The record-batch messages of rows coming in key order, range after range: the bytes
+    :func:`shard_writer.encode_shard_body` gives for all of them at once. Each range's
+    full record batches are written but for the last ``HELD_ROWS`` or more rows, carried
+    into the next range (so the batches fall where they would, and each message has 64
+    rows after it as it would: see ``encode_shard_body``); the last range writes the rest.
+    Nothing at all gives the one empty batch an empty shard holds. Each written piece's
+    statistics are appended to ``stats``."""
+    batch = shard_format.DEFAULT_BATCH_SIZE
+    carry = RowBlock.empty()
+    for rows in ranges:
+        rows = RowBlock.concat([carry, rows])
+        stop = max(0, len(rows) - HELD_ROWS) // batch * batch
+        if stop:
+            stats.append(block_stats(rows.take(np.arange(stop)), mask_id, max_seq_length))
+            yield shard_writer.encode_shard_body(rows.columns(), schema, stop=stop)
+            carry = rows.take(np.arange(stop, len(rows)))
+        else:
+            carry = rows
+        del rows
+    stats.append(block_stats(carry, mask_id, max_seq_length))
+    yield shard_writer.encode_shard_body(carry.columns(), schema)
+
+
+# Rows held back from a range's written batches (encoded_bodies): pyarrow pads a
+# sliced buffer to 64 bytes, and a row puts at least one byte in every buffer.
+HELD_ROWS = 64
 
 
 class WriteShard(beam.DoFn):
@@ -140,15 +200,23 @@ class WriteShard(beam.DoFn):
         self._parts = parts_per_shard(num_shards)
 
     def process(self, element, vocab: list[str]) -> Iterator:
-        group, blocks = element
-        block = RowBlock.concat(read_blocks(blocks))
-        if self._parts == 1:
-            yield write_shard(group, block, vocab, self._config, self._num_shards)
-            return
+        group, items = element
+        blocks = block_bytes(items)
+        del items
         shard, part = divmod(group, self._parts)
-        path = part_path(self._config.output, shard, part, self._num_shards)
-        _, _, stats = write_sorted(path, block, vocab, self._config, whole=False)
-        yield shard, {"part": part, "path": path, "stats": stats}
+        if self._parts == 1:
+            name = shard_format.shard_name(shard, self._num_shards)
+            path = FileSystems.join(self._config.output, name)
+        else:
+            path = part_path(self._config.output, shard, part, self._num_shards)
+        ranges = key_ranges(blocks, self._parts, part)
+        size, sha256, stats = write_sorted(path, ranges, vocab, self._config,
+                                           whole=self._parts == 1)  # fmt: skip
+        if self._parts == 1:
+            yield {"entry": {"name": name, "rows": stats["rows"], "bytes": size,
+                             "sha256": sha256}, "stats": stats}  # fmt: skip
+        else:
+            yield shard, {"part": part, "path": path, "stats": stats}
 
 
 def part_path(output: str, shard: int, part: int, num_shards: int) -> str:
@@ -202,20 +270,22 @@ def write_shard(shard: int, block: RowBlock, vocab: list[str], config: BuildConf
     """Sort the rows by key, write the shard atomically, return its entry and statistics."""
     name = shard_format.shard_name(shard, num_shards)
     path = FileSystems.join(config.output, name)
-    size, sha256, stats = write_sorted(path, block, vocab, config, whole=True)
+    size, sha256, stats = write_sorted(path, [block.sorted_by_key()], vocab, config, whole=True)
     return {"entry": {"name": name, "rows": len(block), "bytes": size, "sha256": sha256},
             "stats": stats}  # fmt: skip
 
 
-def write_sorted(path: str, block: RowBlock, vocab: list[str], config: BuildConfig, *,
-                 whole: bool) -> tuple[int, str, dict]:  # fmt: skip
-    """Sort the rows by key and write them atomically: a whole shard, or (``whole``
-    False) the body of one part. Returns size, sha256 and the rows' statistics."""
-    block = block.sorted_by_key()
+def write_sorted(path: str, ranges: Iterable[RowBlock], vocab: list[str], config: BuildConfig,
+                 *, whole: bool) -> tuple[int, str, dict]:  # fmt: skip
+    """Write rows coming in key order, range after range (:func:`key_ranges`), atomically:
+    a whole shard, or (``whole`` False) the body of one part. Returns size, sha256 and the
+    rows' statistics."""
     schema = shard_format.shard_schema(len(vocab), config.max_seq_length)
-    encode = shard_writer.encode_shard if whole else shard_writer.encode_shard_body
-    size, sha256 = write_atomic(path, encode(block.columns(), schema))
-    return size, sha256, block_stats(block, vocab.index("[MASK]"), config.max_seq_length)
+    stats: list[dict] = []
+    bodies = encoded_bodies(ranges, schema, vocab.index("[MASK]"), config.max_seq_length, stats)
+    chunks = shard_writer.shard_chunks(bodies, schema) if whole else bodies
+    size, sha256 = write_atomic(path, chunks)
+    return size, sha256, merge_stats(stats)
 
 
 def block_stats(block: RowBlock, mask_id: int, max_seq_length: int) -> dict[str, int | list[int]]:

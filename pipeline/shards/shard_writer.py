@@ -52,7 +52,11 @@ from pipeline.shards.shard_format import (
 
 
 def encode_shard(
-    columns: Mapping[str, Sequence], schema: pa.Schema, *, batch_size: int = DEFAULT_BATCH_SIZE
+    columns: Mapping[str, Sequence],
+    schema: pa.Schema,
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    stop: int | None = None,
 ) -> bytes:
     """Serialise rows to Arrow IPC stream bytes; the same rows give byte-identical bytes.
 
@@ -67,6 +71,10 @@ def encode_shard(
             is element i of each column.
         schema: from shard_schema(); its metadata gives vocab_size and max_seq_length.
         batch_size: rows per record batch (the last one may be shorter).
+        stop: write only the record batches of the first ``stop`` rows (a multiple of
+            ``batch_size``; none when 0), sliced from all the rows: the batches are then
+            byte for byte those of a longer stream, of which these rows are the start, if
+            at least 64 rows follow them (see :func:`encode_shard_body`).
 
     Raises:
         ValueError: a missing/unknown column, rows of different counts or lengths, a value out
@@ -93,7 +101,8 @@ def encode_shard(
     with pa.ipc.new_stream(sink, schema, options=_IPC_OPTIONS) as writer:
         # max(n, 1): an empty shard still gets one empty batch, so every table has a chunk
         # (datasets 5.x, for one, fails to cast a table with zero chunks).
-        for start in range(0, max(rows.num_rows, 1), batch_size):
+        end = max(rows.num_rows, 1) if stop is None else stop
+        for start in range(0, end, batch_size):
             writer.write_batch(rows.slice(start, batch_size))
     return sink.getvalue().to_pybytes()
 
@@ -108,15 +117,25 @@ def stream_header(schema: pa.Schema) -> bytes:
     return data[: -len(_EOS)]
 
 
-def encode_shard_body(columns: Mapping[str, Sequence], schema: pa.Schema) -> bytes:
+def encode_shard_body(
+    columns: Mapping[str, Sequence], schema: pa.Schema, *, stop: int | None = None
+) -> bytes:
     """The record-batch messages of :func:`encode_shard` for these rows, without the
     header and end marker: bodies of consecutive row ranges, joined by
     :func:`join_shard_bodies`, make one valid shard (written in parallel parts).
 
+    With ``stop``, the messages of the first ``stop`` rows only. A message's bytes depend
+    on what follows its rows in the batch it is sliced from: pyarrow writes a sliced
+    buffer padded to 64 bytes where the buffer goes on that far, and only to its end
+    where it does not (measured with pyarrow 25; tests/pipeline/test_steps.py checks it).
+    With at least 64 rows after ``stop`` (a row puts at least one byte in every buffer:
+    a token, a masked position, a label), the messages are those of any longer stream
+    these rows start.
+
     Raises:
         ValueError: as :func:`encode_shard`.
     """
-    data = encode_shard(columns, schema)
+    data = encode_shard(columns, schema, stop=stop)
     header = stream_header(schema)
     if not data.startswith(header) or not data.endswith(_EOS):
         raise AssertionError("unexpected Arrow IPC stream layout")
