@@ -65,7 +65,13 @@ from apache_beam.io.filesystems import FileSystems  # noqa: E402
 import pipeline.beam.instance_steps  # noqa: E402
 from pipeline.beam.build import make_plan, prepare_output, resolve_input_format  # noqa: E402
 from pipeline.beam.config import parse_build_args  # noqa: E402
-from pipeline.beam.document_steps import DocumentBatch, ReadDocuments, Tokenize, TokenizedBatch  # noqa: E402
+from pipeline.beam.document_steps import (  # noqa: E402
+    DocumentBatch,
+    ReadDocuments,
+    Tokenize,
+    TokenizedBatch,
+    is_record,
+)
 from pipeline.beam.instance_steps import MakeInstances, split_into_buckets  # noqa: E402
 from pipeline.beam.shard_steps import JoinParts, WriteShard, parts_per_shard  # noqa: E402
 from pipeline.cli.corpus import write_corpus  # noqa: E402
@@ -187,8 +193,9 @@ def profile_steps(inputs: str, vocab_file: str, dupe: int, out: Path,
         with timed(s, "instances"):
             groups = defaultdict(list)
             for bucket in sorted(buckets):
-                for group, data in make.process((bucket, buckets[bucket]), vocab):
-                    groups[group].append(data)
+                for made in make.process((bucket, buckets[bucket]), vocab, num_docs):
+                    if is_record(made):  # not a BucketSize
+                        groups[made[0]].append(made[1])
     finally:
         pipeline.beam.instance_steps.plan_document = real_plan
     # MakeInstances beyond planning and masking: seeds, the bucket's concat and sort,

@@ -444,7 +444,9 @@ class MakeRows(beam.PTransform):
             | "CountTokens" >> beam.CombineGlobally(sum)
         )
         groups = tokenized | "AssignBuckets" >> beam.ParDo(
-            AssignBuckets(config), beam.pvalue.AsSingleton(num_docs), beam.pvalue.AsSingleton(num_tokens)
+            AssignBuckets(config),
+            beam.pvalue.AsSingleton(num_docs),
+            beam.pvalue.AsSingleton(num_tokens),
         )
         runner = documents.pipeline.options.view_as(StandardOptions).runner
         spool = config.output if resolve_row_spool(config.row_spool, runner) else None

@@ -1,5 +1,6 @@
 """The pipeline's Beam steps: DoFns called as plain functions, transforms on a TestPipeline."""
 
+import hashlib
 import pickle
 import tracemalloc
 
@@ -12,6 +13,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
+from pipeline.beam import instance_steps, shard_steps
 from pipeline.beam.config import BuildConfig
 from pipeline.beam.document_steps import (
     CountWords,
@@ -26,7 +28,6 @@ from pipeline.beam.document_steps import (
     is_record,
     split_skips,
 )
-from pipeline.beam import instance_steps
 from pipeline.beam.instance_steps import (
     AssignBuckets,
     MakeInstances,
@@ -49,7 +50,6 @@ from pipeline.core.rows import RowBlock
 from pipeline.core.sources import FileRange, content_id, split_ranges
 from pipeline.core.text import basic_tokenize
 from pipeline.core.vocab import SPECIAL_TOKENS
-from pipeline.beam import shard_steps
 from pipeline.shards import shard_format, shard_writer, validate
 
 # The FnApiRunner directly: Beam's DirectRunner would first try to download Prism.
@@ -253,11 +253,14 @@ def test_a_write_group_is_written_range_by_range_with_the_same_bytes(tmp_path, m
                                        cfg, whole=True)  # fmt: skip
     whole = (tmp_path / "whole").read_bytes()
     assert whole == shard_writer.encode_shard(rows.columns(), schema)
-    assert size == len(whole) and stats == block_stats(rows, mask_id, 16)
+    assert size == len(whole) and sha256 == hashlib.sha256(whole).hexdigest()
+    assert stats == block_stats(rows, mask_id, 16)
     # Part 1 of 2: the body of the rows whose keys' top bits fall in its half.
     half = rows.take(np.flatnonzero(rows.keys >= np.uint64(1 << 63)))
     write_sorted(str(tmp_path / "part"), key_ranges(blocks, 2, 1), VOCAB, cfg, whole=False)
-    assert (tmp_path / "part").read_bytes() == shard_writer.encode_shard_body(half.columns(), schema)
+    assert (tmp_path / "part").read_bytes() == shard_writer.encode_shard_body(
+        half.columns(), schema
+    )
 
 
 def test_a_write_group_holds_one_range_at_a_time(tmp_path, monkeypatch):
