@@ -109,7 +109,7 @@ class BuildConfig:
     force: bool = option(
         False,
         "build on the local runner even when its memory estimate (0.35 GB a process + about "
-        "7.5x the input, 10.5x when learning the vocab) exceeds 80 percent of the memory available",
+        "3x the input, 6x when learning the vocab) exceeds 80 percent of the memory available",
     )
 
     def __post_init__(self) -> None:

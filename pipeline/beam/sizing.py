@@ -20,16 +20,18 @@ from pipeline.core.sources import is_compressed
 GB = 10**9
 # Fitted on bench/pipeline_memory.py (deploy/beam/README.md, "Memory and parallelism"):
 # English prose, --max_seq_length 128, dupe factor 5, 2 worker processes; the peak of all
-# processes together was 1.31 GB at 50 MB, 1.98 GB at 200 MB and 7.96 GB at 1 GB (7.5 bytes
-# per input byte from 200 MB to 1 GB; the driver alone 5.25 GB at 1 GB), and learning the
-# vocab added 0.12 GB at 50 MB (the documents are held until the vocab is learned). So:
-# every process starts at PROCESS_BYTES (Python, Beam, pyarrow, the tokenizer); the driver
-# (the tokenized documents it holds between steps) and the workers (their share of a
-# step's input) add DRIVER_PER_INPUT and WORKERS_PER_INPUT bytes per input byte, and
-# LEARNING_PER_INPUT more when the build learns its vocab (rounded up from one point).
+# processes together was 1.68 GB at 200 MB and 3.04 GB at 1 GB (1.7 bytes per input byte
+# from 200 MB to 1 GB; the driver alone 0.62 and 2.28 GB), and learning the vocab added
+# 0.12 GB at 50 MB (the documents are held until the vocab is learned). So: every process
+# starts at PROCESS_BYTES (Python, Beam, pyarrow, the tokenizer); the driver (the
+# tokenized documents it holds between steps) and the workers (their share of a step's
+# input) add DRIVER_PER_INPUT and WORKERS_PER_INPUT bytes per input byte, 3.0 in all
+# (1.65 GB at 200 MB, 4.05 GB at 1 GB: at or above both), and LEARNING_PER_INPUT more
+# when the build learns its vocab (rounded up from one point, measured before the last
+# fit, which lowered the rest from 7.5).
 PROCESS_BYTES = int(0.35 * GB)
-DRIVER_PER_INPUT = 5.0
-WORKERS_PER_INPUT = 2.5
+DRIVER_PER_INPUT = 2.0
+WORKERS_PER_INPUT = 1.0
 LEARNING_PER_INPUT = 3.0
 # A compressed input file is assumed to hold this many times its size in text.
 COMPRESSION_RATIO = 3.0
