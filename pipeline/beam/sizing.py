@@ -26,7 +26,8 @@ GB = 10**9
 # starts at PROCESS_BYTES (Python, Beam, pyarrow, the tokenizer); the driver (the
 # tokenized documents it holds between steps) and the workers (their share of a step's
 # input) add DRIVER_PER_INPUT and WORKERS_PER_INPUT bytes per input byte, 3.0 in all
-# (1.65 GB at 200 MB, 4.05 GB at 1 GB: at or above both), and LEARNING_PER_INPUT more
+# (1.65 GB at 200 MB, 2% under the measured peak; 4.05 GB at 1 GB, 33% over it; the
+# check keeps the estimate under USABLE_SHARE of the memory), and LEARNING_PER_INPUT more
 # when the build learns its vocab (rounded up from one point, measured before the last
 # fit, which lowered the rest from 7.5).
 PROCESS_BYTES = int(0.35 * GB)
