@@ -180,15 +180,17 @@ class MakeInstances(beam.DoFn):
     """(bucket group, TokenizedBatches) -> (write group, RowBlock bytes): Google's NSP
     pairs, then static masks; and a :class:`BucketSize` per bucket.
 
-    A group is split into its buckets, made one after the other. Documents meet the others of their bucket in id order. Each document's NSP
-    rng is seeded from (seed, doc id, dupe pass); each row gets a 64-bit key from
-    (seed, doc id, dupe pass, index) that places it in a shard and seeds its
-    masks. Instances are planned on segment lengths, then a whole dupe pass of the
-    bucket is assembled and masked in a few vectorised calls.
+    A group is split into its buckets, made one after the other. Documents meet the
+    others of their bucket in id order. Each document's NSP rng is seeded from (seed,
+    doc id, dupe pass); each row gets a 64-bit key from (seed, doc id, dupe pass, index)
+    that places it in a shard and seeds its masks. Instances are planned on segment
+    lengths, then a whole dupe pass of the bucket is assembled and masked in a few
+    vectorised calls.
 
-    Memory: one group's token ids, one pass's working arrays, plus the rows made and not yet sent, which are
-    sent (grouped by write group) whenever they reach ``PENDING_ROW_BYTES``, and at the
-    end of the bucket; so the dupe factor multiplies the work, never the memory. With a
+    Memory: one group's token ids, one pass's working arrays, plus the rows made and not
+    yet sent, which are sent (grouped by write group) whenever they reach
+    ``PENDING_ROW_BYTES``, and at the end of the group; so the dupe factor multiplies the
+    work, never the memory. With a
     ``spool`` (:class:`RowSpool`), the rows go to a file of the bundle and only
     references to them go to the runner.
     """

@@ -79,7 +79,7 @@ class RowSpool:
     rows of a build at once, ~20x the input. A spool writes each bundle's rows to one hidden
     file in --output (``.rows-<random>.spool``: a retried bundle writes a new one) and
     sends the runner a :class:`SpoolRef` per write group, a few bytes. The writers read
-    their rows back (:func:`read_blocks`); the manifest step removes the files. The rows,
+    their rows back (:func:`block_bytes`); the manifest step removes the files. The rows,
     so the shards, are the same either way.
     """
 
@@ -108,11 +108,6 @@ class RowSpool:
         self._file = None
         return [(group, SpoolRef(self._path, tuple(spans)))
                 for group, spans in sorted(self._spans.items())]  # fmt: skip
-
-
-def read_blocks(items: Iterable[bytes | SpoolRef]) -> list[RowBlock]:
-    """A write group's rows: blocks sent as bytes, or read back from spool files."""
-    return [RowBlock.from_bytes(data) for data in block_bytes(items)]
 
 
 def block_bytes(items: Iterable[bytes | SpoolRef]) -> list[bytes]:
@@ -160,6 +155,11 @@ def key_ranges(blocks: list[bytes], parts: int, part: int) -> Iterator[RowBlock]
             yield RowBlock.concat(taken).sorted_by_key()
 
 
+# Rows held back from a range's written batches (encoded_bodies): pyarrow pads a
+# sliced buffer to 64 bytes, and a row puts at least one byte in every buffer.
+HELD_ROWS = 64
+
+
 def encoded_bodies(ranges: Iterable[RowBlock], schema, mask_id: int, max_seq_length: int,
                    stats: list[dict]) -> Iterator[bytes]:  # fmt: skip
     """The record-batch messages of rows coming in key order, range after range: the bytes
@@ -185,11 +185,6 @@ def encoded_bodies(ranges: Iterable[RowBlock], schema, mask_id: int, max_seq_len
     yield shard_writer.encode_shard_body(carry.columns(), schema)
 
 
-# Rows held back from a range's written batches (encoded_bodies): pyarrow pads a
-# sliced buffer to 64 bytes, and a row puts at least one byte in every buffer.
-HELD_ROWS = 64
-
-
 class WriteShard(beam.DoFn):
     """(write group, RowBlock bytes or SpoolRefs) -> the shard's manifest entry and
     statistics after writing it, or (shard, part record) after writing one key range of it."""
@@ -204,15 +199,13 @@ class WriteShard(beam.DoFn):
         blocks = block_bytes(items)
         del items
         shard, part = divmod(group, self._parts)
-        if self._parts == 1:
-            name = shard_format.shard_name(shard, self._num_shards)
-            path = FileSystems.join(self._config.output, name)
-        else:
-            path = part_path(self._config.output, shard, part, self._num_shards)
+        whole = self._parts == 1
+        name = shard_format.shard_name(shard, self._num_shards)
+        path = (FileSystems.join(self._config.output, name) if whole
+                else part_path(self._config.output, shard, part, self._num_shards))  # fmt: skip
         ranges = key_ranges(blocks, self._parts, part)
-        size, sha256, stats = write_sorted(path, ranges, vocab, self._config,
-                                           whole=self._parts == 1)  # fmt: skip
-        if self._parts == 1:
+        size, sha256, stats = write_sorted(path, ranges, vocab, self._config, whole=whole)
+        if whole:
             yield {"entry": {"name": name, "rows": stats["rows"], "bytes": size,
                              "sha256": sha256}, "stats": stats}  # fmt: skip
         else:

@@ -39,10 +39,10 @@ from pipeline.beam.shard_steps import (
     JoinParts,
     SpoolRef,
     WriteShard,
+    block_bytes,
     block_stats,
     key_ranges,
     parts_per_shard,
-    read_blocks,
     remove_leftovers,
     write_sorted,
 )
@@ -213,6 +213,11 @@ def test_a_bucket_holds_one_pass_of_rows_not_every_dupe_pass(tmp_path, monkeypat
     monkeypatch.setattr(MakeInstances, "PENDING_ROW_BYTES", 1 << 40)
     whole = RowBlock.concat([RowBlock.from_bytes(b) for _, b in made(make, [bucket])])
     assert small.sorted_by_key().to_bytes() == whole.sorted_by_key().to_bytes()
+
+
+def read_blocks(items) -> list[RowBlock]:
+    """A write group's rows, as WriteShard reads them: bytes, or spool references."""
+    return [RowBlock.from_bytes(data) for data in block_bytes(items)]
 
 
 def test_a_spool_sends_references_and_the_writer_reads_the_same_rows(tmp_path):
