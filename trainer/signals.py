@@ -292,6 +292,11 @@ class StopRequest:
                     break
                 more = more and 0 not in data
                 actions += [self._next(s) for s in data if s in STOP_SIGNALS]
+        if actions and self.check_peers is not None:
+            # Before any action: a launcher signals its ranks after one of them failed, and
+            # that failure, not the signal, is what this rank must exit with and log (in any
+            # phase: the failing rank's collective may already have ended this one's training).
+            self.check_peers()  # ends the run here when another rank has failed or died
         for action in actions:  # outside the lock: they log, and logging takes locks
             action()
         return more
@@ -305,20 +310,16 @@ class StopRequest:
         if self._since is None and self.training:
             self.signum, self._since = signum, now
             again = "Ctrl-C" if signum == signal.SIGINT else "signal"
-            return lambda: self._first_stop(
+            return lambda: self._log(
+                logging.INFO,
                 f"{name}: finishing this step, then saving a checkpoint (a second {again} "
-                "aborts at once)"
+                "aborts at once)",
             )
         if self._since is not None and now - self._since < self.same_request_s:
             self.signum = self.signum or signum
             return lambda: None
         when = "" if self._since is not None else " (not training: nothing to finish)"
         return lambda: self._exit(exit_code(signum), f"{name}: aborted at once{when}")
-
-    def _first_stop(self, message: str) -> None:
-        if self.check_peers is not None:
-            self.check_peers()  # ends the run here when another rank has failed or died
-        self._log(logging.INFO, message)
 
     def _log(self, level: int, message: str) -> None:
         logger.log(level if self.is_main else logging.INFO, "%s", message)

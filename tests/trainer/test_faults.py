@@ -120,6 +120,8 @@ def check_failed(outcome: Outcome, code: int, cause: str, *, ranks: int) -> None
     errors = [line for line in console.splitlines() if "ERROR trainer.failure:" in line]
     assert outcome.code == code, console[-3000:]
     assert len(errors) == 1 and "Traceback" not in console, console[-3000:]
+    # A rank that took the launcher's SIGTERM for a stop request, not the failure it follows.
+    assert "aborted at once" not in console, console[-3000:]
     assert re.search(cause, errors[0]), errors[0]
     complete = f"the last complete checkpoint is {{}}/checkpoints/{outcome.latest}. Resume with"
     assert re.search(complete.format(".*"), console), console[-2000:]

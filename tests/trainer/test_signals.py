@@ -77,12 +77,19 @@ def test_grace_warning_when_a_step_and_a_save_do_not_fit():
 
 
 HANDLER = """
-import logging, signal, sys, time
+import logging, os, signal, sys, time
 logging.basicConfig(level=logging.INFO, format="%(message)s")
 from trainer.signals import StopRequest
+
+def peer_failed():  # as trainer/failure.py's RunWatch.check ends a run another rank failed
+    logging.info("stopping: step 7 failed on rank 1 (exit code 1)")
+    os._exit(1)
+
 with StopRequest(resume="python -m trainer.run --resume auto", output_dir=sys.argv[1],
                  same_request_s=0.3) as stop:
     stop.training = sys.argv[2] == "training"
+    if sys.argv[3:] == ["peer-failed"]:
+        stop.check_peers = peer_failed
     # The main thread as if stuck in C: only the watcher thread can take the signals now.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     print("ready", flush=True)
@@ -90,8 +97,8 @@ with StopRequest(resume="python -m trainer.run --resume auto", output_dir=sys.ar
 """
 
 
-def start_handler(tmp_path, phase: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-c", HANDLER, str(tmp_path), phase]
+def start_handler(tmp_path, phase: str, *peers: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-c", HANDLER, str(tmp_path), phase, *peers]
     p = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)  # fmt: skip
     assert p.stdout.readline() == "ready\n"
@@ -121,6 +128,18 @@ def test_first_signal_outside_training_exits_at_once(tmp_path):
     assert p.returncode == 143
     assert "SIGTERM: aborted at once (not training: nothing to finish), exit code 143" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("phase", ["training", "start-up"])
+def test_a_signal_after_another_ranks_failure_exits_with_that_failure(tmp_path, phase):
+    """The launcher SIGTERMs a rank after another failed, maybe after the failure's broken
+    collective ended this rank's training: the failure's stop line and code, not 143."""
+    p = start_handler(tmp_path, phase, "peer-failed")
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=10)
+    assert p.returncode == 1, err
+    assert "stopping: step 7 failed on rank 1 (exit code 1)" in err
+    assert "aborted at once" not in err and "finishing this step" not in err
 
 
 def launch(files: Path, data: Path, out: Path, *, ranks: int) -> subprocess.Popen:
