@@ -14,12 +14,16 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pipeline.beam import memory
 from pipeline.core.segment import SEGMENTERS
 from pipeline.options import CommandParser, add_options, option, parse_options
 
 INPUT_FORMATS = ("auto", "txt", "jsonl", "parquet")
 ROW_SPOOL = ("auto", "yes", "no")
-# Shards aim at this many bytes when --num_shards is not given (64-256 MB window).
+# Shards aim at this many bytes when --num_shards is not given (64-256 MB window): a
+# default of the output, for the trainer's reads (a few files per rank, each read in
+# record batches), not a memory bound: a shard of any size is written one range at a
+# time (pipeline/beam/memory.py, RANGE_BYTES).
 TARGET_SHARD_BYTES = 128 * 2**20
 # Output bytes per input byte and dupe pass, measured on English text at seq 128
 # (uint16 ids + uint8 segments + masks + Arrow offsets); only sizes the shard count.
@@ -105,11 +109,12 @@ class BuildConfig:
         choices=ROW_SPOOL,
     )
 
-    # Checked before the job starts (pipeline/beam/sizing.py); not in the manifest.
+    # Checked before the job starts (pipeline/beam/sizing.py, with the coefficients of
+    # pipeline/beam/memory.py); not in the manifest.
     force: bool = option(
         False,
-        "build on the local runner even when its memory estimate (0.35 GB a process + about "
-        "3x the input, 6x when learning the vocab) exceeds 80 percent of the memory available",
+        f"build on the local runner even when its memory estimate ({memory.estimate_rule()}) "
+        f"exceeds {memory.USABLE_SHARE * 100:.0f} percent of the memory available",
     )
 
     def __post_init__(self) -> None:

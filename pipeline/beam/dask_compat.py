@@ -67,8 +67,7 @@ def _side_value(bag):
     (A bag.reduction Item would not do: Dask finalizes an Item argument into a renamed
     copy of its upstream graph, computed once more. Nor would ``dask.delayed(f)(parts)``:
     it culls a copy of the upstream graph into every side input, so the client's and the
-    scheduler's memory grew with partitions x side inputs: 2.2 GB and 0.8 GB at 192
-    partitions.)
+    scheduler's memory grew with partitions x side inputs.)
     """
     from dask.base import tokenize
     from dask.delayed import Delayed
@@ -114,8 +113,8 @@ def trim_memory() -> None:
     """Return the memory glibc's malloc holds freed to the system (``malloc_trim(0)``; a
     no-op elsewhere). A bundle frees millions of small objects; glibc keeps the pages
     (Dask's ``MALLOC_TRIM_THRESHOLD_`` only trims the top of the main heap), and Dask
-    counts them as unmanaged memory it cannot spill: on a 500 MB build, trimming a
-    worker took it from 1.45 to 1.03 GB, with nothing else changed."""
+    counts them as unmanaged memory it cannot spill (bench/pipeline_memory.py --runners
+    dask shows a worker's peak with and without it)."""
     global _malloc_trim
     if _malloc_trim is None:
         try:
@@ -133,9 +132,9 @@ def register_sizeof() -> None:
     """Teach ``dask.sizeof`` a Beam ``WindowedValue``'s size: its value's, not the 80
     bytes of the wrapper that ``sys.getsizeof`` sees. The DaskRunner's bags hold windowed
     values between steps and through its GroupByKey shuffles; undercounted, a worker's
-    shuffle data read as 5.8 MB while it pickled to 318 MB, so Dask neither spilled it nor
-    held back new tasks, and the worker went past its memory limit and was restarted (a
-    500 MB build, 2 GiB workers). Runs when a process that has Dask loaded imports this
+    shuffle data read as a small fraction of what it pickled to, so Dask neither spilled
+    it nor held back new tasks, and the worker went past its memory limit and was
+    restarted. Runs when a process that has Dask loaded imports this
     module, as a worker does to run its first bundle (:func:`_run_bundle`), and in
     :func:`install`. No-op without Dask."""
     try:

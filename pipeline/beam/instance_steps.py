@@ -1,7 +1,7 @@
 """Beam steps that group documents into buckets and make masked NSP rows from them.
 
 A document's bucket is a seeded hash of its id; buckets cross the shuffle in groups of
-about ``GROUP_BYTES`` of token ids; each bucket's documents are planned with Google's
+about ``memory.GROUP_BYTES`` of token ids; each bucket's documents are planned with Google's
 NSP algorithm (``pipeline/core/nsp.py``), gathered and masked in a few vectorised calls,
 and sent on grouped by where they will be written.
 Part of ``python -m pipeline build`` (see ``pipeline/beam/build.py``).
@@ -18,6 +18,7 @@ import numpy as np
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindows
 
+from pipeline.beam import memory
 from pipeline.beam.config import BuildConfig
 from pipeline.beam.document_steps import NAMESPACE, BucketSize, TokenizedBatch, noted
 from pipeline.beam.shard_steps import RowSpool, write_group
@@ -70,23 +71,12 @@ def _split_by(batch: TokenizedBatch, labels: np.ndarray):
         yield label, batch.take(part)
 
 
-# The bucketing shuffle carries one element per key and AssignBuckets bundle. Keyed by
-# bucket, its elements grew with the corpus's square, since buckets and bundles both
-# grow with it: ~240,000 at 1 GB on Dask (120 partitions x ~2,000 buckets), held as
-# ~1 KB of Python objects each. Keyed by a group of buckets holding about GROUP_BYTES of
-# token ids, there are ~60 groups a GB of ids; MakeInstances holds one group at a time.
-GROUP_BYTES = 8 << 20
-# At least this many groups (or one per bucket, if fewer), so that MakeInstances spreads
-# over a local runner's workers on a small corpus.
-MIN_GROUPS = 32
-
-
 def num_groups(num_docs: int, num_tokens: int, itemsize: int, config: BuildConfig) -> int:
-    """How many bucket groups: about GROUP_BYTES of token ids each, at least MIN_GROUPS,
-    at most one per bucket."""
+    """How many bucket groups: about ``memory.GROUP_BYTES`` of token ids each, at least
+    ``memory.MIN_GROUPS``, at most one per bucket (why: ``pipeline/beam/memory.py``)."""
     buckets = num_buckets(num_docs, config.bucket_size)
-    by_bytes = math.ceil(num_tokens * itemsize / GROUP_BYTES)
-    return max(1, min(buckets, max(MIN_GROUPS, by_bytes)))
+    by_bytes = math.ceil(num_tokens * itemsize / memory.GROUP_BYTES)
+    return max(1, min(buckets, max(memory.MIN_GROUPS, by_bytes)))
 
 
 def split_into_groups(batch: TokenizedBatch, num_docs: int, num_tokens: int,
@@ -138,15 +128,13 @@ class AssignBuckets(beam.DoFn):
     """TokenizedBatch -> (bucket group, TokenizedBatch), a bundle's batches split together.
 
     Split one by one, a batch of 512 documents lands in up to 512 buckets, so at a
-    bucket size of 1,000 a large corpus crossed the bucketing shuffle as about one element
-    per document, each a tuple, a windowed value and five arrays: ~1 KB of Python objects
-    around ~0.5 KB of token ids. A Dask worker of a 500 MB build held 600,000 of them.
-    Held here until ``HELD_BYTES`` of token ids or the bundle's end, a bundle's batches
-    give one element per bucket group (:func:`split_into_groups`). The bytes do not
-    change: MakeInstances orders a bucket's documents by id.
+    bucket size of 1,000 a large corpus would cross the bucketing shuffle as about one
+    element per document, each a tuple, a windowed value and five arrays: more Python
+    objects than token ids. Held here until ``memory.HELD_BYTES`` of token ids or the
+    bundle's end, a bundle's batches give one element per bucket group
+    (:func:`split_into_groups`). The bytes do not change: MakeInstances orders a bucket's
+    documents by id.
     """
-
-    HELD_BYTES = 32 << 20  # token ids (and their lengths) held before a split
 
     def __init__(self, config: BuildConfig):
         self._config = config
@@ -161,7 +149,7 @@ class AssignBuckets(beam.DoFn):
         self._num_docs, self._num_tokens = num_docs, num_tokens
         self._held.append(batch)
         self._held_bytes += batch.ids.nbytes + batch.lengths.nbytes + batch.counts.nbytes
-        if self._held_bytes >= self.HELD_BYTES:
+        if self._held_bytes >= memory.HELD_BYTES:
             yield from self._split()
 
     def finish_bundle(self) -> Iterator:
@@ -189,15 +177,10 @@ class MakeInstances(beam.DoFn):
 
     Memory: one group's token ids, one pass's working arrays, plus the rows made and not
     yet sent, which are sent (grouped by write group) whenever they reach
-    ``PENDING_ROW_BYTES``, and at the end of the group; so the dupe factor multiplies the
-    work, never the memory. With a
-    ``spool`` (:class:`RowSpool`), the rows go to a file of the bundle and only
-    references to them go to the runner.
+    ``memory.PENDING_ROW_BYTES``, and at the end of the group; so the dupe factor
+    multiplies the work, never the memory. With a ``spool`` (:class:`RowSpool`), the rows
+    go to a file of the bundle and only references to them go to the runner.
     """
-
-    # Rows held before they are sent: big enough that a normal bucket (1,000 Wikipedia
-    # articles at dupe 10: ~0.2 GB of rows) is sent in a few elements per write group.
-    PENDING_ROW_BYTES = 64 << 20
 
     def __init__(self, config: BuildConfig, num_shards: int, spool: str | None = None):
         self._config = config
@@ -264,7 +247,7 @@ class MakeInstances(beam.DoFn):
                 self._pending.setdefault(group, []).append(part)
             self._pending_bytes += rows.nbytes
             del plans, rows
-            if self._pending_bytes >= self.PENDING_ROW_BYTES:
+            if self._pending_bytes >= memory.PENDING_ROW_BYTES:
                 yield from self._send(self._pending)
                 self._pending, self._pending_bytes = {}, 0
 

@@ -1,7 +1,7 @@
 """Beam steps that write shards: sorted by key, atomically, in parallel parts.
 
 Rows reach the writers grouped by ``shard * parts + part``. With at least
-``PARALLEL_WRITES`` shards each shard is one group; with fewer, each shard is
+``memory.PARALLEL_WRITES`` shards each shard is one group; with fewer, each shard is
 written in key ranges by parallel workers and joined (:class:`JoinParts`), so a
 small build does not write on one worker. Part of ``python -m pipeline build``.
 """
@@ -18,6 +18,7 @@ import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from pipeline.beam import memory
 from pipeline.beam.config import BuildConfig
 from pipeline.core.rows import RowBlock
 from pipeline.shards import shard_format, shard_writer
@@ -45,14 +46,9 @@ def write_atomic(path: str, data: bytes | Iterable[bytes]) -> tuple[int, str]:
     return shard_writer.atomic_write_bytes(path, data, remote=BeamFiles())
 
 
-# Shards are written in this many parallel pieces in all (each shard in key ranges
-# joined at the end), so a build of fewer shards than workers still writes in parallel.
-PARALLEL_WRITES = 16
-
-
 def parts_per_shard(num_shards: int) -> int:
-    """Key ranges each shard is written in: 1 from ``PARALLEL_WRITES`` shards on."""
-    return max(1, -(-PARALLEL_WRITES // num_shards))
+    """Key ranges each shard is written in: 1 from ``memory.PARALLEL_WRITES`` shards on."""
+    return max(1, -(-memory.PARALLEL_WRITES // num_shards))
 
 
 def write_group(keys: np.ndarray, num_shards: int) -> np.ndarray:
@@ -76,7 +72,7 @@ class RowSpool:
     """Rows on their way to the shard writers, in a file instead of the runner's shuffle.
 
     A local runner (the DirectRunner) holds every shuffle in its driver's memory: all the
-    rows of a build at once, ~20x the input. A spool writes each bundle's rows to one hidden
+    rows of a build at once, many times the input. A spool writes each bundle's rows to one hidden
     file in --output (``.rows-<random>.spool``: a retried bundle writes a new one) and
     sends the runner a :class:`SpoolRef` per write group, a few bytes. The writers read
     their rows back (:func:`block_bytes`); the manifest step removes the files. The rows,
@@ -130,18 +126,12 @@ def block_bytes(items: Iterable[bytes | SpoolRef]) -> list[bytes]:
     return blocks
 
 
-# A write group is sorted and encoded in key ranges of about this many bytes of rows (as
-# sent, compressed), one range at a time. Sorted and encoded at once, a group held ~5x
-# its rows' bytes: a 2 GiB Dask worker writing shards of ~170 MB was restarted.
-RANGE_BYTES = 16 << 20
-
-
 def key_ranges(blocks: list[bytes], parts: int, part: int) -> Iterator[RowBlock]:
     """The rows of ``blocks`` (RowBlock bytes of write group part ``part`` of ``parts``)
     in key order, as consecutive key ranges: the part's span of the keys' top 32 bits cut
-    into ``ceil(bytes / RANGE_BYTES)`` ranges. Each range decodes every block once and keeps
-    its own rows, so one range's rows are held at a time, with one block decoded."""
-    count = max(1, -(-sum(map(len, blocks)) // RANGE_BYTES))
+    into ``ceil(bytes / memory.RANGE_BYTES)`` ranges. Each range decodes every block once and
+    keeps its own rows, so one range's rows are held at a time, with one block decoded."""
+    count = max(1, -(-sum(map(len, blocks)) // memory.RANGE_BYTES))
     for index in range(part * count, (part + 1) * count):
         taken = []
         for data in blocks:
@@ -155,16 +145,11 @@ def key_ranges(blocks: list[bytes], parts: int, part: int) -> Iterator[RowBlock]
             yield RowBlock.concat(taken).sorted_by_key()
 
 
-# Rows held back from a range's written batches (encoded_bodies): pyarrow pads a
-# sliced buffer to 64 bytes, and a row puts at least one byte in every buffer.
-HELD_ROWS = 64
-
-
 def encoded_bodies(ranges: Iterable[RowBlock], schema, mask_id: int, max_seq_length: int,
                    stats: list[dict]) -> Iterator[bytes]:  # fmt: skip
     """The record-batch messages of rows coming in key order, range after range: the bytes
     :func:`shard_writer.encode_shard_body` gives for all of them at once. Each range's
-    full record batches are written but for the last ``HELD_ROWS`` or more rows, carried
+    full record batches are written but for the last ``memory.HELD_ROWS`` or more rows, carried
     into the next range (so the batches fall where they would, and each message has 64
     rows after it as it would: see ``encode_shard_body``); the last range writes the rest.
     Nothing at all gives the one empty batch an empty shard holds. Each written piece's
@@ -173,7 +158,7 @@ def encoded_bodies(ranges: Iterable[RowBlock], schema, mask_id: int, max_seq_len
     carry = RowBlock.empty()
     for rows in ranges:
         rows = RowBlock.concat([carry, rows])
-        stop = max(0, len(rows) - HELD_ROWS) // batch * batch
+        stop = max(0, len(rows) - memory.HELD_ROWS) // batch * batch
         if stop:
             stats.append(block_stats(rows.take(np.arange(stop)), mask_id, max_seq_length))
             yield shard_writer.encode_shard_body(rows.columns(), schema, stop=stop)

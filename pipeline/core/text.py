@@ -21,9 +21,8 @@ Counting the words of a corpus (what the Beam combiner does per bundle)::
         counts.update(basic_tokenize(sentence, do_lower_case=True))
 
 There is no batch variant of ``basic_tokenize``: normalizing and
-pre-tokenizing 1,000 sentences joined into one string measured no faster
-(27 us per 70-character sentence either way) -- the cost is the work, not the
-call.
+pre-tokenizing many sentences joined into one string is no faster than one call
+per sentence -- the cost is the work, not the call.
 """
 
 from __future__ import annotations

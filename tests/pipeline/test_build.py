@@ -447,12 +447,13 @@ def test_shards_written_in_parts_hold_the_rows_of_a_whole_write(
 ):
     import pyarrow as pa
 
+    import pipeline.beam.memory
     import pipeline.beam.shard_steps
 
     # 3 shards are written in parts by default (fewer than PARALLEL_WRITES); with
     # PARALLEL_WRITES = 1 each shard is one write. Same rows, same order.
     assert pipeline.beam.shard_steps.parts_per_shard(3) > 1
-    monkeypatch.setattr(pipeline.beam.shard_steps, "PARALLEL_WRITES", 1)
+    monkeypatch.setattr(pipeline.beam.memory, "PARALLEL_WRITES", 1)
     whole = tmp_path / "whole"
     assert main(["build", "--input", corpus, "--output", str(whole), *BASE]) == 0
     for i in range(3):

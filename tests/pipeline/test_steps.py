@@ -13,7 +13,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipeline.beam import instance_steps, shard_steps
+from pipeline.beam import memory
 from pipeline.beam.config import BuildConfig
 from pipeline.beam.document_steps import (
     CountWords,
@@ -203,14 +203,14 @@ def test_a_bucket_holds_one_pass_of_rows_not_every_dupe_pass(tmp_path, monkeypat
     """Rows are sent whenever those held reach PENDING_ROW_BYTES, so at dupe factor 8 a
     bucket holds about one pass's working memory, not eight (it held all of them at once)."""
     bucket = tokenized_bucket(n_docs=400, seed=3)
-    monkeypatch.setattr(MakeInstances, "PENDING_ROW_BYTES", 1)  # send after every pass
+    monkeypatch.setattr(memory, "PENDING_ROW_BYTES", 1)  # send after every pass
     peaks = {d: held_rows_peak(MakeInstances(config(tmp_path, dupe_factor=d), 2), bucket)
              for d in (1, 8)}  # fmt: skip
     assert peaks[8] < 2 * peaks[1], peaks
     # The rows are the same however they are sent.
     make = MakeInstances(config(tmp_path, dupe_factor=3), 2)
     small = RowBlock.concat([RowBlock.from_bytes(b) for _, b in made(make, [bucket])])
-    monkeypatch.setattr(MakeInstances, "PENDING_ROW_BYTES", 1 << 40)
+    monkeypatch.setattr(memory, "PENDING_ROW_BYTES", 1 << 40)
     whole = RowBlock.concat([RowBlock.from_bytes(b) for _, b in made(make, [bucket])])
     assert small.sorted_by_key().to_bytes() == whole.sorted_by_key().to_bytes()
 
@@ -241,8 +241,8 @@ def test_a_spool_sends_references_and_the_writer_reads_the_same_rows(tmp_path):
 @pytest.mark.parametrize("ranges", [1, 3, 13, 29])
 def test_a_write_group_is_written_range_by_range_with_the_same_bytes(tmp_path, monkeypatch,
                                                                      ranges):  # fmt: skip
-    """Sorted and encoded one key range at a time (a group at once held ~5x its bytes), a
-    shard, or a part of one, has the bytes and statistics of all its rows encoded at once:
+    """Sorted and encoded one key range at a time (memory.RANGE_BYTES), a shard, or a part
+    of one, has the bytes and statistics of all its rows encoded at once:
     the last rows of a range are carried into the next. 13 and 29 ranges broke the bytes when
     fewer than 64 rows were carried (pyarrow pads a sliced buffer to 64 bytes)."""
     cfg = config(tmp_path, dupe_factor=3)
@@ -250,7 +250,7 @@ def test_a_write_group_is_written_range_by_range_with_the_same_bytes(tmp_path, m
     blocks = [data for _, data in made(MakeInstances(cfg, 1), [tokenized_bucket(900, seed=7)])]
     rows = RowBlock.concat([RowBlock.from_bytes(b) for b in blocks]).sorted_by_key()
     assert len(rows) > 3 * shard_format.DEFAULT_BATCH_SIZE  # record batches to cross
-    monkeypatch.setattr(shard_steps, "RANGE_BYTES", -(-sum(map(len, blocks)) // ranges))
+    monkeypatch.setattr(memory, "RANGE_BYTES", -(-sum(map(len, blocks)) // ranges))
     assert len(list(key_ranges(blocks, 1, 0))) == ranges
     schema = shard_format.shard_schema(len(VOCAB), 16)
     mask_id = VOCAB.index("[MASK]")
@@ -269,14 +269,14 @@ def test_a_write_group_is_written_range_by_range_with_the_same_bytes(tmp_path, m
 
 
 def test_a_write_group_holds_one_range_at_a_time(tmp_path, monkeypatch):
-    """Writing a group of 47,000 rows in 8 key ranges, tracemalloc's peak stays under the
-    rows' bytes (0.9x); sorted and encoded at once it was 3.9x (pyarrow's own buffers,
-    not traced, come on top of both)."""
+    """Writing a group of ~47,000 rows in 8 key ranges, tracemalloc's peak stays under
+    1.5x the rows' bytes; sorted and encoded at once, a group held several times them
+    (pyarrow's own buffers, not traced, come on top; memory.RANGE_BYTES says why)."""
     cfg = config(tmp_path, dupe_factor=8, max_seq_length=64)
     (tmp_path / "out").mkdir()
     blocks = [data for _, data in made(MakeInstances(cfg, 1), [tokenized_bucket(4000, seed=1)])]
     row_bytes = sum(RowBlock.from_bytes(b).nbytes for b in blocks)
-    monkeypatch.setattr(shard_steps, "RANGE_BYTES", -(-sum(map(len, blocks)) // 8))
+    monkeypatch.setattr(memory, "RANGE_BYTES", -(-sum(map(len, blocks)) // 8))
     tracemalloc.start()
     try:
         (written,) = WriteShard(cfg, 16).process((0, blocks), VOCAB)
@@ -353,7 +353,7 @@ def test_buckets_cross_the_shuffle_in_groups_and_make_the_same_rows(tmp_path, mo
     """Twenty buckets cross the shuffle as three groups, each bucket whole in one; made
     group by group, the rows are byte for byte those made bucket by bucket, and each
     bucket's size is reported once."""
-    monkeypatch.setattr(instance_steps, "MIN_GROUPS", 3)
+    monkeypatch.setattr(memory, "MIN_GROUPS", 3)
     cfg = config(tmp_path, bucket_size=3, dupe_factor=2)
     batch = tokenized_bucket(n_docs=300, seed=6)
     buckets = dict(split_into_buckets(batch, 300, cfg))
@@ -381,9 +381,9 @@ def test_groups_grow_with_the_corpus_buckets_faster(tmp_path):
     ids, ~120 of them where there are ~400,000 buckets of 1,000 documents."""
     cfg = config(tmp_path, bucket_size=1000)
     docs, tokens = 500_000_000, 500_000_000  # 1 GB of uint16 ids in 0.5 billion documents
-    assert num_groups(docs, tokens, 2, cfg) == 1_000_000_000 // instance_steps.GROUP_BYTES + 1
+    assert num_groups(docs, tokens, 2, cfg) == 1_000_000_000 // memory.GROUP_BYTES + 1
     assert num_groups(1_000, 10**9, 2, cfg) == 1  # never more groups than buckets
-    assert num_groups(10**6, 10**6, 2, cfg) == instance_steps.MIN_GROUPS  # a small corpus
+    assert num_groups(10**6, 10**6, 2, cfg) == memory.MIN_GROUPS  # a small corpus
 
 
 @pytest.mark.parametrize("joins", [False, True])
@@ -437,7 +437,7 @@ def test_a_bundles_batches_are_bucketed_together(tmp_path, monkeypatch):
     assert len(together) == len({group for group, _ in together}) < len(one_by_one)
     assert grouped(together) == grouped(one_by_one)
 
-    monkeypatch.setattr(AssignBuckets, "HELD_BYTES", 1)  # split after every batch
+    monkeypatch.setattr(memory, "HELD_BYTES", 1)  # split after every batch
     assign.start_bundle()
     early = [kv for b in batches for kv in assign.process(b, 60, tokens)]
     assert list(assign.finish_bundle()) == [] and grouped(early) == grouped(one_by_one)
