@@ -150,4 +150,4 @@ if [ -n "$fillmask" ] && [ "${VERBOSE:-0}" = 0 ]; then
 fi
 echo
 echo "== summary ($(( $(date +%s) - start )) s)"
-python -m trainer.summary "$run"
+python -m report.summary "$run"

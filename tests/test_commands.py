@@ -27,8 +27,8 @@ TYPOS = [
      "unknown option --max_bm (did you mean --max-mb?)"),
     ("trainer.run", ["--mdoel", "tiny"], "unknown option --mdoel (did you mean --model?)"),
     ("trainer.export", ["c", "h", "--vocba", "v"], "unknown option --vocba (did you mean --vocab?)"),
-    ("trainer.summary", ["r", "--json"], "unknown option --json"),
-    ("trainer.plot", ["r", "--ot", "p"], "unknown option --ot (did you mean --out?)"),
+    ("report.summary", ["r", "--json"], "unknown option --json"),
+    ("report.plot", ["r", "--ot", "p"], "unknown option --ot (did you mean --out?)"),
     ("trainer.fillmask", ["e", "s", "--top_kk", "3"],
      "unknown option --top_kk (did you mean --top-k?)"),
     ("finetune.__main__", ["--taks", "qa"], "unknown option --taks (did you mean --task?)"),
@@ -112,7 +112,7 @@ def test_the_other_spelling_reaches_the_command(tmp_path, capfd):
 
 def test_help_still_works(capsys):
     for module, argv in [("trainer.run", ["--help"]), ("pipeline.cli.main", ["build", "-h"]),
-                         ("trainer.summary", ["--help"])]:  # fmt: skip
+                         ("report.summary", ["--help"])]:  # fmt: skip
         assert exit_code(module, argv) == 0
         assert "usage:" in capsys.readouterr().out
 

@@ -5,6 +5,8 @@
   command-line plumbing (``pipeline.options``, ``pipeline.console``) imports no layer.
 - ``shards`` and ``core`` load no Apache Beam, even transitively (a fresh interpreter).
 - trainer/, model/ and finetune/ never import ``pipeline.beam`` or ``pipeline.cli``.
+- report/ (what a run wrote, read back) imports none of trainer/, model/, finetune/, torch or
+  DeepSpeed, and of pipeline/ only the contract and the plumbing: it runs on the base install.
 - No import circle among the project's modules, counting imports inside functions too
   (the graph of ``import`` statements, by :func:`imports_of`, searched for a cycle).
 """
@@ -17,7 +19,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("pipeline", "trainer", "model", "finetune")
+PACKAGES = ("pipeline", "trainer", "model", "finetune", "report")
 LAYERS = {"shards": set(), "core": {"shards"}, "beam": {"shards", "core"},
           "cli": {"shards", "core", "beam"}}  # fmt: skip
 SHARED = ("pipeline.options", "pipeline.console")
@@ -94,6 +96,19 @@ def test_training_never_imports_the_beam_jobs_or_the_pipeline_commands():
         for imported in imports_of(path)
         if imported.startswith(("pipeline.beam", "pipeline.cli"))
     ]
+    assert not problems, "\n".join(problems)
+
+
+def test_reports_import_nothing_of_the_training_stack():
+    problems = [
+        f"{name} imports {imported}"
+        for name, path in our_modules().items()
+        if name.split(".")[0] == "report"
+        for imported in imports_of(path)
+        if imported.split(".")[0] in ("trainer", "model", "finetune", "torch", "deepspeed")
+        or imported.startswith(("pipeline.beam", "pipeline.cli", "pipeline.core"))
+    ]
+    assert len([n for n in our_modules() if n.startswith("report.")]) >= 2
     assert not problems, "\n".join(problems)
 
 

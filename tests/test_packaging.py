@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("pipeline", "model", "trainer", "finetune")
-TRAINING_PACKAGES = PACKAGES[1:]
+PACKAGES = ("pipeline", "model", "trainer", "finetune", "report")
+TRAINING_PACKAGES = ("model", "trainer", "finetune")
 # Never on a Beam worker: each is large (torch with CUDA: GBs) and none is used there.
 TRAINING_STACK = ("torch", "deepspeed", "datasets", "matplotlib", "tensorboard", "safetensors",
                   "transformers")  # fmt: skip
@@ -35,7 +35,7 @@ OPTIONAL = {"matplotlib", "dask", "jieba"}
 # base install:
 # each must be in the `train` extra.
 TRAIN_DISTRIBUTIONS = {"torch": "torch", "deepspeed": "deepspeed", "safetensors": "safetensors",
-                       "matplotlib": "matplotlib", "tqdm": "tqdm"}  # fmt: skip
+                       "tqdm": "tqdm"}  # fmt: skip
 # Imported by model/, trainer/ or finetune/ without being in `train`, each for its reason.
 TRAIN_NOT_DECLARED = {
     "psutil": "DeepSpeed's own dependency; trainer/signals.py falls back without it",
@@ -116,11 +116,17 @@ def test_training_imports_are_declared(built):
     metadata, _ = built
     imported = set()
     for package in TRAINING_PACKAGES:
-        imported |= third_party_imports(ROOT / package) - set(TRAINING_PACKAGES)
+        imported |= third_party_imports(ROOT / package) - set(PACKAGES)
     imported -= set(DISTRIBUTIONS) | set(TRAIN_NOT_DECLARED)
     assert imported <= set(TRAIN_DISTRIBUTIONS), imported - set(TRAIN_DISTRIBUTIONS)  # list it
     declared = set(requirements(metadata, "train"))
     assert {TRAIN_DISTRIBUTIONS[name] for name in imported} <= declared
+
+
+def test_reports_need_the_base_install_and_matplotlib_only():
+    """report/ reads a cluster run's output where no training stack is installed."""
+    imported = third_party_imports(ROOT / "report")
+    assert imported <= set(DISTRIBUTIONS) | {"matplotlib"}, imported
 
 
 def test_setup_py_adds_nothing_to_pyproject():

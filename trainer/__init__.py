@@ -17,9 +17,10 @@ Modules, in the order a run uses them:
     and dynamic masks);
   - metrics: what is logged (loss, accuracies, tokens/s, MFU); evaluate: held-out loss;
 - export: a checkpoint to a Hugging Face directory (+ hf_tokenizer: the shards' tokenizer
-  files in it);
-- plot, summary: what a run wrote (``python -m trainer.plot`` / ``trainer.summary``);
-  fillmask: a demo on an export (``python -m trainer.fillmask``).
+  files in it); fillmask: a demo on an export (``python -m trainer.fillmask``).
+
+What a run wrote is read back by report/ (plots, the summary), which needs neither torch
+nor DeepSpeed.
 """
 
 import importlib.util

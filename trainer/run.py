@@ -137,8 +137,8 @@ def _train(config, info, stop, watch) -> int:
 
 
 def _plot(output_dir) -> None:
-    """PNGs of the run's metrics (python -m trainer.plot); a failure here only warns."""
-    from trainer.plot import plot_run
+    """PNGs of the run's metrics (python -m report.plot); a failure here only warns."""
+    from report.plot import plot_run
 
     try:
         paths = plot_run(output_dir)

@@ -108,7 +108,7 @@ def _patch_plot(module) -> None:
     module.plot_run = slow_plot_run
 
 
-_PATCHES = {"trainer.loop": _patch_loop, "trainer.data": _patch_data, "trainer.plot": _patch_plot}
+_PATCHES = {"trainer.loop": _patch_loop, "trainer.data": _patch_data, "report.plot": _patch_plot}
 
 
 class _PatchOnImport:

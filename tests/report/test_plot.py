@@ -1,8 +1,11 @@
+import importlib.util
 import json
 
 import pytest
 
-from trainer.plot import (
+pytest.importorskip("matplotlib", reason="report.plot draws with matplotlib")
+
+from report.plot import (
     EPOCH_LABEL,
     UNIGRAM_LABEL,
     accuracy_figure,
@@ -123,6 +126,8 @@ def test_plots_are_titled_by_what_they_show_and_the_legend_is_off_the_lines():
         assert legend.get_window_extent().x0 >= ax.get_window_extent().x1
 
 
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
+                    reason="trains first: needs the train extra")  # fmt: skip
 def test_epoch_markers_sit_where_a_test_runs_epochs_end(small_shards, tmp_path):
     """A real run of several epochs: each marker is at the step whose data position crosses
     a multiple of the shards' rows, on both the loss and the accuracy plot."""

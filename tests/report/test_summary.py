@@ -1,10 +1,11 @@
 """The quickstart's summary: each held-out accuracy beside its baseline; a plateau is loud."""
 
+import importlib.util
 import json
 
 import pytest
 
-from trainer.summary import main, overfitting, summary_lines
+from report.summary import main, overfitting, summary_lines
 
 TRAIN = [{"step": s, "split": "train", "loss": 9.0 - s / 1000, "mlm_accuracy": 0.1,
           "nsp_accuracy": 0.6, "sequences_per_s": 40.0 + s / 100, "tokens_per_s": 3000.0}
@@ -65,6 +66,8 @@ def test_main_prints_a_quickstarts_paths_and_metrics(tmp_path, capsys):
     assert main([str(tmp_path / "nothing")]) == 1
 
 
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
+                    reason="trains first: needs the train extra")  # fmt: skip
 def test_a_plain_trainer_output_dir_is_summarised(small_shards, tmp_path, capsys):
     """``trainer/run.py --output-dir OUT`` writes OUT/metrics.jsonl (no train/ below it)."""
     from tests.helpers import args

@@ -1,4 +1,4 @@
-"""``python -m trainer.plot RUN_DIR``: PNG plots of a training run's ``metrics.jsonl``.
+"""``python -m report.plot RUN_DIR``: PNG plots of a training run's ``metrics.jsonl``.
 
 Writes into ``RUN_DIR/plots/`` (or ``--out``), each against the optimizer step:
 
@@ -14,11 +14,14 @@ Writes into ``RUN_DIR/plots/`` (or ``--out``), each against the optimizer step:
 
 Records of older runs, without the baseline keys, plot without those lines. The trainer
 runs this at the end of training.
+
+Exit codes: 0 written, 1 no readable metrics, 2 bad flags or no matplotlib.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import itertools
 import json
 import logging
@@ -213,7 +216,7 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = CommandParser(
-        prog="python -m trainer.plot",
+        prog="python -m report.plot",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -221,6 +224,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="where to write the PNGs (default: RUN_DIR/plots)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if importlib.util.find_spec("matplotlib") is None:
+        logger.error("python -m report.plot needs matplotlib: pip install matplotlib")
+        return 2
     try:
         paths = plot_run(args.run_dir, args.out)
     except (OSError, ValueError) as e:

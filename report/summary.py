@@ -1,7 +1,7 @@
-"""``python -m trainer.summary RUN_DIR``: what a training run wrote, and whether the model learned.
+"""``python -m report.summary RUN_DIR``: what a training run wrote, and whether the model learned.
 
-    python -m trainer.summary runs/tiny            # trainer/run.py --output-dir runs/tiny
-    python -m trainer.summary runs/quickstart      # the last step of scripts/quickstart.sh
+    python -m report.summary runs/tiny            # trainer/run.py --output-dir runs/tiny
+    python -m report.summary runs/quickstart      # the last step of scripts/quickstart.sh
 
 RUN_DIR is a trainer output directory (``metrics.jsonl``, ``checkpoints/``, ``hf/``,
 ``logs/``) or a quickstart run, which holds one in ``train/`` beside ``shards/`` and
@@ -233,7 +233,7 @@ def read_records(path: Path) -> list[dict]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = CommandParser(
-        prog="python -m trainer.summary",
+        prog="python -m report.summary",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
