@@ -114,12 +114,38 @@ def install(ours: tuple[str, ...], *, verbose: bool, log_path: str | None = None
         console.addFilter(ConsoleFilter(ours, ours_level=level, file_only=file_only))
         console.setFormatter(ConsoleFormatter(tag))
     root.addHandler(console)
-    return [console] + ([add_log_file(log_path, tag)] if log_path else [])
+    try:
+        return [console] + ([add_log_file(log_path, tag)] if log_path else [])
+    except OSError:  # the log file cannot be made: leave the root logger as it was
+        root.removeHandler(console)
+        raise
+
+
+class LogFileError(OSError):
+    """The log file cannot be written (a full disk, a lost mount): the run stops on it."""
+
+
+class _LogFile(logging.FileHandler):
+    """A FileHandler that, when the file cannot be written, leaves the root logger and raises
+    :class:`LogFileError` from the logging call once, instead of printing logging's
+    "--- Logging error ---" traceback to the console for every record that follows."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        err = sys.exc_info()[1]
+        if not isinstance(err, OSError):
+            super().handleError(record)
+            return
+        logging.getLogger().removeHandler(self)
+        with contextlib.suppress(OSError):  # closing flushes what could not be written
+            self.close()
+        raise LogFileError(err.errno, f"cannot write the log file {self.baseFilename}: "
+                                      f"{err.strerror or err}") from err  # fmt: skip
 
 
 def add_log_file(path: str, tag: str = "") -> logging.Handler:
-    """Append every record at INFO and above to ``path``; returns the handler."""
-    file = logging.FileHandler(path, encoding="utf-8")
+    """Append every record at INFO and above to ``path``; returns the handler. A record that
+    cannot be written raises :class:`LogFileError` (once: the handler is removed)."""
+    file = _LogFile(path, encoding="utf-8")
     file.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s {tag}%(name)s: %(message)s"))
     logging.getLogger().addHandler(file)
     return file

@@ -25,6 +25,7 @@ save cut short by a failure) is refused when named by path.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -146,7 +147,13 @@ def save(engine, output_dir: str, step: int, state: dict[str, Any], files: dict[
         shutil.rmtree(Path(directory, universal_tag(tag)), ignore_errors=True)
     rngs = distributed.gather_objects(distributed.rng_state(), engine.world_size)
     client = {STATE_KEY: {**state, "version": STATE_VERSION, "rng": rngs}, **_UNIVERSAL_INFO}
-    engine.save_checkpoint(directory, tag=tag, client_state=client, save_latest=False)
+    try:
+        engine.save_checkpoint(directory, tag=tag, client_state=client, save_latest=False)
+    except BaseException:
+        # A save cut short is never resumed ('latest' still names the one before it): leave
+        # no partial directory on what is likely a full disk.
+        shutil.rmtree(Path(directory, tag), ignore_errors=True)
+        raise
     distributed.barrier()  # every rank's files are written
     if engine.global_rank == 0:  # trainer_state.json last: it marks the checkpoint complete
         for name, obj in {**files, STATE_FILE: state}.items():
@@ -155,6 +162,49 @@ def save(engine, output_dir: str, step: int, state: dict[str, Any], files: dict[
     distributed.barrier()
     logger.info("saved checkpoint %s/%s", directory, tag)
     return tag
+
+
+def remove_incomplete(output_dir: str) -> list[str]:
+    """Remove the checkpoint directories under ``output_dir`` that a save cut short left:
+    those without a trainer_state.json (written last) that ``latest`` does not name. They are
+    never resumed (:func:`resolve` refuses them) and hold disk a resume needs. Rank 0 calls
+    it before a resume; returns the names removed.
+    """
+    directory = Path(output_dir, CHECKPOINTS)
+    latest = directory / LATEST
+    keep = latest.read_text().strip() if latest.is_file() else None
+    removed = []
+    for path in sorted(directory.glob("step*")):
+        partial = path.is_dir() and not (path / STATE_FILE).is_file()
+        if partial and path.name != keep and not path.name.endswith(universal_tag("")):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path.name)
+    if removed:
+        logger.info("removed incomplete checkpoint(s) %s (saves cut short) from %s",
+                    ", ".join(removed), directory)  # fmt: skip
+    return removed
+
+
+def check_free_space(directory: str, tag: str, output_dir: str) -> None:
+    """Before a resume: refuse to start when the disk of ``output_dir``'s checkpoints has less
+    room than checkpoint ``directory/tag`` takes, since the run's first save would fail.
+
+    Raises:
+        OSError: ENOSPC, naming the directory, its free space and the checkpoint's size.
+    """
+    size = sum(f.stat().st_size for f in Path(directory, tag).rglob("*") if f.is_file())
+    where = Path(output_dir, CHECKPOINTS)
+    existing = where if where.is_dir() else Path(output_dir)
+    while not existing.exists():
+        existing = existing.parent
+    free = shutil.disk_usage(existing).free
+    if free < size:
+        raise OSError(
+            errno.ENOSPC,
+            f"{where} has {free / 2**20:.1f} MiB free, less than the {size / 2**20:.1f} MiB of "
+            f"the checkpoint {tag} this run resumes from, so its next checkpoint would not "
+            f"fit: free some space (older checkpoints under {where} can go), then resume",
+        )
 
 
 def load(engine, directory: str, tag: str) -> dict[str, Any]:

@@ -230,7 +230,8 @@ class RunWatch:
         if usage:  # the message says it all: no traceback, as for every command
             return self._end(DATA_ERROR, str(err), hint=False)
         line = f"{self.activity()} failed on rank {self.rank}: {cause(err)}"
-        logger.info("stopping: traceback of: %s", line, exc_info=err)  # the log file only
+        with contextlib.suppress(OSError):  # a log file that cannot be written: the console says it
+            logger.info("stopping: traceback of: %s", line, exc_info=err)  # the log file only
         dead = self._dead_peers()
         if dead:  # a collective broke because a rank died: that rank is the cause
             return self._end(OTHER, f"{self._died(*dead[0])}: {line}")
@@ -256,14 +257,17 @@ class RunWatch:
             first = False
             if claim:
                 first, code, line = self._claim(code, line)
-            if first and hint:
-                log = f" (log: {self.log_path})" if self.log_path else ""
-                logger.error("%s%s; %s. Resume with:\n  %s", line, log,
-                             self.stop.checkpoint_note(), self.stop.resume)  # fmt: skip
-            elif first:
-                logger.error("%s", line)
-            else:
-                logger.info("stopping: %s (exit code %d)", line, code)
+            # The console handler comes first: a log file that fails (pipeline/console.py's
+            # LogFileError) after it has the line must not keep this rank from leaving.
+            with contextlib.suppress(OSError):
+                if first and hint:
+                    log = f" (log: {self.log_path})" if self.log_path else ""
+                    logger.error("%s%s; %s. Resume with:\n  %s", line, log,
+                                 self.stop.checkpoint_note(), self.stop.resume)  # fmt: skip
+                elif first:
+                    logger.error("%s", line)
+                else:
+                    logger.info("stopping: %s (exit code %d)", line, code)
             if self._store is None:  # one process: nobody to tell, nothing stuck
                 return code
             self._leave()

@@ -137,6 +137,8 @@ class Trainer:
         if config.teacher is not None:
             self.distiller = Distiller(config, self.model_config, self.shards)
         if self.eval_shards is not None:
+            prepare.check_eval_data(config.data, self.shards.manifest, config.eval_data,
+                                    self.eval_shards.manifest)  # fmt: skip
             prepare.check_fit(self.model_config, self.eval_shards.manifest)
         self.fingerprint = prepare.data_fingerprint(self.shards)
         self.resume = checkpoint.find_resume(config.resume, config.output_dir)
@@ -153,12 +155,18 @@ class Trainer:
         (trainer/universal.py)."""
         prepare.check_resumed_model(self.config, self.model_config, directory, tag)
         prepare.check_resumed_precision(self.config, self.ds, directory, tag)
+        if self.info.is_main:
+            checkpoint.remove_incomplete(self.config.output_dir)
+        checkpoint.check_free_space(directory, tag, self.config.output_dir)
         saved = checkpoint.read_state(directory, tag)
         if saved is not None:  # trainer_state.json: the data and batch, readable before loading
             prepare.check_resumed_data(self.config, self.fingerprint, saved, f"{directory}/{tag}")
             change = prepare.batch_change(saved, self.sizes)
             if change and self.info.is_main:
                 logger.warning("%s", change)
+        change = prepare.schedule_change(directory, tag, self.ds, self.config)
+        if change and self.info.is_main:
+            logger.warning("%s", change)
         self.resume = universal.for_world_size(
             directory, tag, self.info.world_size, is_main=self.info.is_main,
             device=self.info.device,

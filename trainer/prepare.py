@@ -137,6 +137,36 @@ def check_fit(cfg: BertConfig, manifest: dict) -> None:
         )
 
 
+def check_eval_data(train: str, train_manifest: dict, held_out: str, manifest: dict) -> None:
+    """Refuse held-out shards tokenized otherwise than the training shards: another vocab
+    (its sha256, not only its size: two vocabs of one size give the same ids to other
+    words, and the evaluation would score noise) or another casing.
+
+    Args:
+        train, held_out: the ``--data`` and ``--eval-data`` directories.
+        train_manifest, manifest: their manifests.
+
+    Raises:
+        ValueError: naming both manifests, what differs and the build flags that fix it.
+    """
+    ours, theirs = train_manifest["vocab"], manifest["vocab"]
+    differ = [key for key in ("sha256", "do_lower_case") if ours.get(key) != theirs.get(key)]
+    if not differ:
+        return
+    what = {"sha256": "vocab", "do_lower_case": "casing (do_lower_case)"}
+    shown = "; ".join(
+        f"{what[key]}: {theirs.get(key)} in --eval-data, {ours.get(key)} in --data"
+        for key in differ
+    )
+    raise ValueError(
+        f"--eval-data {held_out} was tokenized otherwise than --data {train} ({shown}; "
+        f"{held_out}/{shard_format.MANIFEST_NAME} against {train}/{shard_format.MANIFEST_NAME}"
+        f"). Build the held-out set with the training shards' vocab: python -m pipeline build "
+        f"--vocab_file {train}/{ours.get('file', 'vocab.txt')} --do_lower_case "
+        f"{str(ours.get('do_lower_case')).lower()} ..."
+    )
+
+
 def check_resumed_precision(config: TrainConfig, ds: dict, directory: str, tag: str) -> None:
     """Refuse to resume in another precision than the checkpoint's (its ds_config.json):
     DeepSpeed's optimizer states differ (fp32 master weights in bf16/fp16, none in fp32).
@@ -236,6 +266,45 @@ def batch_change(saved: dict, sizes: BatchSizes) -> str | None:
         f"than planned, at the same learning rates. To keep {before} rows per step, give the "
         f"--ds-config train_batch_size {before} without gradient_accumulation_steps (DeepSpeed "
         "derives them from the world size), or set gradient_accumulation_steps to fit"
+    )
+
+
+def schedule_change(directory: str, tag: str, ds: dict, config: TrainConfig) -> str | None:
+    """A warning when a resumed run lays its learning-rate schedule over another length than
+    the checkpoint's run did (another --max-steps or --max-minutes), else None.
+
+    DeepSpeed's WarmupDecayLR keeps only its step count in a checkpoint, and the time budget
+    only the time spent: the length is always this run's flags, so a longer run continues at
+    the rate of the longer schedule (a jump up from the old one's), and a shorter one at a
+    lower rate.
+
+    Example: a checkpoint of ``--max-steps 100`` resumed with ``--max-steps 200`` -> "...
+    decayed over 100 steps (--max-steps 100); this run decays it over 200 ...".
+    """
+    saved_ds, saved = (
+        Path(directory, tag, "ds_config.json"),
+        Path(directory, tag, "train_config.json"),
+    )
+    if not (saved_ds.is_file() and saved.is_file()):
+        return None
+    before_ds, before = json.loads(saved_ds.read_text()), json.loads(saved.read_text())
+
+    def length(ds_: dict, minutes: float | None) -> str | None:
+        if minutes is not None:
+            return f"{minutes:g} minutes (--max-minutes {minutes:g})"
+        scheduler = ds_.get("scheduler") or {}
+        steps = scheduler.get("params", {}).get("total_num_steps")
+        if scheduler.get("type") != "WarmupDecayLR" or not isinstance(steps, int):
+            return None
+        return f"{steps} steps (--max-steps {steps})"
+
+    old, new = length(before_ds, before.get("max_minutes")), length(ds, config.max_minutes)
+    if old is None or new is None or old == new:
+        return None
+    return (
+        f"--resume {directory}/{tag}: the checkpoint's run decayed its learning rate over "
+        f"{old}; this run decays it over {new}, so the rate changes at once to where the new "
+        f"schedule has it. To continue the old schedule, resume with its flag"
     )
 
 

@@ -73,7 +73,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     rank = _launcher_rank()
     fresh = not Path(config.output_dir).exists()
-    handlers = _setup_logging(rank, config.output_dir)
+    try:
+        handlers = _setup_logging(rank, config.output_dir)
+    except OSError as err:  # the log file cannot be made or written (a full disk)
+        handlers = _setup_logging(rank)
+        logger.error("%s", err)
+        console.uninstall(handlers)
+        return 1
     code = 1
     try:
         with _prints_to(handlers), _stop_request(argv, config) as stop:
@@ -186,7 +192,11 @@ def _setup_logging(rank: int, output_dir: str | None = None) -> list[logging.Han
     )  # fmt: skip
     if log_path is not None and rank == 0:
         hint = "" if verbose else " (BERT_VERBOSE=1 shows it here)"
-        logger.info("full log: %s%s", log_path, hint)
+        try:
+            logger.info("full log: %s%s", log_path, hint)
+        except console.LogFileError:
+            console.uninstall(handlers)
+            raise
     return handlers
 
 

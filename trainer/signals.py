@@ -326,8 +326,10 @@ class StopRequest:
 
     def _exit(self, code: int, message: str | None) -> None:
         if message is not None:
-            self._log(logging.ERROR, f"{message}, exit code {code}; {self.checkpoint_note()}. "
-                                     f"Resume with:\n  {self.resume}")  # fmt: skip
+            with contextlib.suppress(OSError):  # a log file that fails: leave all the same
+                self._log(logging.ERROR, f"{message}, exit code {code}; "
+                                         f"{self.checkpoint_note()}. Resume with:\n  "
+                                         f"{self.resume}")  # fmt: skip
         for handler in logging.getLogger().handlers:
             with contextlib.suppress(Exception):  # exiting anyway
                 handler.flush()

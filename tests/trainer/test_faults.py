@@ -70,6 +70,7 @@ class Outcome:
     seconds: float
     logs: list[str]
     latest: str | None
+    incomplete: list[str]  # checkpoint directories without trainer_state.json
 
 
 def run(files: Path, data: Path, out: Path, *extra: str, fault=None, ranks=2) -> Outcome:
@@ -96,10 +97,12 @@ def run(files: Path, data: Path, out: Path, *extra: str, fault=None, ranks=2) ->
             logs.append(stream.read())
     struck = _fault_time(faults, logs)
     latest = out / "checkpoints" / "latest"
+    incomplete = [p.name for p in sorted((out / "checkpoints").glob("step*"))
+                  if not (p / "trainer_state.json").exists() and not p.name.endswith("_universal")]  # fmt: skip
     return Outcome(
         code=done.returncode, console=done.stdout + done.stderr,
         seconds=exited - struck if struck is not None else float("nan"), logs=logs,
-        latest=latest.read_text() if latest.exists() else None,
+        latest=latest.read_text() if latest.exists() else None, incomplete=incomplete,
     )  # fmt: skip
 
 
@@ -317,6 +320,7 @@ def test_one_process_disk_full(one_rank_chain):
     cause = r"saving checkpoint step00000006 failed on rank 0: OSError: .*No space left on device"
     check_failed(one_rank_chain["disk"], 1, cause, ranks=1)
     assert one_rank_chain["disk"].latest == "step00000004"
+    assert one_rank_chain["disk"].incomplete == []  # the failed save removed what it wrote
 
 
 def test_one_process_killed_worker(one_rank_chain):

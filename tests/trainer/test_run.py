@@ -1,7 +1,11 @@
 """trainer/run.py in this process (a one-rank world): metrics, checkpoints, export, refusals."""
 
+import errno
+import io
 import json
+import logging
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -10,8 +14,9 @@ import pytest
 import torch
 
 from model import BertConfig, BertForPreTraining
-from tests.helpers import REPO, TINY, args, ds_json, model_json, records
+from tests.helpers import REPO, TINY, args, build_shards, ds_json, model_json, records
 from trainer import export
+from trainer import run as run_module
 from trainer.data import PretrainingStream, StreamSpec
 from trainer.loop import SCHEDULER_START_WARNING
 from trainer.run import main
@@ -140,6 +145,79 @@ def test_vocab_mismatch_is_refused_naming_both_sizes(tiny_shards, tmp_path, capl
     assert not (tmp_path / "out" / "checkpoints").exists()
 
 
+def test_held_out_shards_of_another_vocab_or_casing_are_refused(
+    tiny_shards, small_shards, tmp_path, caplog
+):
+    """Both sets have 200 tokens, learned from other corpora: same size, other vocab."""
+    argv = args(tmp_path, tiny_shards, "--max-steps", "1", "--eval-data", str(small_shards))
+    assert main(argv) == 2
+    refusal = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR][-1]
+    assert f"--eval-data {small_shards} was tokenized otherwise than --data {tiny_shards}" in (
+        refusal
+    )
+    assert f"{small_shards}/manifest.json against {tiny_shards}/manifest.json" in refusal
+    assert f"--vocab_file {tiny_shards}/vocab.txt --do_lower_case true" in refusal
+    assert not (tmp_path / "out" / "checkpoints").exists()
+    # The training shards' vocab, cased: the same ids for other text.
+    cased = build_shards(tmp_path / "cased", n_docs=20, dupe_factor=1,
+                         vocab_file=tiny_shards / "vocab.txt", do_lower_case="false")  # fmt: skip
+    caplog.clear()
+    assert main([*argv[:-1], str(cased)]) == 2
+    assert "casing (do_lower_case): False in --eval-data, True in --data" in caplog.text
+
+
+def test_a_log_file_that_cannot_be_written_at_start_stops_with_one_line(tiny_shards, tmp_path):
+    """The log file on a full disk (/dev/full): one error line naming it, exit 1, not one
+    '--- Logging error ---' traceback per record."""
+    logs = tmp_path / "out" / "logs"
+    logs.mkdir(parents=True)
+    (logs / "train-rank0.log").symlink_to("/dev/full")
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(REPO)}
+    argv = args(tmp_path, tiny_shards, "--max-steps", "2", "--save-every", "0")
+    done = subprocess.run([sys.executable, "trainer/run.py", *argv], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "Logging error" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+    errors = [line for line in done.stderr.splitlines() if "ERROR" in line]
+    assert len(errors) == 1, done.stderr[-3000:]
+    assert f"cannot write the log file {logs}/train-rank0.log: No space left" in errors[0]
+
+
+class _FillingDisk(io.StringIO):
+    """A log file's stream whose disk fills after ``room`` writes."""
+
+    def __init__(self, room: int):
+        super().__init__()
+        self.room = room
+
+    def write(self, text: str) -> int:
+        self.room -= 1
+        if self.room < 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return super().write(text)
+
+
+def test_a_log_file_that_fills_mid_run_stops_it_with_one_line(tiny_shards, tmp_path, capfd,
+                                                              monkeypatch):  # fmt: skip
+    setup = run_module._setup_logging
+
+    def filling(rank, output_dir=None):
+        handlers = setup(rank, output_dir)
+        for handler in handlers:
+            if isinstance(handler, logging.FileHandler):
+                handler.stream = _FillingDisk(room=12)  # past start-up, before the end
+        return handlers
+
+    monkeypatch.setattr(run_module, "_setup_logging", filling)
+    argv = args(tmp_path, tiny_shards, "--max-steps", "40", "--log-every", "1")
+    assert main([*argv, "--save-every", "0"]) == 1
+    err = capfd.readouterr().err
+    assert "Logging error" not in err and "Traceback" not in err, err
+    errors = [line for line in err.splitlines() if "ERROR" in line]
+    assert len(errors) == 1 and "cannot write the log file" in errors[0], err[-3000:]
+    assert "train-rank0.log: No space left on device" in errors[0]
+
+
 def test_bad_batch_sizes_and_missing_data_fail_before_training(tiny_shards, tmp_path, caplog):
     argv = args(tmp_path, tiny_shards, "--max-steps", "1", train_batch_size=7)
     assert main(argv) == 2
@@ -151,6 +229,23 @@ def test_bad_batch_sizes_and_missing_data_fail_before_training(tiny_shards, tmp_
     assert "--data" in caplog.text and "no-such-dir" in caplog.text
     assert main(["--data", str(tiny_shards)]) == 2
     assert not (tmp_path / "out" / "checkpoints").exists()
+
+
+def test_resume_with_another_schedule_length_says_so(finished_run, tiny_shards, tmp_path,
+                                                     caplog):  # fmt: skip
+    shutil.copytree(finished_run, tmp_path / "out")  # a checkpoint of --max-steps 6 at step 6
+
+    def resume(steps: int) -> str:
+        caplog.clear()
+        argv = args(tmp_path, tiny_shards, "--max-steps", str(steps), "--resume", "auto",
+                    "--save-every", "0", "--export-hf", "false")  # fmt: skip
+        assert main(argv) == 0
+        return caplog.text
+
+    said = "decayed its learning rate over {} steps (--max-steps {}); this run decays it over {}"
+    assert said.format(6, 6, "7 steps (--max-steps 7)") in resume(7)
+    assert said.format(7, 7, "8 steps (--max-steps 8)") in resume(8)  # step 7's own config
+    assert "decays it over" not in resume(8)  # the same length: nothing to say
 
 
 def test_resume_on_other_data_is_refused(finished_run, small_shards, tmp_path, caplog):
