@@ -267,6 +267,21 @@ class PretrainingStream(IterableDataset):
             return None
         return math.ceil(self.order.num_rows / (self.spec.micro * self.spec.world_size))
 
+    def _collate(self, rows) -> dict[str, torch.Tensor]:
+        return collate(rows, max_predictions=self.max_predictions, pad_id=self.pad_id,
+                       max_width=self.spec.max_width, vocab_size=self.vocab_size)  # fmt: skip
+
+    def _bad_row(self, rows, shard: np.ndarray, row: np.ndarray) -> str:
+        """Which row of a batch that failed its check is the bad one: 'row R of FILE' (each
+        row checked alone, on this error path only)."""
+        for i, one in enumerate(rows):
+            try:
+                self._collate([one])
+            except ValueError:
+                return f"row {int(row[i])} of {self.shards.path(int(shard[i]))}"
+        names = sorted({self.shards.path(int(i)) for i in np.unique(shard)})
+        return f"the batch's rows come from {', '.join(names)}"
+
     def batch(self, k: int) -> dict[str, torch.Tensor]:
         """This rank's ``k``-th micro-batch after ``spec.start``."""
         s = self.spec
@@ -277,18 +292,12 @@ class PretrainingStream(IterableDataset):
         if self.masker is not None:
             rows = self.masker(rows, numpy_rng(s.seed, "dynamic", int(positions[0]), s.micro))
         try:
-            batch = collate(
-                rows,
-                max_predictions=self.max_predictions,
-                pad_id=self.pad_id,
-                max_width=s.max_width,
-                vocab_size=self.vocab_size,
-            )
+            batch = self._collate(rows)
         except ValueError as err:  # the writer checks every value: a shard changed since
-            names = sorted({self.shards.path(int(i)) for i in np.unique(shard)})
+            where = self._bad_row(rows, shard, row)
             raise ShardFormatError(
-                f"{err}; the batch's rows come from {', '.join(names)}: check them with "
-                f"python -m pipeline validate {self.shards.directory}"
+                f"{err}; {where}: check the shards with python -m pipeline validate "
+                f"{self.shards.directory}"
             ) from None
         row_ids = self.first_row_id[shard] + row
         if filler.any():

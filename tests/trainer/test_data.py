@@ -79,6 +79,33 @@ def test_a_changed_shard_is_named_with_the_validate_command(tiny_shards):
         s.batch(0)
 
 
+def test_a_bad_row_is_named_by_its_shard_and_row_not_the_whole_batch(tiny_shards):
+    s = stream(tiny_shards)
+    rows_of = s.shards.rows
+    taken = []
+
+    def one_bad_row(shard, row):  # the 4th row of the batch, as a shard changed on disk
+        taken.append((shard.copy(), row.copy()))
+        rows = rows_of(shard, row)
+        columns, label = rows[3]
+        rows[3] = ({**columns, "segment_ids": np.full_like(columns["segment_ids"], 255)}, label)
+        return rows
+
+    s.shards.rows = one_bad_row
+    for k in range(100):  # a batch whose rows come from more than one shard
+        with pytest.raises(ShardFormatError) as raised:
+            s.batch(k)
+        shard, row = taken[-1]
+        if len(set(shard.tolist())) > 1:
+            break
+    bad = f"row {row[3]} of {s.shards.path(int(shard[3]))}"
+    assert f"segment_ids values must be in [0, 2), got 255 in row 3 of the batch; {bad}:" in str(
+        raised.value
+    )
+    others = {s.shards.path(int(i)) for i in shard} - {s.shards.path(int(shard[3]))}
+    assert others and not any(name in str(raised.value) for name in others)
+
+
 def test_batches_hold_the_shards_rows(tiny_shards):
     s = stream(tiny_shards)
     batch = s.batch(0)
