@@ -1,7 +1,8 @@
 """DeepSpeed's compiled ops: one line on the console before DeepSpeed JIT-compiles one.
 
 A pip-installed DeepSpeed compiles its C++/CUDA ops on first use and caches them under
-``~/.cache/torch_extensions`` (``$TORCH_EXTENSIONS_DIR``): on CPU the shared-memory
+``$TORCH_EXTENSIONS_DIR``, by default one directory per Python environment under
+``~/.cache/torch_extensions`` (:func:`use_environment_cache`): on CPU the shared-memory
 all-reduce at ``deepspeed.init_distributed`` and, without ``torch_adam``, the Adam op at
 ``deepspeed.initialize``; on GPU ``FusedAdam``'s kernel. Each takes a minute or two and
 prints nothing, so the trainer says what is happening, but only when the build will
@@ -12,11 +13,15 @@ compiler flags alone also rebuilds, unannounced).
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger(__name__)
+CACHE_ENV = "TORCH_EXTENSIONS_DIR"
 
 # Optimizer class DeepSpeed builds (trainer.dskeys.optimizer_class) -> the op builder it loads.
 OPTIMIZER_BUILDERS = {
@@ -29,13 +34,34 @@ OPTIMIZER_BUILDERS = {
 }
 
 
+def use_environment_cache(environ=os.environ, prefix: str = sys.prefix) -> str:
+    """Give this Python environment its own torch extensions cache, unless the user named one
+    (``$TORCH_EXTENSIONS_DIR``); returns the directory.
+
+    torch's default, ``~/.cache/torch_extensions/py311_cpu``, is shared by every environment
+    of the same Python: another venv's DeepSpeed or torch builds its own op there, and the
+    next launch here finds a library built from other sources or flags and compiles it again.
+    One directory per environment (``sys.prefix``) keeps each build. Called at start-up,
+    before DeepSpeed loads an op; the deepspeed launcher's ranks inherit it.
+
+    Example: ``use_environment_cache({}, "/work/.venv")`` ->
+    ``"~/.cache/torch_extensions/venv-<8 hex digits of the prefix's sha256>"`` (expanded).
+    """
+    if environ.get(CACHE_ENV):
+        return environ[CACHE_ENV]
+    key = hashlib.sha256(os.path.realpath(prefix).encode()).hexdigest()[:8]
+    name = f"{Path(prefix).name.lstrip('.') or 'python'}-{key}"
+    environ[CACHE_ENV] = str(Path.home() / ".cache" / "torch_extensions" / name)
+    return environ[CACHE_ENV]
+
+
 def compile_directory(builder_name: str) -> Path | None:
     """Where DeepSpeed will JIT-compile the op of ``builder_name`` on its next load, or None
     when it will not compile it (pre-built, cached and up to date, or not on this
     accelerator).
 
     Example: ``compile_directory("ShareMemCommBuilder")`` on a fresh CPU machine ->
-    ``~/.cache/torch_extensions/py311_cpu/deepspeed_shm_comm``; None once it is built.
+    ``~/.cache/torch_extensions/venv-1a2b3c4d/py311_cpu/deepspeed_shm_comm``; None once built.
     """
     from deepspeed.accelerator import get_accelerator
     from deepspeed.git_version_info import installed_ops

@@ -63,6 +63,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse flags, train, checkpoint and export; returns the exit code (a failure during
     the run leaves at once with its own: trainer/failure.py)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    from trainer.ops import use_environment_cache
+
+    use_environment_cache()  # before DeepSpeed loads (and maybe compiles) an op
     try:
         config = parse_args(argv)
     except ValueError as err:

@@ -2,6 +2,7 @@
 
 import logging
 import os
+from pathlib import Path
 
 import pytest
 
@@ -39,3 +40,17 @@ def test_the_optimizer_op_is_announced_only_when_deepspeed_builds_one(cpu_extens
         "compiling DeepSpeed's FusedAdam optimizer op (first run only, a minute or two; "
         f"cached in {cpu_extensions / 'fused_adam'})"
     ) in caplog.text
+
+
+def test_each_python_environment_has_its_own_extensions_cache(tmp_path):
+    one, other = {}, {}
+    ops.use_environment_cache(one, str(tmp_path / ".venv"))
+    ops.use_environment_cache(other, str(tmp_path / ".venv-base"))
+    assert one["TORCH_EXTENSIONS_DIR"] != other["TORCH_EXTENSIONS_DIR"]
+    assert one["TORCH_EXTENSIONS_DIR"].startswith(
+        str(Path.home() / ".cache" / "torch_extensions" / "venv-")
+    )
+    again = {}
+    assert ops.use_environment_cache(again, str(tmp_path / ".venv")) == one["TORCH_EXTENSIONS_DIR"]
+    named = {"TORCH_EXTENSIONS_DIR": str(tmp_path)}  # the user's choice stays
+    assert ops.use_environment_cache(named, str(tmp_path / ".venv")) == str(tmp_path)
