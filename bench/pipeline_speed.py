@@ -61,6 +61,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from apache_beam.io.filesystems import FileSystems  # noqa: E402
+from apache_beam.pvalue import TaggedOutput  # noqa: E402
 
 import pipeline.beam.instance_steps  # noqa: E402
 from pipeline.beam.build import make_plan, prepare_output, resolve_input_format  # noqa: E402
@@ -70,7 +71,6 @@ from pipeline.beam.document_steps import (  # noqa: E402
     ReadDocuments,
     Tokenize,
     TokenizedBatch,
-    is_record,
 )
 from pipeline.beam.instance_steps import MakeInstances, split_into_buckets  # noqa: E402
 from pipeline.beam.shard_steps import JoinParts, WriteShard, parts_per_shard  # noqa: E402
@@ -194,7 +194,7 @@ def profile_steps(inputs: str, vocab_file: str, dupe: int, out: Path,
             groups = defaultdict(list)
             for bucket in sorted(buckets):
                 for made in make.process((bucket, buckets[bucket]), vocab, num_docs):
-                    if is_record(made):  # not a BucketSize
+                    if not isinstance(made, TaggedOutput):  # not a count
                         groups[made[0]].append(made[1])
     finally:
         pipeline.beam.instance_steps.plan_document = real_plan

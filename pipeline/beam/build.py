@@ -46,18 +46,21 @@ from pipeline.beam.config import (
     resolve_row_spool,
 )
 from pipeline.beam.document_steps import (
-    BucketSize,
+    COUNTS,
+    FILE_DOCUMENTS,
     CountWords,
-    FileDocuments,
     ReadDocuments,
     Tokenize,
-    count_pair,
+    add_up,
     file_notes,
-    is_record,
     learn_vocab,
-    split_skips,
 )
-from pipeline.beam.instance_steps import AssignBuckets, MakeInstances, SummariseBuckets
+from pipeline.beam.instance_steps import (
+    BUCKET_SIZES,
+    AssignBuckets,
+    MakeInstances,
+    SummariseBuckets,
+)
 from pipeline.beam.shard_steps import (
     JoinParts,
     WriteShard,
@@ -366,32 +369,27 @@ def make_plan(config: BuildConfig) -> Plan:
 
 class ReadCorpus(beam.PTransform):
     """The plan's file ranges -> (DocumentBatches, ((group, kind), count) of what was skipped
-    or noted while reading). A file's documents are counted over its ranges, for the
-    skips and notes that concern whole files."""
+    or noted while reading). A file's documents are counted over its ranges (its ranges
+    are read apart), for the skips and notes that concern whole files."""
 
     def __init__(self, config: BuildConfig, plan: Plan):
         super().__init__()
         self._config, self._plan = config, plan
 
     def expand(self, pbegin):
+        read_documents = ReadDocuments(self._config, self._plan.format_origin)
         read = (
             pbegin
             | "ListRanges" >> beam.Create(self._plan.ranges)  # reshuffled: spread to workers
-            | "ReadDocuments" >> beam.ParDo(ReadDocuments(self._config, self._plan.format_origin))
+            | "ReadDocuments"
+            >> beam.ParDo(read_documents).with_outputs(COUNTS, FILE_DOCUMENTS, main="documents")
         )
-        documents = read | "ReadKept" >> beam.Filter(is_record)
         file_counts = (
-            read
-            | "RangeDocuments" >> beam.Filter(lambda x: isinstance(x, FileDocuments))
-            | "PerFile" >> beam.Map(lambda x: (x.path, x.documents))
-            | "SumPerFile" >> beam.CombinePerKey(sum)
+            read[FILE_DOCUMENTS]
+            | "SumPerFile" >> beam.CombinePerKey(add_up)
             | "FileNotes" >> beam.FlatMap(file_notes, self._plan.input_format)
-            | "FileCounts" >> beam.FlatMap(count_pair)
         )
-        # Counted before they are joined: a Flatten of the documents themselves would make
-        # the local runner hold every document (its input cannot fuse with both producers).
-        counts = read | "ReadCounts" >> beam.FlatMap(count_pair)
-        return documents, (counts, file_counts) | "ReadNotes" >> beam.Flatten()
+        return read.documents, (read[COUNTS], file_counts) | "ReadNotes" >> beam.Flatten()
 
 
 class LearnVocabulary(beam.PTransform):
@@ -413,7 +411,7 @@ class Rows(NamedTuple):
     """What :class:`MakeRows` gives: the rows and what the manifest says about them."""
 
     rows: beam.PCollection  # (write group, RowBlock bytes)
-    skipped: beam.PCollection  # ((group, kind), count) of what tokenizing skipped
+    counts: beam.PCollection  # ((group, kind), count): tokenizing's skips and notes, copies
     documents: beam.PCollection  # one int: the documents tokenized
     buckets: beam.PCollection  # one (count, min, max) of documents per bucket
 
@@ -430,46 +428,41 @@ class MakeRows(beam.PTransform):
         config = self._config
         tokenize = Tokenize(config.do_lower_case, config.tokenizer_threads,
                             segmenter=config.wwm_segmenter)  # fmt: skip
-        tokenized, skipped = split_skips(
-            documents | "Tokenize" >> beam.ParDo(tokenize, vocab=self._vocab), "Tokenized"
+        tokenized = documents | "Tokenize" >> beam.ParDo(tokenize, vocab=self._vocab).with_outputs(
+            COUNTS, main="batches"
         )
         num_docs = (
-            tokenized
+            tokenized.batches
             | "DocumentsPerBatch" >> beam.Map(lambda batch: len(batch.doc_ids))
             | "CountDocuments" >> beam.CombineGlobally(sum)
         )
         num_tokens = (
-            tokenized
+            tokenized.batches
             | "TokensPerBatch" >> beam.Map(lambda batch: len(batch.ids))
             | "CountTokens" >> beam.CombineGlobally(sum)
         )
-        groups = tokenized | "AssignBuckets" >> beam.ParDo(
+        groups = tokenized.batches | "AssignBuckets" >> beam.ParDo(
             AssignBuckets(config),
             beam.pvalue.AsSingleton(num_docs),
             beam.pvalue.AsSingleton(num_tokens),
         )
         runner = documents.pipeline.options.view_as(StandardOptions).runner
         spool = config.output if resolve_row_spool(config.row_spool, runner) else None
-        make = MakeInstances(config, self._num_shards, spool=spool)
+        make = beam.ParDo(
+            MakeInstances(config, self._num_shards, spool=spool),
+            vocab=self._vocab,
+            num_docs=beam.pvalue.AsSingleton(num_docs),
+        )
         made = (
             groups
             | "GroupBuckets" >> beam.GroupByKey()
-            | "MakeInstances"
-            >> beam.ParDo(make, vocab=self._vocab, num_docs=beam.pvalue.AsSingleton(num_docs))
+            | "MakeInstances" >> make.with_outputs(COUNTS, BUCKET_SIZES, main="rows")
         )
-        bucket_sizes = (
-            made
-            | "BucketSizes" >> beam.FlatMap(bucket_size)
-            | "SummariseBuckets" >> beam.CombineGlobally(SummariseBuckets())
+        bucket_sizes = made[BUCKET_SIZES] | "SummariseBuckets" >> beam.CombineGlobally(
+            SummariseBuckets()
         )
-        rows, copies = split_skips(made, "Made")
-        skipped = (skipped, copies) | "MakeRowsCounts" >> beam.Flatten()
-        return Rows(rows, skipped, num_docs, bucket_sizes)
-
-
-def bucket_size(x) -> list[int]:
-    """A BucketSize's documents, for ``stats.buckets``; nothing for anything else."""
-    return [x.documents] if isinstance(x, BucketSize) else []
+        counts = (tokenized[COUNTS], made[COUNTS]) | "MakeRowsCounts" >> beam.Flatten()
+        return Rows(made.rows, counts, num_docs, bucket_sizes)
 
 
 class WriteShards(beam.PTransform):
@@ -509,7 +502,7 @@ def build_graph(p: beam.Pipeline, config: BuildConfig, plan: Plan) -> beam.PColl
     reads and what the manifest records.
     """
     config = dataclasses.replace(config, input_format=plan.input_format)
-    documents, read_skipped = p | "ReadCorpus" >> ReadCorpus(config, plan)
+    documents, read_counts = p | "ReadCorpus" >> ReadCorpus(config, plan)
     if plan.vocab is not None:
         vocab = p | "VocabFromFile" >> beam.Create([plan.vocab])
     else:
@@ -522,7 +515,7 @@ def build_graph(p: beam.Pipeline, config: BuildConfig, plan: Plan) -> beam.PColl
         write_manifest,
         vocab=vocab_side,
         vocab_info=beam.pvalue.AsSingleton(vocab_info),
-        counts=beam.pvalue.AsDict(sum_counts([read_skipped, made.skipped])),
+        counts=beam.pvalue.AsDict(sum_counts([read_counts, made.counts])),
         documents=beam.pvalue.AsSingleton(made.documents),
         buckets=beam.pvalue.AsSingleton(made.buckets),
         config=config,

@@ -13,18 +13,22 @@ Checked with apache-beam 2.77 (``apache_beam/runners/dask/transform_evaluator.py
    it, outside the graph the scheduler plans. Our build's ``num_docs`` hangs off the
    tokenized corpus, so every file was read and tokenized 6 times on a one-partition
    job, and about once more per partition of ``AssignBuckets`` with more partitions.
+3. **Tagged outputs mixed into one bag.** The runner keeps one bag per transform, so
+   every consumer of a multi-output ParDo (``.with_outputs``) reads all of its outputs,
+   the tags dropped: the build's counts would reach its documents.
 
 ``install()`` swaps the runner's ParDo translation for one whose bundles each get a
-private copy of the invoker arguments and receivers (1), and whose side inputs are
+private copy of the invoker arguments and receivers (1), whose side inputs are
 ``dask.delayed`` dependencies of the bundle tasks, built on the side input bag's own
 keys (2): each is computed once, in the same graph as everything else, and handed
-whole to every bundle that needs it. After each bundle the worker hands freed memory
+whole to every bundle that needs it; and whose tagged outputs keep their tags, so that
+each consumer reads the one output it names (3, :func:`_select`). After each bundle the worker hands freed memory
 back to the system (:func:`trim_memory`), and Dask sizes a Beam ``WindowedValue`` by
 its value too (:func:`register_sizeof`), so a worker spills what it holds. The
 bundle function lives in this module, so Dask workers import it by reference: each
 worker needs this package importable (installed, or on PYTHONPATH).
 
-Upstream: we found no Beam issue for (1) (searched apache/beam issues for the
+Upstream: we found no Beam issue for (1) or (3) (searched apache/beam issues for the
 DaskRunner's ParDo, duplicate outputs, ``apply_dofn_to_bundle``); none is filed.
 The module-level ``apply_dofn_to_bundle`` with its shared ``OneReceiver`` came
 with apache/beam PR #32941 ("Windowing Support for the Dask Runner", merged
@@ -33,7 +37,8 @@ branched before the merge) — inferred, not tested; only 2.77 was run here.
 
 Which versions get the fixes (:func:`plan`): 2.62 to 2.77 (:data:`KNOWN_BAD`): applied.
 Older: not applied: the replacement is written against the internals of 2.62 and
-later (checked on 2.77 only). Newer than 2.77, not yet
+later (checked on 2.77 only), and without it (3) mixes the build's counts into its data,
+so a Dask build needs 2.62 or later. Newer than 2.77, not yet
 checked: applied all the same, with a log line saying so, because the fix is
 harmless where the bug is gone (each bundle works on private copies of what it
 was given, at the cost of one deep copy per bundle); drop it, and raise
@@ -44,6 +49,7 @@ from __future__ import annotations
 
 import copy
 import ctypes
+import functools
 import itertools
 import logging
 import re
@@ -82,6 +88,7 @@ def _run_bundle(items, invoker_args, invoker_kwargs, receivers, views, *side_val
     """Like Beam's ``apply_dofn_to_bundle``, with receivers private to this bundle and
     side inputs built from values computed once (``views``: each side input's view
     class, options and window function; ``side_values``: its elements)."""
+    from apache_beam.pvalue import TaggedOutput
     from apache_beam.runners.common import DoFnInvoker
     from apache_beam.runners.dask.transform_evaluator import get_windowed_value
     from apache_beam.transforms.sideinputs import SideInputMap
@@ -103,10 +110,79 @@ def _run_bundle(items, invoker_args, invoker_kwargs, receivers, views, *side_val
         invoker.invoke_process(item)
     invoker.invoke_finish_bundle()
     invoker.invoke_teardown()
-    results = [v.value for v in receivers.values]
+    # Main outputs as values (as Beam's bundle gives them); tagged ones keep their tags.
+    results = [TaggedOutput(v.tag, v.value.value) if isinstance(v, TaggedOutput) else v.value
+               for v in receivers.values]  # fmt: skip
     del invoker  # the DoFn and what it built, freed before the trim
     trim_memory()
     return results
+
+
+def _is_main(item) -> bool:
+    from apache_beam.pvalue import TaggedOutput
+
+    return not isinstance(item, TaggedOutput)
+
+
+def _has_tag(tag: str, item) -> bool:
+    from apache_beam.pvalue import TaggedOutput
+
+    return isinstance(item, TaggedOutput) and item.tag == tag
+
+
+def _untag(item):
+    return item.value
+
+
+def _select(bag, tag: str | None):
+    """The elements of one output of a multi-output ParDo's bag (:func:`_run_bundle`'s
+    results): ``tag`` None is the main output."""
+    if tag is None:
+        return bag.filter(_is_main)
+    return bag.filter(functools.partial(_has_tag, tag)).map(_untag)
+
+
+def _with_outputs_apart(make_visitor):
+    """Wrap the DaskRunner's ``to_dask_bag_visitor`` so that a transform reading an output
+    of a multi-output ParDo, as main or side input, reads that output alone.
+
+    The visitor finds a transform's input bags by producer; while it visits a transform,
+    each multi-output producer's bag is replaced by the selection of the output the
+    transform reads, then put back.
+
+    Raises:
+        NotImplementedError: one transform reads two outputs of the same ParDo (none of
+            the project's does).
+    """
+
+    def to_dask_bag_visitor(bag_kwargs=None):
+        visitor = make_visitor(bag_kwargs)
+        visit = visitor.visit_transform
+
+        def visit_transform(node) -> None:
+            bags, swapped = visitor.bags, {}
+            for pcoll in [*node.inputs, *(side.pvalue for side in node.side_inputs)]:
+                producer = getattr(pcoll, "producer", None)
+                if producer not in bags or len(producer.outputs) < 2:
+                    continue
+                whole, tag = swapped.setdefault(producer, (bags[producer], pcoll.tag))
+                if tag != pcoll.tag:
+                    raise NotImplementedError(
+                        f"{node.full_label} reads two outputs of {producer.full_label}: "
+                        "the DaskRunner fix selects one output per reader"
+                    )
+                bags[producer] = _select(whole, tag)
+            try:
+                visit(node)
+            finally:
+                for producer, (whole, _) in swapped.items():
+                    bags[producer] = whole
+
+        visitor.visit_transform = visit_transform
+        return visitor
+
+    to_dask_bag_visitor._bert_pipeline_fix = True
+    return to_dask_bag_visitor
 
 
 def trim_memory() -> None:
@@ -165,8 +241,9 @@ def plan(beam_version: str) -> tuple[bool, str]:
     shown = f"{low[0]}.{low[1]}-{high[0]}.{high[1]}"
     if version < low:
         return False, (
-            f"apache-beam {beam_version}: no DaskRunner fix needed (the shared ParDo output "
-            f"buffer it fixes is in {shown})"
+            f"apache-beam {beam_version}: the DaskRunner fixes are written for {shown} and "
+            "later, not installed; this DaskRunner mixes a ParDo's tagged outputs, which "
+            "the build uses: build on Dask with apache-beam 2.62 or later"
         )
     if version <= high:
         return True, (
@@ -185,6 +262,7 @@ def install() -> None:
     from apache_beam import DoFn, ParDo
     from apache_beam.runners.common import DoFnContext, DoFnSignature, _OutputHandler
     from apache_beam.runners.dask import transform_evaluator as te
+    from apache_beam.runners.dask.dask_runner import DaskRunner
 
     register_sizeof()
     if getattr(te.TRANSLATIONS[ParDo], "_bert_pipeline_fix", False):
@@ -230,6 +308,11 @@ def install() -> None:
             )
 
     te.TRANSLATIONS[ParDo] = ParDoWithPrivateReceivers
+    # Only with this ParDo: its bundles' results carry the tags the selection reads.
+    if not getattr(DaskRunner.to_dask_bag_visitor, "_bert_pipeline_fix", False):
+        DaskRunner.to_dask_bag_visitor = staticmethod(
+            _with_outputs_apart(DaskRunner.to_dask_bag_visitor)
+        )
 
 
 def uses_dask(beam_args: list[str]) -> bool:

@@ -1,10 +1,11 @@
 """Beam steps that read and tokenize: file ranges -> DocumentBatches -> TokenizedBatches.
 
 Documents travel in batches (one element per up to 512 documents of a range), so
-Beam's per-element cost is paid per batch. Dropped records travel as ``Skipped``
-and notable kept input as ``Noted``; :func:`split_skips` separates them for the
-manifest's ``skipped`` and ``stats.input``. Part of ``python -m pipeline build``
-(see ``pipeline/beam/build.py``).
+Beam's per-element cost is paid per batch. What the manifest counts leaves the data:
+dropped records (``skipped``) and notable kept input (``stats.input``) go to the
+``COUNTS`` tagged output as ``((group, kind), count)`` pairs (:func:`skipped`,
+:func:`noted`), each also a Beam metric. Part of ``python -m pipeline build`` (see
+``pipeline/beam/build.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
+from apache_beam.pvalue import TaggedOutput
 from apache_beam.transforms.window import GlobalWindows
 
 from pipeline.beam.config import BuildConfig
@@ -139,60 +141,39 @@ def _unpack_tokenized(doc_ids, ids, lengths, counts, joins) -> TokenizedBatch:
     )  # fmt: skip
 
 
-class Skipped(NamedTuple):
-    """A dropped record, counted under its reason in the manifest's ``skipped``."""
-
-    reason: str
-
-
-class Noted(NamedTuple):
-    """Input kept but worth knowing about, summed per kind into the manifest's
-    ``stats.input`` (e.g. ``one_sentence_documents``, ``unk_tokens``)."""
-
-    kind: str
-    count: int
-
-
-class BucketSize(NamedTuple):
-    """How many documents one bucket holds (MakeInstances): the manifest's ``stats.buckets``."""
-
-    documents: int
-
-
 # A sentence (txt: a line) this long is kept, and counted as ``long_sentences``.
 LONG_SENTENCE_CHARS = 1_000_000
 
 
-def split_skips(pcoll: beam.PCollection, label: str):
-    """(records, Skipped and Noted) -> (records, ((group, kind), count) pairs).
+# The tagged output of every step that counts something for the manifest: ((group, kind),
+# count) pairs, summed per (group, kind); group "skipped" is the manifest's ``skipped``,
+# group "input" its ``stats.input``.
+COUNTS = "counts"
+# ReadDocuments' tagged output: (path, documents) per range read, summed per file.
+FILE_DOCUMENTS = "file_documents"
 
-    Two filters rather than a multi-output ParDo: Beam's DaskRunner mishandles
-    tagged outputs, and this costs one cheap pass.
+
+def counted(group: str, kind: str, count: int) -> list[tuple[tuple[str, str], int]]:
+    """``[((group, kind), count)]`` when ``count`` is positive, else ``[]``; also a Beam
+    metric (``records_skipped`` for group ``skipped``, else ``kind``), for the runner's UI.
+
+    ``counted("skipped", "invalid_json", 2)`` -> ``[(("skipped", "invalid_json"), 2)]``.
     """
-    kept = pcoll | f"{label}Kept" >> beam.Filter(is_record)
-    counts = pcoll | f"{label}Counts" >> beam.FlatMap(count_pair)
-    return kept, counts
-
-
-def count_pair(x) -> list:
-    if isinstance(x, Skipped):
-        return [(("skipped", x.reason), 1)]
-    if isinstance(x, Noted):
-        return [(("input", x.kind), x.count)]
-    return []
-
-
-def is_record(x) -> bool:
-    """Not a count: what a step passes on (split_skips and ReadCorpus filter on it)."""
-    return not isinstance(x, (Skipped, Noted, BucketSize, FileDocuments))
-
-
-def noted(kind: str, count: int) -> list[Noted]:
-    """``[Noted(kind, count)]`` when ``count`` is positive (also counted as a Beam metric)."""
     if count <= 0:
         return []
-    Metrics.counter(NAMESPACE, kind).inc(count)
-    return [Noted(kind, count)]
+    Metrics.counter(NAMESPACE, "records_skipped" if group == "skipped" else kind).inc(count)
+    return [((group, kind), count)]
+
+
+def skipped(reason: str, count: int = 1) -> list[TaggedOutput]:
+    """``count`` dropped records, for the manifest's ``skipped`` under ``reason``: tagged
+    ``COUNTS``."""
+    return [TaggedOutput(COUNTS, pair) for pair in counted("skipped", reason, count)]
+
+
+def noted(kind: str, count: int) -> list[TaggedOutput]:
+    """``count`` of ``kind``, for the manifest's ``stats.input``: tagged ``COUNTS``."""
+    return [TaggedOutput(COUNTS, pair) for pair in counted("input", kind, count)]
 
 
 def open_at_start(path: str):
@@ -209,17 +190,10 @@ def open_at_start(path: str):
     return FileSystems.open(path), head
 
 
-class FileDocuments(NamedTuple):
-    """How many documents one range of a file held; summed per file by
-    :func:`file_notes` (a file's ranges are read apart)."""
-
-    path: str
-    documents: int
-
-
 class ReadDocuments(beam.DoFn):
-    """FileRange -> DocumentBatches of up to ``BATCH_DOCUMENTS`` documents, a Skipped per
-    dropped record and one FileDocuments.
+    """FileRange -> DocumentBatches of up to ``BATCH_DOCUMENTS`` documents; tagged, the
+    counts of dropped records and notes (``COUNTS``) and the range's document and sentence
+    counts (``FILE_DOCUMENTS``: ``(path, (documents, sentences))``).
 
     The range at the start of a file checks the file's format (its first bytes); every
     range reads the records that start in it (``pipeline/core/sources.py``).
@@ -231,12 +205,11 @@ class ReadDocuments(beam.DoFn):
         self._config = config
         self._origin = format_origin or f"--input_format {config.input_format}"
         self._docs = Metrics.counter(NAMESPACE, "documents_read")
-        self._skips = Metrics.counter(NAMESPACE, "records_skipped")
         self._ranges = Metrics.counter(NAMESPACE, "ranges_read")
 
     def process(self, part: FileRange) -> Iterator:
         path = part.path
-        documents = with_nul = long = 0
+        documents = sentence_count = with_nul = long = 0
         batch = DocumentBatch([], [])
         if part.start == 0:
             f, head = open_at_start(path)
@@ -255,8 +228,7 @@ class ReadDocuments(beam.DoFn):
             )  # fmt: skip
             for sentences, reason in items:
                 if reason is not None:
-                    self._skips.inc()
-                    yield Skipped(reason)
+                    yield from skipped(reason)
                     continue
                 for sentence in sentences:
                     with_nul += "\x00" in sentence
@@ -267,6 +239,7 @@ class ReadDocuments(beam.DoFn):
                 batch.doc_ids.append(content_id(sentences))
                 batch.documents.append(sentences)
                 documents += 1
+                sentence_count += len(sentences)
                 if len(batch.doc_ids) == self.BATCH_DOCUMENTS:
                     self._docs.inc(len(batch.doc_ids))
                     yield batch
@@ -278,22 +251,35 @@ class ReadDocuments(beam.DoFn):
         # One line per range, in the workers' logs: which process read which part of a file.
         logger.info("read %s, bytes %d to %s: %d documents (process %d)", path, part.start,
                     "the end" if part.end is None else part.end, documents, os.getpid())  # fmt: skip
-        yield FileDocuments(path, documents)
+        yield TaggedOutput(FILE_DOCUMENTS, (path, (documents, sentence_count)))
         yield from noted("sentences_with_nul", with_nul)  # NUL is dropped by normalisation
         yield from noted("long_sentences", long)
 
 
-def file_notes(element: tuple[str, int], input_format: str) -> list:
-    """(path, documents in all its ranges) -> what the manifest says of the file: a Skipped
-    for a file without documents, a Noted for a txt file of one document."""
-    _, documents = element
+def add_up(counts: Iterable[tuple[int, int]]) -> tuple[int, int]:
+    """``(documents, sentences)`` of a file's ranges -> the file's: ``[(2, 9), (1, 4)]`` ->
+    ``(3, 13)`` (a CombinePerKey function: partial sums add up the same)."""
+    documents = sentences = 0
+    for more_documents, more_sentences in counts:
+        documents += more_documents
+        sentences += more_sentences
+    return documents, sentences
+
+
+def file_notes(element: tuple[str, tuple[int, int]], input_format: str) -> list:
+    """(path, (documents, sentences) in all its ranges) -> the ``((group, kind), count)``
+    pairs the manifest counts for the file: ``file_without_documents`` skipped, or a txt
+    file read as one document (``single_document_files``), named in the log with its
+    sentences (lines), since the console's warning can only count them."""
+    path, (documents, sentences) = element
     if not documents:
-        Metrics.counter(NAMESPACE, "records_skipped").inc()
-        return [Skipped("file_without_documents")]
+        return counted("skipped", "file_without_documents", 1)
     if documents == 1 and input_format == "txt":
         # Google's txt convention puts a blank line between documents; a file without
         # one is a single document, which is right for a book, wrong for a dump.
-        return noted("single_document_files", 1)
+        logger.warning("%s was read as one document of %d lines: a txt document ends at a "
+                       "blank line, and it has none", path, sentences)  # fmt: skip
+        return counted("input", "single_document_files", 1)
     return []
 
 
@@ -396,8 +382,9 @@ class Tokenize(beam.DoFn):
 
     The tokenizer is built once per worker; one ``encode_batch_fast`` call (no
     offsets) per batch. Special-token text (``[MASK]``, ``[CLS]``, ...) is tokenized as
-    ordinary text, as Google's tokenizer does. Sentences that tokenize to nothing are dropped without
-    ending the document (Google's rule); documents left empty become ``Skipped``.
+    ordinary text, as Google's tokenizer does. Sentences that tokenize to nothing are dropped
+    without ending the document (Google's rule); documents left empty are counted as
+    skipped (``COUNTS``), as are the notes of :func:`noted`.
 
     With a ``segmenter`` (``--wwm_segmenter``, built once per worker), the batch is
     encoded with offsets and each token's word join is found on the original sentence
@@ -453,8 +440,7 @@ class Tokenize(beam.DoFn):
         owner = np.repeat(np.arange(len(per_doc)), per_doc)  # each sentence's document
         kept = lengths > 0
         counts = np.bincount(owner[kept], minlength=len(per_doc))  # non-empty sentences per doc
-        for _ in range(int((counts == 0).sum())):
-            yield Skipped("empty_after_tokenization")
+        yield from skipped("empty_after_tokenization", int((counts == 0).sum()))
         if not kept.any():
             return
         flat = np.fromiter(itertools.chain.from_iterable(encoded), dtype=id_dtype(len(vocab)),

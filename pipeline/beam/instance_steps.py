@@ -16,11 +16,12 @@ from collections.abc import Iterator
 import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
+from apache_beam.pvalue import TaggedOutput
 from apache_beam.transforms.window import GlobalWindows
 
 from pipeline.beam import memory
 from pipeline.beam.config import BuildConfig
-from pipeline.beam.document_steps import NAMESPACE, BucketSize, TokenizedBatch, noted
+from pipeline.beam.document_steps import NAMESPACE, TokenizedBatch, noted
 from pipeline.beam.shard_steps import RowSpool, write_group
 from pipeline.core.masking import MaskingConfig, MaskingVocab, mask_flat
 from pipeline.core.nsp import (
@@ -90,6 +91,10 @@ def split_into_groups(batch: TokenizedBatch, num_docs: int, num_tokens: int,
     groups = num_groups(num_docs, num_tokens, batch.ids.itemsize, config)
     labels = _buckets_of(batch, buckets, config) * np.uint64(groups) // np.uint64(buckets)
     yield from _split_by(batch, labels)
+
+
+# MakeInstances' tagged output: the documents of each bucket, for ``stats.buckets``.
+BUCKET_SIZES = "bucket_sizes"
 
 
 class SummariseBuckets(beam.CombineFn):
@@ -166,7 +171,8 @@ class AssignBuckets(beam.DoFn):
 
 class MakeInstances(beam.DoFn):
     """(bucket group, TokenizedBatches) -> (write group, RowBlock bytes): Google's NSP
-    pairs, then static masks; and a :class:`BucketSize` per bucket.
+    pairs, then static masks; tagged, each bucket's documents (``BUCKET_SIZES``) and the
+    copies of documents found (``COUNTS``, :func:`noted`).
 
     A group is split into its buckets, made one after the other. Documents meet the
     others of their bucket in id order. Each document's NSP rng is seeded from (seed,
@@ -214,7 +220,7 @@ class MakeInstances(beam.DoFn):
         del batches
         self._pending, self._pending_bytes = {}, 0
         for _, bucket in split_into_buckets(group, num_docs, self._config):
-            yield BucketSize(len(bucket.doc_ids))
+            yield TaggedOutput(BUCKET_SIZES, len(bucket.doc_ids))
             yield from self._bucket(bucket)
         yield from self._send(self._pending)
         self._pending = {}

@@ -1,7 +1,9 @@
 """pipeline/beam/dask_compat.py: which Beam versions get the DaskRunner fix, and that it says so."""
 
+import json
 import logging
 
+import apache_beam as beam
 import pytest
 
 from pipeline.beam import dask_compat
@@ -10,8 +12,8 @@ from pipeline.beam import dask_compat
 @pytest.mark.parametrize(
     ("version", "wanted", "says"),
     [
-        ("2.55.1", False, "no DaskRunner fix needed"),
-        ("2.61.0", False, "no DaskRunner fix needed"),
+        ("2.55.1", False, "not installed"),
+        ("2.61.0", False, "not installed"),
         ("2.62.0", True, "installing the DaskRunner fix"),
         ("2.77.0", True, "installing the DaskRunner fix"),
         ("2.78.0rc1", True, "newer than 2.62-2.77"),
@@ -30,8 +32,9 @@ def test_install_logs_and_replaces_the_pardo_translation(caplog):
     import apache_beam
     from apache_beam import ParDo
     from apache_beam.runners.dask import transform_evaluator as te
+    from apache_beam.runners.dask.dask_runner import DaskRunner
 
-    original = te.TRANSLATIONS[ParDo]
+    original, visitor = te.TRANSLATIONS[ParDo], DaskRunner.__dict__["to_dask_bag_visitor"]
     try:
         with caplog.at_level(logging.INFO, logger="pipeline.beam.dask_compat"):
             dask_compat.install()
@@ -42,6 +45,7 @@ def test_install_logs_and_replaces_the_pardo_translation(caplog):
         assert getattr(te.TRANSLATIONS[ParDo], "_bert_pipeline_fix", False) is wanted
     finally:
         te.TRANSLATIONS[ParDo] = original
+        DaskRunner.to_dask_bag_visitor = visitor
 
 
 def test_dask_sizes_a_windowed_value_by_its_value():
@@ -57,3 +61,51 @@ def test_dask_sizes_a_windowed_value_by_its_value():
     value = GlobalWindows.windowed_value((3, np.zeros(1_000_000, np.uint8)))
     assert 1_000_000 <= sizeof(value) < 1_001_000
     assert sizeof([value] * 20) >= 20_000_000  # a partition of them
+
+
+class Numbers(beam.DoFn):
+    """Each number, and tagged: a count per number and the odd numbers."""
+
+    def process(self, number: int):
+        yield number
+        yield beam.pvalue.TaggedOutput("counts", ("numbers", 1))
+        if number % 2:
+            yield beam.pvalue.TaggedOutput("odd", number)
+
+
+def write_result(total: int, counts: dict, odd: list, path: str) -> None:
+    with open(path, "w") as f:
+        json.dump({"total": total, "counts": counts, "odd": sorted(odd)}, f)
+
+
+@pytest.mark.slow
+def test_each_reader_of_a_multi_output_pardo_gets_its_own_output(tmp_path):
+    """The DaskRunner keeps one bag per transform, so without the fix every reader of a
+    ParDo's tagged or main output read all of them (the sum below fails on the tuples);
+    the build sends its counts as tagged outputs. One final step reads all three, as the
+    runner computes only the last transform's bag."""
+    pytest.importorskip("distributed", reason="the [dask] extra")
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    dask_compat.install()
+    path = str(tmp_path / "result.json")
+    options = PipelineOptions(["--runner=apache_beam.runners.dask.dask_runner.DaskRunner"])
+    with beam.Pipeline(options=options) as p:
+        made = (
+            p
+            | beam.Create(range(6))
+            | beam.ParDo(Numbers()).with_outputs("counts", "odd", main="numbers")
+        )
+        counts = made.counts | beam.CombinePerKey(sum)
+        (
+            made.numbers
+            | "Total" >> beam.CombineGlobally(sum)
+            | beam.Map(
+                write_result,
+                counts=beam.pvalue.AsDict(counts),
+                odd=beam.pvalue.AsList(made.odd),
+                path=path,
+            )
+        )
+    with open(path) as f:
+        assert json.load(f) == {"total": 15, "counts": {"numbers": 6}, "odd": [1, 3, 5]}

@@ -1,6 +1,7 @@
 """The pipeline's Beam steps: DoFns called as plain functions, transforms on a TestPipeline."""
 
 import hashlib
+import logging
 import pickle
 import tracemalloc
 
@@ -10,25 +11,25 @@ import pyarrow as pa
 import pytest
 from apache_beam.coders import typecoders
 from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.pvalue import TaggedOutput
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from pipeline.beam import memory
 from pipeline.beam.config import BuildConfig
 from pipeline.beam.document_steps import (
+    COUNTS,
+    FILE_DOCUMENTS,
     CountWords,
     DocumentBatch,
-    FileDocuments,
-    Noted,
     ReadDocuments,
-    Skipped,
     Tokenize,
     TokenizedBatch,
+    add_up,
     file_notes,
-    is_record,
-    split_skips,
 )
 from pipeline.beam.instance_steps import (
+    BUCKET_SIZES,
     AssignBuckets,
     MakeInstances,
     num_groups,
@@ -78,20 +79,37 @@ def config(tmp_path, **overrides):
     return BuildConfig(**{**values, **overrides})
 
 
+def outputs(items) -> tuple[list, dict[str, list]]:
+    """A DoFn's outputs, called as a plain function: (main outputs, tag -> tagged values)."""
+    main, tagged = [], {}
+    for item in items:
+        if isinstance(item, TaggedOutput):
+            tagged.setdefault(item.tag, []).append(item.value)
+        else:
+            main.append(item)
+    return main, tagged
+
+
 def test_read_documents_as_a_plain_function(corpus):
     read = ReadDocuments(config(corpus))
-    items = list(read.process(FileRange(str(corpus / "a.txt"))))
-    batches = [x for x in items if isinstance(x, DocumentBatch)]
-    assert [Skipped("invalid_utf8_line")] == [x for x in items if isinstance(x, Skipped)]
+    batches, tagged = outputs(read.process(FileRange(str(corpus / "a.txt"))))
+    assert tagged[COUNTS] == [(("skipped", "invalid_utf8_line"), 1)]
     documents = [["The river runs.", "The city."], ["Old north."], ["A b."]]
     assert batches == [DocumentBatch([content_id(d) for d in documents], documents)]
-    assert FileDocuments(str(corpus / "a.txt"), 3) in items
-    assert list(read.process(FileRange(str(corpus / "empty.txt")))) == [
-        FileDocuments(str(corpus / "empty.txt"), 0)
-    ]
-    assert file_notes((str(corpus / "empty.txt"), 0), "txt") == [Skipped("file_without_documents")]
-    assert file_notes(("one.txt", 1), "txt") == [Noted("single_document_files", 1)]
-    assert file_notes(("one.jsonl", 1), "jsonl") == []
+    assert tagged[FILE_DOCUMENTS] == [(str(corpus / "a.txt"), (3, 4))]  # documents, sentences
+    empty = str(corpus / "empty.txt")
+    assert outputs(read.process(FileRange(empty))) == ([], {FILE_DOCUMENTS: [(empty, (0, 0))]})
+    assert add_up([(2, 9), (1, 4)]) == (3, 13)
+
+
+def test_file_notes_count_files_without_documents_and_txt_files_of_one(caplog):
+    assert file_notes(("empty.txt", (0, 0)), "txt") == [(("skipped", "file_without_documents"), 1)]
+    with caplog.at_level(logging.WARNING, logger="pipeline.beam.document_steps"):
+        notes = file_notes(("one.txt", (1, 236)), "txt")
+    assert notes == [(("input", "single_document_files"), 1)]
+    # The console can only count such files: the log names each, with its lines.
+    assert "one.txt was read as one document of 236 lines" in caplog.text
+    assert file_notes(("one.jsonl", (1, 5)), "jsonl") == []
 
 
 def test_ranges_of_a_file_read_each_document_once(tmp_path):
@@ -118,14 +136,13 @@ def test_tokenize_as_a_plain_function():
     tokenize = Tokenize(do_lower_case=True, threads=1)
     tokenize.setup()
     batch = DocumentBatch(["d:0", "d:1", "d:2"], [["The river.", "\x00"], ["\u200b"], ["old city"]])
-    items = list(tokenize.process(batch, VOCAB))
-    (tokenized,) = [x for x in items if isinstance(x, TokenizedBatch)]
+    (tokenized,), tagged = outputs(tokenize.process(batch, VOCAB))
     assert tokenized.doc_ids == ["d:0", "d:2"]  # d:1 tokenizes to nothing
     assert tokenized.counts.tolist() == [1, 1]  # the NUL-only sentence is dropped
     ids = [VOCAB.index(w) for w in ("the", "river", ".", "old", "city")]
     assert tokenized.ids.tolist() == ids and tokenized.lengths.tolist() == [3, 2]
-    assert Skipped("empty_after_tokenization") in items
-    assert Noted("one_sentence_documents", 2) in items
+    assert (("skipped", "empty_after_tokenization"), 1) in tagged[COUNTS]
+    assert (("input", "one_sentence_documents"), 2) in tagged[COUNTS]
 
 
 # Google's tokenization (google-research/bert tokenization.py) of text with special-token
@@ -147,8 +164,7 @@ GOOGLE_PIECES = {
 def test_tokenize_reads_special_token_text_as_text_as_googles_tokenizer_does(text, do_lower_case):
     tokenize = Tokenize(do_lower_case=do_lower_case, threads=1)
     tokenize.setup()
-    items = list(tokenize.process(DocumentBatch(["d:0"], [[text]]), GOOGLE_VOCAB))
-    (tokenized,) = [x for x in items if isinstance(x, TokenizedBatch)]
+    (tokenized,), _ = outputs(tokenize.process(DocumentBatch(["d:0"], [[text]]), GOOGLE_VOCAB))
     expected = [GOOGLE_VOCAB.index(piece) for piece in GOOGLE_PIECES[text, do_lower_case]]
     assert tokenized.ids.tolist() == expected
     # The vocab learner counts the same words (so "mask" can be learned as a word).
@@ -165,9 +181,9 @@ def tokenized_bucket(n_docs=12, seed=0):
 
 def made(make: MakeInstances, batches: list[TokenizedBatch]) -> list:
     """MakeInstances' (write group, rows) elements for one group of ``batches`` (one
-    bucket at the default bucket size), its BucketSize records left out."""
+    bucket at the default bucket size), its tagged outputs left out."""
     num_docs = sum(len(b.doc_ids) for b in batches)
-    return [x for x in make.process((0, batches), VOCAB, num_docs) if is_record(x)]
+    return outputs(make.process((0, batches), VOCAB, num_docs))[0]
 
 
 def test_make_instances_rows_are_framed_and_masked(tmp_path):
@@ -293,7 +309,8 @@ def test_steps_on_a_test_pipeline(corpus):
         files = p | beam.Create(
             [FileRange(str(corpus / "a.txt")), FileRange(str(corpus / "empty.txt"))]
         )
-        documents, counts = split_skips(files | beam.ParDo(ReadDocuments(cfg)), "R")
+        read = files | beam.ParDo(ReadDocuments(cfg)).with_outputs(COUNTS, main="documents")
+        documents, counts = read.documents, read[COUNTS]
         doc_ids = documents | beam.FlatMap(lambda batch: batch.doc_ids)
         ids = [content_id(d) for d in (["The river runs.", "The city."], ["Old north."], ["A b."])]
         assert_that(doc_ids, equal_to(ids), label="ids")
@@ -319,14 +336,14 @@ def test_buckets_and_writers_on_a_test_pipeline(tmp_path):
         made = (
             groups
             | "GroupBuckets" >> beam.GroupByKey()
-            | beam.ParDo(MakeInstances(cfg, num_shards), vocab=VOCAB, num_docs=30)
+            | beam.ParDo(MakeInstances(cfg, num_shards), vocab=VOCAB, num_docs=30).with_outputs(
+                BUCKET_SIZES, main="rows"
+            )
         )
-        bucket_sizes = made | beam.Filter(lambda x: not is_record(x)) | beam.Map(tuple)
-        assert_that(bucket_sizes, equal_to([(n,) for n in bucket_sizes_of(batch, 30, cfg)]),
+        assert_that(made[BUCKET_SIZES], equal_to(bucket_sizes_of(batch, 30, cfg)),
                     label="bucket sizes")  # fmt: skip
         entries = (
-            made
-            | beam.Filter(is_record)
+            made.rows
             | "GroupShards" >> beam.GroupByKey()
             | beam.ParDo(WriteShard(cfg, num_shards), vocab=VOCAB)
             | "GroupParts" >> beam.GroupByKey()
@@ -371,8 +388,9 @@ def test_buckets_cross_the_shuffle_in_groups_and_make_the_same_rows(tmp_path, mo
     make = MakeInstances(cfg, 2)
     by_bucket = [x for b in sorted(buckets) for x in make.process((b, [buckets[b]]), VOCAB, 300)]
     by_group = [x for g in sorted(groups) for x in make.process((g, [groups[g]]), VOCAB, 300)]
-    assert rows(filter(is_record, by_group)) == rows(filter(is_record, by_bucket))
-    sizes = sorted(x.documents for x in by_group if not is_record(x))
+    (group_rows, group_tagged), (bucket_rows, _) = outputs(by_group), outputs(by_bucket)
+    assert rows(group_rows) == rows(bucket_rows)
+    sizes = sorted(group_tagged[BUCKET_SIZES])
     assert sizes == sorted(len(part.doc_ids) for part in buckets.values())
 
 
