@@ -2,6 +2,8 @@
 
 - summary: paths, throughput, held-out accuracies beside their baselines, the quickstart's
   stage times against its deadline (``python -m report.summary RUN_DIR``);
+- stages: a quickstart's stage times (``RUN_DIR/stages.jsonl``, scripts/stage.sh), for the
+  summary;
 - plot: PNGs of a ``metrics.jsonl`` (``python -m report.plot RUN_DIR``; the trainer also
   draws them at the end of a run).
 

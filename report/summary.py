@@ -14,7 +14,9 @@ summary then ends with a loud warning instead of a success line. So it does when
 memorises instead of generalizing (:func:`overfitting`): a held-out loss ending more than
 ``LOSS_RISE`` above its minimum, or a train/held-out accuracy gap over ``ACCURACY_GAP``.
 A quickstart's second held-out set (``eval2/metrics.jsonl``, evaluated after training) is
-printed beside the first, and its ``corpus/corpus.json`` says what the run trained on.
+printed beside the first, its ``corpus/corpus.json`` says what the run trained on, and its
+``stages.jsonl`` each stage's time, the total and whether it kept the deadline
+(report/stages.py).
 
 Exit codes: 0 printed (a warning included), 1 no readable metrics.
 """
@@ -29,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline.options import CommandParser
+from report.stages import stage_lines
 
 MARGIN = 0.05  # accuracy above the trivial baseline that counts as learned
 # A held-out loss that ends more than this above its minimum: the model got worse on unseen
@@ -249,6 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     second_path = run / "eval2" / "metrics.jsonl"  # a quickstart's second held-out set
     second = read_records(second_path) if second_path.is_file() else None
     lines = path_lines(run, train) + corpus_lines(run / "corpus" / "corpus.json")
+    lines += stage_lines(run / "stages.jsonl")
     print("\n".join(lines + summary_lines(records, second)))
     return 0
 

@@ -2,7 +2,7 @@
 # The main job, end to end on one machine (CPU is enough):
 #   raw text -> Beam pipeline (vocab, NSP pairs, masking) -> Arrow shards + held-out shards
 #   -> DeepSpeed training (deepspeed launcher) -> held-out MLM/NSP accuracy
-#   -> Hugging Face export -> plots -> summary
+#   -> Hugging Face export -> plots -> summary, within a deadline (TOTAL_MINUTES)
 #
 # Settings (environment variables; defaults make a small run of a few minutes):
 #   RUN_DIR      where everything goes                 (default: runs/quickstart)
@@ -28,7 +28,12 @@
 #   BEAM_ARGS    extra Beam options, e.g. "--runner=DataflowRunner --project=..."
 #   PRESET       model size: tiny mini small medium base large, or a config.json (default: tiny)
 #   DROPOUT      hidden and attention dropout of a PRESET (default: 0, right for short runs)
-#   TRAIN_MINUTES  training time budget: the schedule decays over it (default: 11)
+#   TOTAL_MINUTES  the whole run's deadline, counted from the script's start, setup included
+#                (default: 15): training's time budget is what the stages before it left,
+#                less an estimate of the stages after it (scripts/deadline.sh)
+#   TRAIN_MINUTES  training's time budget instead, deadline or not (the script says when it
+#                will miss it); the learning-rate schedule decays over the budget (default:
+#                unset: what TOTAL_MINUTES leaves)
 #   MAX_STEPS    optimizer steps instead, for a run reproducible step for step (default: unset)
 #   DS_CONFIG    DeepSpeed JSON                         (default: deploy/cpu.json)
 #   PRECISION    fp32, bf16 or auto (bf16 on a CPU with AVX512-BF16/AMX or a GPU with bf16),
@@ -42,18 +47,35 @@
 # Console: one line per stage ("[2/6] pipeline ... done in 80 s"), live on a terminal with
 # the stage's latest progress line; each stage's full output (BERT_VERBOSE=1: Beam's and
 # DeepSpeed's logs included) goes to RUN_DIR/logs/STAGE.log, whose end is shown on failure.
+# Each stage's time goes to RUN_DIR/stages.jsonl, which the summary prints against the
+# deadline.
 set -euo pipefail
+started=$(date +%s.%3N)  # the deadline counts from here
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+total_minutes="${TOTAL_MINUTES:-15}"
+for setting in "TOTAL_MINUTES=$total_minutes" ${TRAIN_MINUTES:+"TRAIN_MINUTES=$TRAIN_MINUTES"}; do
+  value="${setting#*=}"
+  if ! [[ "$value" =~ ^[0-9]*[.]?[0-9]+$ ]] ||
+    [ "$(awk -v m="$value" 'BEGIN { print (m > 0) }')" != 1 ]; then
+    echo "${setting%%=*} must be a number of minutes above 0, got '$value'" >&2
+    exit 2
+  fi
+done
+deadline_s=$(awk -v m="$total_minutes" 'BEGIN { printf "%g", m * 60 }')
 run="${RUN_DIR:-runs/quickstart}"
 logs="$run/logs"
 mkdir -p "$logs"
 echo "quickstart in $run: full logs in $logs/ (VERBOSE=1 shows them here)"
+# shellcheck disable=SC1091
+. "$root/scripts/stage.sh"
+# shellcheck disable=SC1091
+. "$root/scripts/deadline.sh"
+stage_times_start "$run/stages.jsonl" "$started" "$deadline_s"
 export SETUP_LOG="$logs/setup.log"
 # shellcheck disable=SC1091
 . "$root/scripts/setup.sh"
-# shellcheck disable=SC1091
-. "$root/scripts/stage.sh"
+stage_time setup "$(stage_since "$started")"
 
 vocab_size="${VOCAB_SIZE:-8000}"
 dupe="${DUPE_FACTOR:-2}"
@@ -61,7 +83,6 @@ max_seq="${MAX_SEQ:-128}"
 workers="${WORKERS:-2}"
 read -r -a beam_args <<< "${BEAM_ARGS:-}"
 runner=(--direct_num_workers="$workers" --direct_running_mode=multi_processing "${beam_args[@]}")
-start=$(date +%s)
 
 heldout="${HELDOUT:-}" heldout2="${HELDOUT2-}"
 packages="${CORPUS_PACKAGES-default}"
@@ -71,7 +92,7 @@ if [ -z "${CORPUS:-}" ]; then
 fi
 fillmask=""  # the demo, where this checkout has it
 if [ -n "$heldout" ] && python -c "import trainer.fillmask" 2>/dev/null; then fillmask=1; fi
-stages_total=3  # pipeline, statistics, training; then the optional ones
+stages_total=4  # pipeline, statistics, the training stack, training; then the optional ones
 [ -z "${CORPUS:-}" ] && stages_total=$((stages_total + 1))
 [ -n "$heldout" ] && stages_total=$((stages_total + 1))
 [ -n "$heldout2" ] && stages_total=$((stages_total + 2))  # its shards, its evaluation
@@ -105,11 +126,6 @@ stage "data statistics and plots -> $run/plots" stats \
 python -m pipeline stats "$run/shards" --plot --plot-dir "$run/plots"
 
 preset="${PRESET:-tiny}"
-if [ -n "${MAX_STEPS:-}" ]; then
-  budget=(--max-steps "$MAX_STEPS") budget_text="$MAX_STEPS steps"
-else
-  budget=(--max-minutes "${TRAIN_MINUTES:-11}") budget_text="${TRAIN_MINUTES:-11} minutes"
-fi
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   ranks="${RANKS:-$(nvidia-smi -L | wc -l)}"
 else
@@ -121,6 +137,37 @@ eval_args=()
 train_opts=()  # the trainer options both training and the second evaluation take
 [ -n "${PRECISION:-}" ] && train_opts+=(--precision "$PRECISION")
 [ -n "${MASKING:-}" ] && train_opts+=(--masking "$MASKING")
+
+# The training stack's import, timed: the unit of plan_training's estimate. And the DeepSpeed
+# ops the trainer would JIT-compile in its own start-up (on CPU the shared-memory
+# all-reduce; a minute or two on a machine without the cache, ~/.cache/torch_extensions):
+# built here, their time is spent before training's budget is set, not inside it.
+stack_code='
+import json, sys, time
+t0 = time.perf_counter()
+import deepspeed, torch
+from deepspeed.accelerator import get_accelerator
+from trainer import dskeys, ops
+import_s = time.perf_counter() - t0
+print(f"imported torch and DeepSpeed in {import_s:.2f} s", flush=True)
+names = [] if torch.cuda.is_available() else ["ShareMemCommBuilder"]
+with open(sys.argv[1]) as f:
+    optimizer = dskeys.optimizer_class(json.load(f))
+if optimizer is not None and optimizer.__name__ in ops.OPTIMIZER_BUILDERS:
+    names.append(ops.OPTIMIZER_BUILDERS[optimizer.__name__])
+for name in names:
+    if ops.compile_directory(name) is not None:
+        print(f"building DeepSpeed op {name} (once; cached)", flush=True)
+        get_accelerator().create_op_builder(name).load()
+with open(sys.argv[2], "w") as f:
+    f.write(f"{import_s:.3f}\n")
+'
+stage "training stack: its import time, DeepSpeed's ops" stack \
+python -c "$stack_code" "${DS_CONFIG:-deploy/cpu.json}" "$logs/stack_import_s"
+plan_training "$(cat "$logs/stack_import_s")" "$(python -c 'import json, sys
+print(sum(json.load(open(f"{p}/manifest.json"))["num_rows"] for p in sys.argv[1:]))' \
+  ${heldout:+"$run/heldout"} ${heldout2:+"$run/heldout2"})"
+
 rm -rf "$run/train"
 stage "training: $preset, $budget_text, $ranks rank(s), ${DS_CONFIG:-deploy/cpu.json}${PRECISION:+, $PRECISION}" train \
 deepspeed --num_gpus "$ranks" trainer/run.py --ds-config "${DS_CONFIG:-deploy/cpu.json}" "${train_opts[@]}" \
@@ -149,5 +196,5 @@ if [ -n "$fillmask" ] && [ "${VERBOSE:-0}" = 0 ]; then
   cat "$logs/fillmask.log"
 fi
 echo
-echo "== summary ($(( $(date +%s) - start )) s)"
+echo "== summary"
 python -m report.summary "$run"

@@ -10,8 +10,36 @@
 # and a line like it every minute otherwise (a file, CI). When CMD fails: the end of its
 # log, and the script stops with CMD's exit code. VERBOSE=1: CMD's output on the console as
 # well. Sourced by scripts/quickstart.sh, which sets $logs and $stages_total.
+#
+# Stage times: with $stage_times set (stage_times_start), each stage's seconds are appended
+# to that file, one JSON object a line, which `python -m report.summary` prints with the
+# deadline:
+#   {"start": 1796180000.123, "deadline_s": 900}   the script's start (epoch s) and deadline
+#   {"stage": "pipeline", "seconds": 36.2}         one per stage, in order (a failed one too)
+#   {"plan": "deadline", "at_s": 245.1, "budget_s": 541.3, "after_s": 107.2, "unit_s": 3.5}
+#       how training's budget was set (scripts/deadline.sh)
 
 stage_number=0
+stage_times=""
+
+# stage_clock: seconds since the epoch, to the millisecond.
+stage_clock() { date +%s.%3N; }
+
+# stage_since T: seconds from T (a stage_clock) to now, to a tenth.
+stage_since() { awk -v t0="$1" -v t1="$(stage_clock)" 'BEGIN { printf "%.1f", t1 - t0 }'; }
+
+# stage_times_start FILE START DEADLINE_S: a new stage-time file for a script started at START.
+stage_times_start() {
+  stage_times="$1"
+  printf '{"start": %s, "deadline_s": %s}\n' "$2" "$3" >"$stage_times"
+}
+
+# stage_time NAME SECONDS: one stage's time in the stage-time file (none without one).
+stage_time() {
+  if [ -n "$stage_times" ]; then
+    printf '{"stage": "%s", "seconds": %s}\n' "$1" "$2" >>"$stage_times"
+  fi
+}
 # A log line of ours: "2026-01-01 12:00:00,000 INFO pipeline: ...", "... INFO [rank 0]
 # trainer.metrics: ...", or a Beam worker's "INFO:pipeline.documents:...".
 ours_pattern='^[^A-Za-z]*(INFO|WARNING|ERROR)[: ](\[rank [0-9]+\] )?(pipeline|trainer)[a-z_.]*: ?'
@@ -45,7 +73,8 @@ stage_ticker() {
 }
 
 stage() {
-  local title="$1" name="$2" log="$logs/$2.log" t0=$SECONDS rc=0 ticker
+  local title="$1" name="$2" log="$logs/$2.log" t0=$SECONDS clock0 rc=0 ticker
+  clock0=$(stage_clock)
   shift 2
   stage_number=$((stage_number + 1))
   local label="[$stage_number/$stages_total] $title" short="[$stage_number/$stages_total] $name"
@@ -60,6 +89,7 @@ stage() {
     wait "$ticker" 2>/dev/null || true
     if [ -t 1 ]; then printf '\r\033[K'; fi
   fi
+  stage_time "$name" "$(stage_since "$clock0")"
   if [ "$rc" -ne 0 ]; then
     echo "$label ... FAILED (exit $rc) after $((SECONDS - t0)) s; log: $log"
     if [ "${VERBOSE:-0}" = 0 ]; then tail -n 30 "$log" | sed 's/^/    /'; fi
