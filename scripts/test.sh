@@ -22,6 +22,9 @@
 # import, the warning that gave every process Python's root log handler, so Beam's local
 # worker processes log otherwise (their INFO lines no longer reach Beam's log file). Copying
 # .venv-base means only the extra is installed; same stamp; BERT_TEST_BASE covers it too.
+#
+# And in .venv-report (a copy of .venv-base plus matplotlib) tests/report: the summary, the
+# plots and `pipeline stats --plot` read a run's output where no training stack is installed.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck disable=SC1091
@@ -62,16 +65,35 @@ gcp_tests() {
     rm -rf "$venv"
     setup_step "creating $venv (a copy of .venv-base)" cp -a "$root/.venv-base" "$venv"
     setup_step "installing the gcp extra (pip install -e '.[gcp]')" \
-      "$venv/bin/python" -m pip install -e "$root[gcp]"
+      "$venv/bin/python" -m pip install -e "${root}[gcp]"
     echo "$deps_stamp" >"$venv/.gcp-stamp"
   fi
   echo "[test] the DataflowRunner's dry runs on the gcp extra ($venv)"
   BERT_GCP_TESTS=1 "$venv/bin/python" -m pytest tests/pipeline/test_dry_run.py -m slow \
     -p no:cacheprovider -q --durations=3
 }
+
+# report_tests: tests/report in .venv-report (.venv-base + matplotlib, still no torch).
+report_tests() {
+  local venv="$root/.venv-report"
+  if [ "$(cat "$venv/.report-stamp" 2>/dev/null)" != "$deps_stamp" ] || [ ! -x "$venv/bin/python" ]
+  then
+    rm -rf "$venv"
+    setup_step "creating $venv (a copy of .venv-base)" cp -a "$root/.venv-base" "$venv"
+    setup_step "installing matplotlib" "$venv/bin/python" -m pip install "matplotlib>=3.7"
+    echo "$deps_stamp" >"$venv/.report-stamp"
+  fi
+  if "$venv/bin/python" -c "import torch" 2>/dev/null; then
+    echo "the reports' environment ($venv) holds torch: matplotlib pulls it in?" >&2
+    return 1
+  fi
+  echo "[test] tests/report on the base install plus matplotlib ($venv, no torch)"
+  "$venv/bin/python" -m pytest tests/report -m "not slow" -p no:cacheprovider -q --durations=3
+}
 if [ "${BERT_TEST_BASE:-$([ $# -eq 0 ] && echo 1 || echo 0)}" != 0 ]; then
   base_install_tests
   gcp_tests
+  report_tests
 fi
 
 # pytest exits 5 when it collects no test: that is a failure here too.
