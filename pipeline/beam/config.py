@@ -120,31 +120,40 @@ class BuildConfig:
     def __post_init__(self) -> None:
         if not self.input:
             raise ValueError("input: give at least one path or glob")
-        checks = {
-            "max_seq_length": self.max_seq_length >= 5,
-            "max_predictions_per_seq": self.max_predictions_per_seq >= 1,
-            "masked_lm_prob": 0.0 < self.masked_lm_prob <= 1.0,
-            "short_seq_prob": 0.0 <= self.short_seq_prob <= 1.0,
-            "dupe_factor": self.dupe_factor >= 1,
-            "random_seed": self.random_seed >= 0,
-            "vocab_size": self.vocab_size >= 6,
-            "num_shards": self.num_shards is None or 1 <= self.num_shards <= 99999,
-            "input_format": self.input_format in INPUT_FORMATS,
-            "bucket_size": self.bucket_size >= 1,
-            "min_frequency": self.min_frequency >= 1,
-            "tokenizer_threads": self.tokenizer_threads >= 0,
-            "input_split_mb": self.input_split_mb >= 0,
-            "row_spool": self.row_spool in ROW_SPOOL,
-            "wwm_segmenter": self.wwm_segmenter in SEGMENTERS,
-        }
-        for name, ok in checks.items():
+        for name, (ok, allowed) in self._checks().items():
             if not ok:
-                raise ValueError(f"--{name}: invalid value {getattr(self, name)!r}")
+                raise ValueError(f"--{name}: invalid value {getattr(self, name)!r}: {allowed}")
         if self.wwm_segmenter != "none" and not self.do_whole_word_mask:
             raise ValueError(
                 f"--wwm_segmenter {self.wwm_segmenter} finds words for whole-word masking: "
                 "add --do_whole_word_mask true"
             )
+
+    def _checks(self) -> dict[str, tuple[bool, str]]:
+        """Each bounded option: (whether its value is allowed, what is allowed)."""
+        return {
+            # [CLS] A [SEP] B [SEP] with a token on each side.
+            "max_seq_length": (self.max_seq_length >= 5, "must be at least 5"),
+            "max_predictions_per_seq": (self.max_predictions_per_seq >= 1, "must be at least 1"),
+            "masked_lm_prob": (0.0 < self.masked_lm_prob <= 1.0, "must be in (0, 1]"),
+            "short_seq_prob": (0.0 <= self.short_seq_prob <= 1.0, "must be in [0, 1]"),
+            "dupe_factor": (self.dupe_factor >= 1, "must be at least 1"),
+            "random_seed": (self.random_seed >= 0, "must be 0 or more"),
+            # The five special tokens and one more; a learned vocab also holds the corpus's
+            # alphabet, checked once the words are counted (document_steps.learn_vocab).
+            "vocab_size": (self.vocab_size >= 6, "must be at least 6 (BERT's is 30522)"),
+            "num_shards": (
+                self.num_shards is None or 1 <= self.num_shards <= 99999,
+                "must be in 1..99999 (shard names have 5 digits)",
+            ),
+            "input_format": (self.input_format in INPUT_FORMATS, f"one of {INPUT_FORMATS}"),
+            "bucket_size": (self.bucket_size >= 1, "must be at least 1"),
+            "min_frequency": (self.min_frequency >= 1, "must be at least 1"),
+            "tokenizer_threads": (self.tokenizer_threads >= 0, "must be 0 (automatic) or more"),
+            "input_split_mb": (self.input_split_mb >= 0, "must be 0 (automatic) or more"),
+            "row_spool": (self.row_spool in ROW_SPOOL, f"one of {ROW_SPOOL}"),
+            "wwm_segmenter": (self.wwm_segmenter in SEGMENTERS, f"one of {SEGMENTERS}"),
+        }
 
     def params(self) -> dict:
         """The manifest's ``params``: every option that shapes the data, and the seed.

@@ -26,6 +26,7 @@ from apache_beam.pvalue import TaggedOutput
 from apache_beam.transforms.window import GlobalWindows
 
 from pipeline.beam.config import BuildConfig
+from pipeline.beam.runner import UsageError
 from pipeline.core.rows import (
     offsets_of,
     pack_array,
@@ -47,6 +48,7 @@ from pipeline.core.sources import (
 )
 from pipeline.core.text import basic_tokenize
 from pipeline.core.vocab import SPECIAL_TOKENS, build_tokenizer, learn_wordpiece_vocab
+from pipeline.core.wordpiece import VocabSizeError
 
 logger = logging.getLogger(__name__)
 NAMESPACE = "bert_pipeline"
@@ -369,12 +371,28 @@ class JoinCounts(beam.CombineFn):
 
 
 def learn_vocab(word_counts: dict[str, int], config: BuildConfig) -> list[str]:
+    """The word counts -> the build's vocab (WordPiece, ``config.vocab_size`` tokens).
+
+    Raises:
+        UsageError: ``--vocab_size`` cannot hold the corpus's alphabet (exit 2, naming
+            the size that can).
+    """
     if not word_counts:
         # No documents: the build makes 0 rows, and the driver says so and removes it.
         return list(SPECIAL_TOKENS)
     logger.info("learning a %d-token vocab from %d distinct words", config.vocab_size,
                 len(word_counts))  # fmt: skip
-    return learn_wordpiece_vocab(word_counts, config.vocab_size, min_frequency=config.min_frequency)
+    try:
+        return learn_wordpiece_vocab(
+            word_counts, config.vocab_size, min_frequency=config.min_frequency
+        )
+    except VocabSizeError as err:
+        raise UsageError(
+            f"--vocab_size {config.vocab_size} is too small for this corpus: its "
+            f"{len(SPECIAL_TOKENS)} special tokens and its alphabet (each character, and "
+            f"##c for those inside words) need {err.needed}; pass --vocab_size {err.needed} "
+            "or more (BERT's is 30522), or --vocab_file with a vocab.txt to reuse"
+        ) from None
 
 
 class Tokenize(beam.DoFn):

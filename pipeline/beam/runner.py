@@ -19,6 +19,7 @@ import dataclasses
 import difflib
 import logging
 import os
+import re
 import tempfile
 from collections.abc import Sequence
 
@@ -133,6 +134,31 @@ def with_tokenizer_threads(config, options):
     return dataclasses.replace(config, tokenizer_threads=threads)
 
 
+class UsageError(ValueError):
+    """A mistake in the command's options that only the running job can find (a vocab
+    size too small for the corpus's alphabet): exit 2, as options refused before the job
+    starts are, with the message alone."""
+
+
+def usage_message(err: BaseException) -> str | None:
+    """The message of a :class:`UsageError` that stopped a job, else None. In-process
+    runners and Dask raise it as it is; the multi-processing DirectRunner raises a
+    RuntimeError whose last line is the worker's ``pipeline.beam.runner.UsageError: ...``.
+
+    Beam's `` [while running 'Step']`` suffix goes: ``usage_message(RuntimeError("...\\n"
+    "pipeline.beam.runner.UsageError: pass --x 5 [while running 'Learn']"))`` -> ``"pass --x 5"``.
+    """
+    name = f"{UsageError.__module__}.{UsageError.__qualname__}: "
+    line = _last_line(err)
+    if isinstance(err, UsageError):
+        line = str(err)
+    elif line.startswith(name):
+        line = line[len(name) :]
+    else:
+        return None
+    return re.sub(r" \[while running '[^']*'\]$", "", line)  # Beam's suffix: the step's label
+
+
 def _last_line(err: BaseException) -> str:
     """A Beam error's message ends with the worker's exception; its traceback goes first."""
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
@@ -232,7 +258,8 @@ def warn_dataflow_pitfalls(options, paths: dict[str, Sequence[str]]) -> None:
 def run_pipeline(options, add_steps, log_file: str | None, verbose: bool, what: str, *,
                  dry_run: bool = False) -> int:  # fmt: skip
     """Run ``add_steps(pipeline)`` on ``options``: 0, or 1 after one error line (the
-    worker's exception) with the traceback in the log file. Unless verbose, descriptor 2
+    worker's exception) with the traceback in the log file; 2 for a :class:`UsageError`,
+    its message alone. Unless verbose, descriptor 2
     (Beam's workers included) goes to the log file meanwhile. ``dry_run``: build the job
     without running it (:func:`_dry_run`), then one line saying what was checked."""
     import apache_beam as beam
@@ -248,6 +275,11 @@ def run_pipeline(options, add_steps, log_file: str | None, verbose: bool, what: 
                 with beam.Pipeline(options=options) as p:
                     add_steps(p)
     except Exception as e:  # the runner's failure, whatever its type: exit 1, not a traceback
+        usage = usage_message(e)
+        if usage is not None:  # the user's to fix: what to pass instead, no traceback
+            logger.debug("%s stopped", what, exc_info=True)
+            logger.error("%s", usage)
+            return 2
         where = f"; traceback and Beam's log: {log_file}" if log_file else ""
         logger.error("%s%s failed: %s%s", "the dry run of the " if dry_run else "", what,
                      _last_line(e), where, exc_info=True)  # fmt: skip

@@ -176,10 +176,12 @@ def _build(argv: Sequence[str], log_file: str | None, verbose: bool,
     single = stats.get("input", {}).get("single_document_files", 0)
     if single:
         logger.warning(
-            "%d of %d txt input file(s) hold a single document (no blank line in them); "
-            "if a file holds many documents, put a blank line between them (the txt "
-            "convention NSP relies on) or use jsonl, one document per record",
-            single, len(plan.files),
+            "%d of %d txt input file(s) were each read as ONE document, since a txt document "
+            "ends at a blank line and they have none (named, with their lines, in %s): NSP "
+            "pairs their sentences as one running text. If they hold many documents, put a "
+            "blank line between documents, or give them as jsonl, one {\"text\": ...} record "
+            "per document (the build splits it into sentences)",
+            single, len(plan.files), log_file or "the lines above",
         )  # fmt: skip
     return 0
 

@@ -221,6 +221,13 @@ class _PairTable:
                 self.where.pop(pair, None)
 
 
+class VocabSizeError(ValueError):
+    """``vocab_size`` cannot hold the special tokens and the alphabet; ``needed`` is the
+    smallest ``vocab_size`` that can (kept when pickled: an exception's ``__dict__`` is)."""
+
+    needed: int = 0
+
+
 def _check_learn_args(
     vocab_size: int, min_frequency: int, limit_alphabet: int | None, special_tokens: Sequence[str]
 ) -> None:
@@ -269,9 +276,10 @@ def learn_wordpiece_vocab(
         (with a warning) when the merges run out first.
 
     Raises:
+        VocabSizeError: ``vocab_size`` cannot hold the special tokens plus the
+            alphabet (a ValueError; ``needed`` says the smallest size that can).
         ValueError: an argument is out of range, a special token is missing or
-            repeated, a word/count is invalid, or ``vocab_size`` cannot hold
-            the special tokens plus the alphabet.
+            repeated, or a word/count is invalid.
         TypeError: a word is not a ``str`` or a count not an integer.
     """
     _check_learn_args(vocab_size, min_frequency, limit_alphabet, special_tokens)
@@ -279,11 +287,14 @@ def learn_wordpiece_vocab(
     usable = _check_word_counts(word_counts)
     tokens, words = _initial_tokens(usable, special_tokens, _alphabet(usable, limit_alphabet))
     if vocab_size < len(tokens):
-        raise ValueError(
+        err = VocabSizeError(
             f"vocab_size={vocab_size} cannot hold the {len(special_tokens)} special tokens and "
-            f"the {len(tokens) - len(special_tokens)} alphabet tokens; raise vocab_size or "
-            f"lower limit_alphabet (now {limit_alphabet})"
+            f"the {len(tokens) - len(special_tokens)} alphabet tokens (each character kept, "
+            f"and ##c for those inside words): vocab_size must be at least {len(tokens)}, or "
+            f"limit_alphabet (now {limit_alphabet}) lower"
         )
+        err.needed = len(tokens)
+        raise err
     token_ids = {token: i for i, token in enumerate(tokens)}
     table = _PairTable(
         [[token_ids[w[0]], *(token_ids[PREFIX + c] for c in w[1:])] for w in words],

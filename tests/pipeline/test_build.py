@@ -533,7 +533,7 @@ def test_txt_files_of_one_document_each_get_a_warning(tmp_path, capfd):
     out = tmp_path / "out"
     assert main(["build", "--input", str(directory / "*.txt"), "--output", str(out),
                  *SMALL]) == 0  # fmt: skip
-    assert "1 of 3 txt input file(s) hold a single document" in capfd.readouterr().err
+    assert "1 of 3 txt input file(s) were each read as ONE document" in capfd.readouterr().err
     assert shard_format.read_manifest(str(out))["stats"]["input"]["single_document_files"] == 1
 
 
