@@ -23,8 +23,9 @@
 # worker processes log otherwise (their INFO lines no longer reach Beam's log file). Copying
 # .venv-base means only the extra is installed; same stamp; BERT_TEST_BASE covers it too.
 #
-# And in .venv-report (a copy of .venv-base plus matplotlib) tests/report: the summary, the
-# plots and `pipeline stats --plot` read a run's output where no training stack is installed.
+# And in .venv-report (a copy of .venv-base plus matplotlib)
+# tests/report/test_base_install.py: the summary, the plots and `pipeline stats --plot` read
+# a run's output where no training stack is installed. The rest of tests/report runs in .venv.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck disable=SC1091
@@ -73,7 +74,7 @@ gcp_tests() {
     -p no:cacheprovider -q --durations=3
 }
 
-# report_tests: tests/report in .venv-report (.venv-base + matplotlib, still no torch).
+# report_tests: the reports' test in .venv-report (.venv-base + matplotlib, still no torch).
 report_tests() {
   local venv="$root/.venv-report"
   if [ "$(cat "$venv/.report-stamp" 2>/dev/null)" != "$deps_stamp" ] || [ ! -x "$venv/bin/python" ]
@@ -87,8 +88,9 @@ report_tests() {
     echo "the reports' environment ($venv) holds torch: matplotlib pulls it in?" >&2
     return 1
   fi
-  echo "[test] tests/report on the base install plus matplotlib ($venv, no torch)"
-  "$venv/bin/python" -m pytest tests/report -m "not slow" -p no:cacheprovider -q --durations=3
+  echo "[test] the reports on the base install plus matplotlib ($venv, no torch)"
+  "$venv/bin/python" -m pytest tests/report/test_base_install.py -p no:cacheprovider -q \
+    --durations=3
 }
 if [ "${BERT_TEST_BASE:-$([ $# -eq 0 ] && echo 1 || echo 0)}" != 0 ]; then
   base_install_tests

@@ -1,7 +1,7 @@
 """The reports need no training stack: ``report.summary``, ``report.plot`` and ``pipeline
-stats --plot`` run on the base install plus matplotlib (scripts/test.sh runs tests/report in
-.venv-report, which holds only that; in the full environment this checks that none of
-them imports torch, DeepSpeed or trainer/)."""
+stats --plot`` run on the base install plus matplotlib (scripts/test.sh runs this file in
+.venv-report, which holds only that; in the full environment it checks that none of them
+imports torch, DeepSpeed or trainer/)."""
 
 import json
 import subprocess
