@@ -13,7 +13,7 @@ the ones above it in this list (tests/test_layout.py checks it):
   ``export``, ``runner`` (options, runner and log of a job), ``sizing`` (the local
   runner's memory check, Dask's partitions), ``dask_compat``.
 - ``pipeline.cli``: the commands: ``main`` (``python -m pipeline build|stats|inspect|
-  validate|export``), ``inspect_cli``, ``stats``, ``corpus`` (``python -m pipeline.cli.corpus``,
+  validate|export``), ``inspect_cli``, ``stats``, ``corpus`` (``python -m pipeline corpus``,
   with ``package_docs``: the installed packages' documentation).
 
 Beside them, the command-line plumbing every command of the project uses (trainer/ and

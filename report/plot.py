@@ -221,14 +221,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("run_dir", help="a training output directory holding metrics.jsonl")
-    p.add_argument("--out", default=None, help="where to write the PNGs (default: RUN_DIR/plots)")
+    p.add_argument("--output-dir", default=None,
+                   help="where to write the PNGs (default: RUN_DIR/plots)")  # fmt: skip
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if importlib.util.find_spec("matplotlib") is None:
         logger.error("python -m report.plot needs matplotlib: pip install matplotlib")
         return 2
     try:
-        paths = plot_run(args.run_dir, args.out)
+        paths = plot_run(args.run_dir, args.output_dir)
     except (OSError, ValueError) as e:
         logger.error("%s", e)
         return 1

@@ -19,16 +19,17 @@ TYPOS = [
     ("pipeline.cli.main", ["export", "s", "--to", "tfrecord", "--output", "o", "--log-fil", "l"],
      "unknown option --log-fil (did you mean --log_file?)"),
     ("pipeline.cli.main", ["stats", "s", "--plot-dri", "p"],
-     "unknown option --plot-dri (did you mean --plot-dir?)"),
+     "unknown option --plot-dri (did you mean --plot_dir?)"),
     ("pipeline.cli.main", ["inspect", "s", "--wrods"], "unknown option --wrods (did you mean --words?)"),
     ("pipeline.cli.main", ["validate", "s", "--shrad", "1"],
      "unknown option --shrad"),
-    ("pipeline.cli.corpus", ["--output", "o", "--max_bm", "1"],
-     "unknown option --max_bm (did you mean --max-mb?)"),
+    ("pipeline.cli.main", ["corpus", "--output", "o", "--max_bm", "1"],
+     "unknown option --max_bm (did you mean --max_mb?)"),
     ("trainer.run", ["--mdoel", "tiny"], "unknown option --mdoel (did you mean --model?)"),
     ("trainer.export", ["c", "h", "--vocba", "v"], "unknown option --vocba (did you mean --vocab?)"),
     ("report.summary", ["r", "--json"], "unknown option --json"),
-    ("report.plot", ["r", "--ot", "p"], "unknown option --ot (did you mean --out?)"),
+    ("report.plot", ["r", "--outptu-dir", "p"],
+     "unknown option --outptu-dir (did you mean --output-dir?)"),
     ("trainer.fillmask", ["e", "s", "--top_kk", "3"],
      "unknown option --top_kk (did you mean --top-k?)"),
     ("finetune.__main__", ["--taks", "qa"], "unknown option --taks (did you mean --task?)"),
@@ -99,11 +100,11 @@ def test_the_other_spelling_reaches_the_command(tmp_path, capfd):
     """Past the flags: a bad value is refused naming the flag, a missing input exits 1."""
     missing = str(tmp_path / "missing")
     capfd.readouterr()
-    assert exit_code("pipeline.cli.main", ["stats", missing, "--plot_dir", "p"]) == 1
+    assert exit_code("pipeline.cli.main", ["stats", missing, "--plot-dir", "p"]) == 1
     for module, argv, says in [
         ("pipeline.cli.main", ["inspect", missing, "--num-rows", "x"], "--num_rows: invalid int"),
         ("trainer.fillmask", [missing, missing, "--top_k", "x"], "--top-k: invalid int"),
-        ("pipeline.cli.corpus", ["--output", missing, "--max_mb", "x"], "--max-mb: invalid float"),
+        ("pipeline.cli.main", ["corpus", "--output", missing, "--max-mb", "x"], "--max_mb: invalid float"),
     ]:  # fmt: skip
         assert exit_code(module, argv) == 2
         err = capfd.readouterr().err

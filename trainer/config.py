@@ -109,6 +109,10 @@ class TrainConfig:
     record_samples: bool = option(
         False, "append each rank's trained row ids to OUTPUT_DIR/samples-rankN.txt"
     )
+    # How the run talks, not what it does: pipeline/console.py.
+    verbose: bool = option(
+        False, "every log record on the console, as the log file has them (or BERT_VERBOSE=1)"
+    )
     # trainer/signals.py
     signal_grace: float = option(
         30.0,
@@ -196,7 +200,7 @@ class TrainConfig:
         ):
             raise ValueError(f"--max-minutes must be > 0, got {self.max_minutes!r}")
         for name in ("skip_corrupt", "verify_shards", "unpad", "export_hf", "record_samples",
-                     "distill_nsp"):  # fmt: skip
+                     "distill_nsp", "verbose"):  # fmt: skip
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"--{_flag(name)} must be true or false")
         self._check_distillation()

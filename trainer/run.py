@@ -23,8 +23,8 @@ distillation into the --model from a frozen teacher: ``--teacher HF_DIR``
 
 Console: our lines only (stages, one progress line per ``--log-every``, evaluations; warnings
 from every rank). Everything, DeepSpeed's INFO lines and stray prints included, goes to
-``OUTPUT_DIR/logs/train-rank{RANK}.log``. ``BERT_VERBOSE=1`` puts every record on the console
-as well (pipeline/console.py).
+``OUTPUT_DIR/logs/train-rank{RANK}.log``. ``--verbose`` or ``BERT_VERBOSE=1`` puts every record
+on the console as well (pipeline/console.py).
 
 Ctrl-C or SIGTERM (a cluster's, before preemption): every rank finishes the step in progress
 and saves a checkpoint; rank 0 prints the command that resumes the run. A second signal exits
@@ -77,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rank = _launcher_rank()
     fresh = not Path(config.output_dir).exists()
     try:
-        handlers = _setup_logging(rank, config.output_dir)
+        handlers = _setup_logging(rank, config.output_dir, verbose=config.verbose)
     except OSError as err:  # the log file cannot be made or written (a full disk)
         handlers = _setup_logging(rank)
         logger.error("%s", err)
@@ -85,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     code = 1
     try:
-        with _prints_to(handlers), _stop_request(argv, config) as stop:
+        with _prints_to(handlers, config.verbose), _stop_request(argv, config) as stop:
             code = _run(config, stop, _log_path(rank, config.output_dir))
             return code
     finally:
@@ -177,9 +177,10 @@ def _launcher_rank() -> int:
     return 0
 
 
-def _setup_logging(rank: int, output_dir: str | None = None) -> list[logging.Handler]:
+def _setup_logging(rank: int, output_dir: str | None = None, *,
+                   verbose: bool = False) -> list[logging.Handler]:  # fmt: skip
     """Rank 0's console: our INFO lines; other ranks': warnings. Every rank's file:
-    everything, in ``OUTPUT_DIR/logs/train-rank{rank}.log``. BERT_VERBOSE=1: every
+    everything, in ``OUTPUT_DIR/logs/train-rank{rank}.log``. --verbose or BERT_VERBOSE=1: every
     record on the console (INFO on rank 0, WARNING on the others), as the file has them.
 
     Returns the handlers, for :func:`pipeline.console.uninstall`.
@@ -188,13 +189,13 @@ def _setup_logging(rank: int, output_dir: str | None = None) -> list[logging.Han
     if output_dir is not None:
         log_path = _log_path(rank, output_dir)
         log_path.parent.mkdir(parents=True, exist_ok=True)
-    verbose = console.verbose_requested()
+    verbose = console.verbose_requested(verbose)
     handlers = console.install(
         ("trainer", "model", "pipeline"), verbose=verbose, log_path=log_path and str(log_path),
         main=rank == 0, tag=f"[rank {rank}] " if rank or verbose else "", file_only=FILE_ONLY,
     )  # fmt: skip
     if log_path is not None and rank == 0:
-        hint = "" if verbose else " (BERT_VERBOSE=1 shows it here)"
+        hint = "" if verbose else " (--verbose shows it here)"
         try:
             logger.info("full log: %s%s", log_path, hint)
         except console.LogFileError:
@@ -218,11 +219,11 @@ def _route_deepspeed_logs() -> None:
     ds_logger.propagate = True
 
 
-def _prints_to(handlers: list[logging.Handler]):
+def _prints_to(handlers: list[logging.Handler], verbose: bool):
     """Libraries' print() calls ("DeepSpeed ... built successfully") go to the log file,
-    unless BERT_VERBOSE=1."""
+    unless --verbose or BERT_VERBOSE=1."""
     files = [h for h in handlers if isinstance(h, logging.FileHandler)]
-    if console.verbose_requested() or not files:
+    if console.verbose_requested(verbose) or not files:
         return contextlib.nullcontext()
     return contextlib.redirect_stdout(files[0].stream)
 

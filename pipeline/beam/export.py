@@ -1,7 +1,7 @@
 """``python -m pipeline export``: a shard directory -> NVIDIA's HDF5 or Google's TFRecord files.
 
     python -m pipeline export shards/ --to nvidia-hdf5 --output hdf5/
-    python -m pipeline export shards/ --to tfrecord --output tfrecord/ [--tfrecord-names v2]
+    python -m pipeline export shards/ --to tfrecord --output tfrecord/ [--tfrecord_names v2]
     python -m pipeline export shards/ --to tfrecord --output tf/ --max_predictions_per_seq 80
     python -m pipeline export shards/ ... --runner=DataflowRunner --project=...  # Beam options
     python -m pipeline export shards/ ... --runner=DataflowRunner ... --dry_run  # check only
@@ -36,7 +36,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from pipeline.beam.shard_steps import write_atomic
-from pipeline.options import CommandParser
+from pipeline.options import CommandParser, parse_bool
 from pipeline.shards import export_formats as formats
 from pipeline.shards import shard_format
 from pipeline.shards.shard_writer import created_by, encode_manifest
@@ -63,7 +63,7 @@ class ExportConfig:
         if self.to not in formats.FORMATS:
             raise ValueError(f"--to must be one of {formats.FORMATS}, got {self.to!r}")
         if self.tfrecord_names is not None and self.to != formats.TFRECORD:
-            raise ValueError("--tfrecord-names applies to --to tfrecord only")
+            raise ValueError("--tfrecord_names applies to --to tfrecord only")
         if self.max_predictions_per_seq is not None and self.max_predictions_per_seq < 1:
             raise ValueError(
                 f"--max_predictions_per_seq must be >= 1, got {self.max_predictions_per_seq}"
@@ -85,7 +85,7 @@ def export_parser() -> argparse.ArgumentParser:
     p.add_argument("--to", required=True, choices=formats.FORMATS, help="the file format")
     p.add_argument("--output", required=True, help="output directory (local or a URI)")
     p.add_argument(
-        "--tfrecord-names",
+        "--tfrecord_names",
         choices=sorted(formats.TFRECORD_NAMES),
         help="feature names: v1 google-research/bert and Model Garden's default (input_ids, "
         "segment_ids), v2 Model Garden's use_v2_feature_names (input_word_ids, input_type_ids); "
@@ -97,7 +97,9 @@ def export_parser() -> argparse.ArgumentParser:
         help="P, masked positions per row after padding: the trainer's flag of that name "
         "(default: the shards' own; smaller is refused, larger pads)",
     )
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier export in --output")
+    p.add_argument("--overwrite", type=parse_bool, nargs="?", const=True, default=False,
+                   metavar="true|false", help="replace an earlier export in --output (as "
+                   "build's --overwrite: no value is true; default: false)")  # fmt: skip
     p.add_argument("--verbose", action="store_true", help="everything on the console")
     p.add_argument("--log_file", help="Beam's log (default: OUTPUT.export.log)")
     return p

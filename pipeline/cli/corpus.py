@@ -4,8 +4,8 @@ docstrings and its prose comments, written in Google's txt convention. 2.7 MB wi
 Python 3.11; the docstrings and reference alone (``--sources docstrings reference``,
 the main job's corpus): 1.9 MB.
 
-    python -m pipeline.cli.corpus --output corpus/ --files 4
-    python -m pipeline.cli.corpus --output corpus/ --max-mb 5 --repeat   # for benchmarks
+    python -m pipeline corpus --output corpus/ --files 4
+    python -m pipeline corpus --output corpus/ --max_mb 5 --repeat   # for benchmarks
 
 Each module, class and function docstring with at least ``min_words`` words, each
 block of consecutive comment lines that reads as prose (:func:`stdlib_comments`),
@@ -281,16 +281,16 @@ def write_manifest(output: str | os.PathLike, paths: Sequence[Path], sources: li
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = CommandParser(
-        prog="python -m pipeline.cli.corpus",
+        prog="python -m pipeline corpus",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--output", required=True, help="directory for the txt files")
     p.add_argument(
-        "--max-mb", type=float, default=None, help="cap in MB (default: everything once)"
+        "--max_mb", type=float, default=None, help="cap in MB (default: everything once)"
     )
     p.add_argument("--files", type=int, default=1, help="number of files (default: 1)")
-    p.add_argument("--repeat", action="store_true", help="repeat documents up to --max-mb")
+    p.add_argument("--repeat", action="store_true", help="repeat documents up to --max_mb")
     p.add_argument(
         "--sources",
         nargs="+",
@@ -301,7 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--packages", nargs="*", default=[], metavar="NAME",
                    help="installed packages whose docstrings and prose comments to add, or "
                    "'default' for PACKAGES (default: none)")  # fmt: skip
-    p.add_argument("--heldout-permille", type=int, default=10,
+    p.add_argument("--heldout_permille", type=int, default=10,
                    help="share of the packages' documents held out, per 1000 (default: 10)")  # fmt: skip
     p.add_argument("--processes", type=int, default=None,
                    help="processes reading the packages (default: one per CPU)")  # fmt: skip

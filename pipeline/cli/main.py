@@ -1,4 +1,4 @@
-"""Command line: ``python -m pipeline build ...`` and ``python -m pipeline stats DIR``.
+"""Command line: ``python -m pipeline {corpus,build,stats,inspect,validate,export} ...``.
 
     python -m pipeline build --input 'corpus/*.txt' --output shards/ --dupe_factor 5
     python -m pipeline build --help          # every option and its default
@@ -36,8 +36,9 @@ from pipeline.beam.runner import (
 
 logger = logging.getLogger("pipeline")
 
-USAGE = """usage: python -m pipeline {build,stats,inspect,validate,export} [options]
+USAGE = """usage: python -m pipeline {corpus,build,stats,inspect,validate,export} [options]
 
+  corpus    write an offline English corpus from the installed Python's own text
   build     raw text -> vocab -> NSP pairs -> masked Arrow shards (Apache Beam)
   stats     summary statistics of a shard directory (optionally as PNG plots)
   inspect   decode rows back to WordPieces (--words: words) with the masks shown
@@ -211,6 +212,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pipeline.cli.stats import main as stats_main
 
         return stats_main(rest)
+    if command == "corpus":
+        from pipeline.cli.corpus import main as corpus_main
+
+        return corpus_main(rest)
     if command in ("inspect", "validate"):
         from pipeline.cli import inspect_cli
 

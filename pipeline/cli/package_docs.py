@@ -2,7 +2,7 @@
 (``pipeline/cli/corpus.py``, ``--packages``): pure readers and the filters that keep prose
 and drop templated API text.
 
-    python -m pipeline.cli.corpus --output corpus/ --files 10 --packages default
+    python -m pipeline corpus --output corpus/ --files 10 --packages default
 
 A package's ``.py`` files (from its installed RECORD, sorted; tests and vendored copies
 left out) are parsed; each docstring (and each string written as a C function's docstring,

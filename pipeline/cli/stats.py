@@ -5,7 +5,7 @@ prints row lengths, masks per row, the 80/10/10 split of predictions and the
 random-next share, beside what Google's script gives on English text at seq 128
 (about 19 masks on a full row, 14.9% of real tokens masked, random-next 52-54%).
 With ``--plot`` it writes ``lengths.png`` and ``masking.png`` into DIR (or
-``--plot-dir``).
+``--plot_dir``).
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("directory", help="a shard directory written by `python -m pipeline build`")
     p.add_argument("--plot", action="store_true", help="also write lengths.png and masking.png")
-    p.add_argument("--plot-dir", default=None, help="where to write the plots (default: DIRECTORY)")
+    p.add_argument("--plot_dir", default=None, help="where to write the plots (default: DIRECTORY)")
     p.add_argument("--json", action="store_true", help="print the statistics as JSON")
     args = p.parse_args(argv)
     if args.plot and importlib.util.find_spec("matplotlib") is None:

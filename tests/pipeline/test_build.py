@@ -213,7 +213,7 @@ def test_dask_runner_gives_identical_bytes(corpus, built, tmp_path):
 
 def test_stats_command_writes_plots(built, tmp_path, capsys):
     pytest.importorskip("matplotlib", reason="--plot draws with matplotlib (the [train] extra)")
-    assert main(["stats", str(built), "--plot", "--plot-dir", str(tmp_path)]) == 0
+    assert main(["stats", str(built), "--plot", "--plot_dir", str(tmp_path)]) == 0
     assert "random_next_share" in capsys.readouterr().out
     for name in ("lengths.png", "masking.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

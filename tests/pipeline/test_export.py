@@ -165,7 +165,7 @@ def test_hdf5_rows_are_the_arrow_rows_by_nvidias_rule(shards, tmp_path):
 def test_tfrecord_rows_are_the_arrow_rows_by_googles_spec(shards, tmp_path, names):
     tfrecord("reader")
     out, pred = tmp_path / names, P if names == "v1" else P + 3  # a larger P pads
-    assert export(shards, out, "--to", "tfrecord", "--tfrecord-names", names,
+    assert export(shards, out, "--to", "tfrecord", "--tfrecord_names", names,
                   "--max_predictions_per_seq", str(pred)) == 0  # fmt: skip
     manifest = json.loads((out / "manifest.json").read_text())
     spec = dict(GOOGLE_SPEC)
@@ -253,7 +253,7 @@ def test_bad_requests_are_refused_before_the_job(shards, tmp_path, capfd, monkey
     assert export(tmp_path / "nothing", out, "--to", "tfrecord") == 2
     assert "manifest.json not found" in capfd.readouterr().err
     assert export(shards, shards, "--to", "tfrecord") == 2  # would mix with the shards
-    assert export(shards, out, "--to", "nvidia-hdf5", "--tfrecord-names", "v2") == 2
+    assert export(shards, out, "--to", "nvidia-hdf5", "--tfrecord_names", "v2") == 2
     assert export(shards, out, "--to", "tfrecord", "--max_prediction_per_seq=6") == 2
     assert "did you mean --max_predictions_per_seq" in capfd.readouterr().err
     monkeypatch.setitem(sys.modules, "h5py", None)  # import h5py raises ImportError

@@ -72,6 +72,9 @@ def test_console_shows_our_lines_and_the_log_file_everything(tiny_shards, tmp_pa
     for line in ("INFO DeepSpeed: ", "built successfully", "trainer config: {"):
         assert line in log and line not in console.err + console.out, line
     assert "step 2/2  loss " in log
+    shutil.rmtree(tmp_path / "out")
+    assert main([*argv, "--verbose"]) == 0  # everything on the console too
+    assert "trainer config: {" in capfd.readouterr().err
 
 
 def test_checkpoints_hold_the_data_position_and_configs(finished_run):
