@@ -91,11 +91,24 @@ def model_json(tmp_path, **overrides) -> str:
     return write_json(tmp_path / "model.json", BertConfig(**{**TINY, **overrides}).to_dict())
 
 
+CPU_DS = REPO / "deploy" / "cpu.json"  # the DeepSpeed config every CPU test run starts from
+
+
+def cpu_ds(**overrides) -> dict:
+    """deploy/cpu.json with its top-level keys replaced by ``overrides``, e.g.
+    ``cpu_ds(train_micro_batch_size_per_gpu=8)``; a fresh dict, the file is left alone."""
+    return {**json.loads(CPU_DS.read_text()), **overrides}
+
+
+def write_cpu_ds(path: Path, **overrides) -> str:
+    """:func:`cpu_ds` of ``overrides`` written to ``path``; returns its path."""
+    return write_json(path, cpu_ds(**overrides))
+
+
 def ds_json(tmp_path, **overrides) -> str:
-    """deploy/cpu.json with the tests' batch of 8 and ``overrides``; returns its path."""
-    ds = json.loads((REPO / "deploy" / "cpu.json").read_text())
-    ds.update({"train_micro_batch_size_per_gpu": 8, **overrides})  # the tests' batch
-    return write_json(tmp_path / "ds.json", ds)
+    """deploy/cpu.json with the tests' batch of 8 and ``overrides`` as ``tmp_path/ds.json``;
+    returns its path."""
+    return write_cpu_ds(tmp_path / "ds.json", **{"train_micro_batch_size_per_gpu": 8, **overrides})
 
 
 def args(tmp_path, data, *extra, **ds) -> list[str]:
@@ -220,8 +233,7 @@ def write_launch_files(files: Path, ds_name: str = "ds.json", **ds_overrides) ->
     from model import BertConfig
 
     write_json(files / "model.json", BertConfig(**TINY).to_dict())
-    ds = json.loads((REPO / "deploy" / "cpu.json").read_text())
-    write_json(files / ds_name, {**ds, "train_micro_batch_size_per_gpu": 4, **ds_overrides})
+    write_cpu_ds(files / ds_name, **{"train_micro_batch_size_per_gpu": 4, **ds_overrides})
 
 
 def sample_lines(out: Path, ranks: int) -> list[list[list[int]]]:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from model import BertConfig, BertForPreTraining, load_hf
+from tests.helpers import ds_json
 from tests.torch_helpers import CountHostSyncs
 from trainer import distillation, export, loop
 from trainer.config import parse_args
@@ -24,7 +25,6 @@ from trainer.distillation import (
 )
 from trainer.run import main
 
-REPO = Path(__file__).resolve().parents[2]
 TINY = {"vocab_size": 200, "hidden_size": 32, "num_hidden_layers": 4, "num_attention_heads": 2,
         "intermediate_size": 64, "max_position_embeddings": 64}  # fmt: skip
 
@@ -190,15 +190,12 @@ def save_teacher(directory: Path, shards: Path, seed: int = 1) -> Path:
 
 
 def run_args(tmp: Path, shards: Path, teacher: Path, out: str, steps: int, *extra: str):
-    ds = json.loads((REPO / "deploy" / "cpu.json").read_text())
-    ds.update(train_micro_batch_size_per_gpu=8)
     # A constant rate after warmup: a run stopped at step 3 is the first half of a 6-step run.
-    ds["scheduler"] = {"type": "WarmupLR", "params": {"warmup_num_steps": 2,
-                       "warmup_max_lr": 1e-3, "warmup_type": "linear"}}  # fmt: skip
-    (tmp / "ds.json").write_text(json.dumps(ds))
+    constant = {"warmup_num_steps": 2, "warmup_max_lr": 1e-3, "warmup_type": "linear"}
+    ds = ds_json(tmp, scheduler={"type": "WarmupLR", "params": constant})
     student = BertConfig(**{**TINY, "num_hidden_layers": 2, "hidden_dropout_prob": 0.1})
     (tmp / "student.json").write_text(json.dumps(student.to_dict()))
-    return ["--ds-config", str(tmp / "ds.json"), "--data", str(shards), "--model",
+    return ["--ds-config", ds, "--data", str(shards), "--model",
             str(tmp / "student.json"), "--teacher", str(teacher), "--output-dir", str(tmp / out),
             "--max-steps", str(steps), "--save-every", "3", "--log-every", "3",
             "--num-workers", "0", *extra]  # fmt: skip

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers import cpu_ds
 from trainer.dskeys import check_keys, optimizer_class
 from trainer.run import main
 
@@ -119,9 +120,8 @@ def test_the_optimizer_class_is_the_one_deepspeed_builds():
 
 
 def test_a_typo_stops_the_run_before_deepspeed_starts(tiny_shards, tmp_path, caplog):
-    ds = json.loads((REPO / "deploy" / "cpu.json").read_text())
+    ds = cpu_ds(gradient_cliping=1.0, train_micro_batch_size_per_gpu=8)
     del ds["gradient_clipping"]
-    ds.update(gradient_cliping=1.0, train_micro_batch_size_per_gpu=8)
     (tmp_path / "ds.json").write_text(json.dumps(ds))
     argv = ["--ds-config", str(tmp_path / "ds.json"), "--data", str(tiny_shards),
             "--model", "tiny", "--output-dir", str(tmp_path / "out"), "--max-steps", "1",

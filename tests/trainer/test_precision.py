@@ -7,7 +7,6 @@ precision GPUs train in (deploy/zero2.json), with fp32 master weights.
   weights.
 """
 
-import json
 import math
 
 import pytest
@@ -16,11 +15,10 @@ from safetensors.torch import load_file
 
 from model import BertForPreTraining
 from tests.helpers import (
-    REPO,
     launch,
     max_weight_difference,
     records,
-    write_json,
+    write_cpu_ds,
     write_launch_files,
 )
 from trainer.run import main
@@ -43,8 +41,7 @@ def runs(tiny_shards, tmp_path_factory):
     """200 steps of tiny in fp32 and in bf16 (--precision bf16: the same JSON, bf16 enabled)
     from the same seed; only bf16 exports."""
     tmp = tmp_path_factory.mktemp("precision")
-    ds = json.loads((REPO / "deploy" / "cpu.json").read_text())
-    ds_path = write_json(tmp / "cpu.json", {**ds, "train_micro_batch_size_per_gpu": 8})
+    ds_path = write_cpu_ds(tmp / "cpu.json", train_micro_batch_size_per_gpu=8)
     out = {}
     for precision in ("fp32", "bf16"):
         out[precision] = tmp / precision
