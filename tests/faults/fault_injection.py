@@ -66,7 +66,10 @@ def _patch_loop(module) -> None:
     if kind == "enospc":
         import torch
 
-        save, tag = torch.save, f"step{step:08d}"
+        # trainer.loop (``module``) has loaded trainer.checkpoint: nothing is imported here.
+        # Not imported at the top of this file: sitecustomize loads it into every process of
+        # a run at start-up (the launcher too), and trainer.checkpoint imports torch there.
+        save, tag = torch.save, module.checkpoint.tag_for(step)
 
         def full_disk_save(obj, f, *args, **kwargs):
             if isinstance(f, (str, os.PathLike)) and tag in os.fspath(f):

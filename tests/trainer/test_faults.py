@@ -49,6 +49,7 @@ from tests.helpers import (
     trainer_argv,
 )  # fmt: skip
 from tests.trainer.conftest import STRAIGHT_STEPS
+from trainer.checkpoint import tag_for
 
 pytestmark = pytest.mark.slow
 
@@ -247,7 +248,7 @@ def two_rank_chain(zero2_files, small_shards, straight_run, tmp_path_factory):
         outcomes["corrupt"].resumed_at = resume_at
         repair(*broken)
         outcomes["done"] = run(files, data, out)
-        outcomes["difference"] = max_weight_difference(straight, out, f"step{STEPS:08d}")
+        outcomes["difference"] = max_weight_difference(straight, out, tag_for(STEPS))
     return outcomes
 
 
@@ -307,7 +308,7 @@ def one_rank_chain(zero2_files, small_shards, tmp_path_factory):
     outcomes["corrupt-workers"] = run(files, data, out, ranks=1)
     repair(*broken)
     outcomes["done"] = run(files, data, out, ranks=1)
-    outcomes["difference"] = max_weight_difference(straight, out, f"step{STEPS:08d}")
+    outcomes["difference"] = max_weight_difference(straight, out, tag_for(STEPS))
     return outcomes
 
 

@@ -40,6 +40,7 @@ from tests.helpers import (
     sample_lines,
     trainer_argv,
 )  # fmt: skip
+from trainer.checkpoint import tag_for
 
 STEPS, SAVE_EVERY, KILL_AFTER = 14, 4, 6  # resumes at step 4, repeats steps 5 and 6
 RUN = {"steps": STEPS, "save_every": SAVE_EVERY}  # tests/trainer/conftest.py's straight run
@@ -73,10 +74,10 @@ def runs(small_shards, zero2_files, straight_run):
     console = killed.stdout + killed.stderr
     assert len(error_lines(console)) == 1 and "Traceback" not in console, console[-3000:]
     assert re.search(r"rank 1 \(pid \d+\) exited or was killed", console), console[-3000:]
-    assert f"checkpoints/step{SAVE_EVERY:08d}. Resume with" in console
+    assert f"checkpoints/{tag_for(SAVE_EVERY)}. Resume with" in console
     assert exited - start < EXIT_BOUND_S + 60  # start-up included; the fault's own bound:
     assert exited - killed_at(files / "killed") <= EXIT_BOUND_S
-    assert (files / "killed" / "checkpoints" / "latest").read_text() == f"step{SAVE_EVERY:08d}"
+    assert (files / "killed" / "checkpoints" / "latest").read_text() == tag_for(SAVE_EVERY)
     first_attempt = sample_lines(files / "killed", 2)  # ranks may have died a line apart
     resumed = launch(files, small_shards, files / "killed", "--resume", "auto", port=port, **RUN)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -101,7 +102,7 @@ def killed_at(out: Path) -> float:
 
 def test_killed_and_resumed_run_ends_with_the_same_weights(runs):
     files, _ = runs
-    assert max_weight_difference(files / "straight", files / "killed", f"step{STEPS:08d}") <= 1e-6
+    assert max_weight_difference(files / "straight", files / "killed", tag_for(STEPS)) <= 1e-6
 
 
 def test_rows_across_the_interruption_are_exactly_the_uninterrupted_ones(runs, small_shards):
@@ -214,7 +215,7 @@ def two_nodes(runs, small_shards):
     node0, node1 = ((out / f"node{n}.txt").read_text() for n in (0, 1))
     assert error_lines(node0) == [] and "Traceback" not in node0 + node1, node0[-3000:]
     assert len(error_lines(node1)) == 1 and "RuntimeError: injected fault" in node1
-    assert (out / "checkpoints" / "latest").read_text() == f"step{SAVE_EVERY:08d}"
+    assert (out / "checkpoints" / "latest").read_text() == tag_for(SAVE_EVERY)
     first_attempt = sample_lines(out, 2)
     codes = launch_nodes(files, small_shards, out, "--resume", "auto", "--export-hf", "true")
     assert codes == [0, 0], (out / "node0.txt").read_text()[-3000:]
@@ -229,7 +230,7 @@ def test_two_nodes_read_disjoint_rows_and_resume_as_one_node_uninterrupted(runs,
     assert seen == interleave(sample_lines(files / "straight", 2))
     for rank0, rank1 in zip(seen[::2], seen[1::2], strict=True):  # one global micro-batch
         assert rank0[0] == rank1[0] and not set(rank0[1:]) & set(rank1[1:])
-    assert max_weight_difference(files / "straight", out, f"step{STEPS:08d}") <= 1e-6
+    assert max_weight_difference(files / "straight", out, tag_for(STEPS)) <= 1e-6
 
 
 def test_two_nodes_write_each_file_once_shared_ones_from_global_rank_0(two_nodes, runs):
@@ -242,7 +243,7 @@ def test_two_nodes_write_each_file_once_shared_ones_from_global_rank_0(two_nodes
     for path, ranks in writers.items():
         own = re.search(r"(?:samples-rank|train-rank|zero_pp_rank_)(\d+)", path)  # its own
         assert ranks == {int(own.group(1)) if own else 0}, path
-    step = f"{out}/checkpoints/step{STEPS:08d}"
+    step = f"{out}/checkpoints/{tag_for(STEPS)}"
     assert writers[f"{step}/mp_rank_00_model_states.pt"] == {0}
     for rank in (0, 1):  # each ZeRO partition by its own rank, once
         path = f"{step}/zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
@@ -257,7 +258,7 @@ def test_two_nodes_write_latest_after_every_rank_wrote_the_checkpoint(two_nodes,
     writes = audited_writes(runs[0])
     latest = [ns for _, ns, event, path in writes if path == f"{out}/checkpoints/latest"]
     tags = sorted(p for p in (out / "checkpoints").iterdir() if p.name.startswith("step"))
-    assert [t.name for t in tags] == [f"step{s:08d}" for s in (4, 8, 12, 14)]
+    assert [t.name for t in tags] == [tag_for(s) for s in (4, 8, 12, 14)]
     assert len(latest) == len(tags)  # once per checkpoint: the killed run's, then the resumed
     for committed, tag in zip(latest, tags, strict=True):
         partitions = list(tag.glob("zero_pp_rank_*_optim_states.pt"))

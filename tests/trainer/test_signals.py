@@ -25,6 +25,7 @@ import pytest
 
 from tests.helpers import REPO, free_port, sample_lines, write_launch_files
 from trainer import export
+from trainer.checkpoint import tag_for
 from trainer.signals import grace_warning, launch_prefix, resume_command, script_args
 
 STEPS, SAVE_EVERY, SIGNAL_AT = 12, 6, 2  # signal once metrics.jsonl shows step 2
@@ -224,7 +225,7 @@ def test_sigterm_to_one_rank_stops_both_and_resumes_exactly(files, small_shards)
     assert "SIGTERM reached another rank: finishing this step" in err
     command = err.split("Resume with:\n  ")[1].splitlines()[0]
     assert command.startswith("deepspeed --num_gpus 2 --master_port ")
-    tag = f"step{STEPS:08d}"
+    tag = tag_for(STEPS)
     straight = export.consolidated_state_dict(str(files / "straight" / "checkpoints"), tag)
     resumed = export.consolidated_state_dict(str(out / "checkpoints"), tag)
     assert max((straight[k] - resumed[k]).abs().max().item() for k in straight) <= 1e-6

@@ -34,6 +34,7 @@ from tests.helpers import (
     sample_lines,
     write_launch_files,
 )  # fmt: skip
+from trainer.checkpoint import tag_for
 from trainer.run import main
 
 STEPS, SAVE_EVERY = 8, 2  # 8 x 24 = 192 rows: past the end of the first epoch
@@ -50,7 +51,7 @@ def segment(files: Path, data: Path, out: Path, ranks: int, *extra: str, fault=N
 
 def copy_checkpoint(source: Path, out: Path, step: int) -> None:
     """``out`` as a run that saved ``source``'s checkpoint of ``step`` and stopped leaves it."""
-    tag = f"step{step:08d}"
+    tag = tag_for(step)
     shutil.copytree(source / "checkpoints" / tag, out / "checkpoints" / tag)
     (out / "checkpoints" / "latest").write_text(tag)
 
@@ -95,7 +96,7 @@ def test_rows_over_2_1_3_ranks_are_the_uninterrupted_runs(runs, small_shards):
 
 def test_weights_after_2_1_3_ranks_match_within_reduction_noise(runs):
     files, _, _ = runs
-    difference = max_weight_difference(files / "reference", files / "resumed", f"step{STEPS:08d}")
+    difference = max_weight_difference(files / "reference", files / "resumed", tag_for(STEPS))
     assert difference <= 1e-6, difference
 
     def lr(out):
