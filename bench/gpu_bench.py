@@ -23,9 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from loader_speed import write_synthetic
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.loader_speed import write_synthetic
 from model import BertConfig
 from pipeline.options import parse_bool
 

@@ -28,10 +28,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import model_speed
-
+from bench import model_speed
 from model import BertConfig
 
 

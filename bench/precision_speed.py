@@ -43,9 +43,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
-from loader_speed import write_synthetic  # noqa: E402
-
+from bench.loader_speed import write_synthetic  # noqa: E402
 from trainer import distributed  # noqa: E402
 from trainer.config import parse_args  # noqa: E402
 from trainer.loop import Trainer  # noqa: E402

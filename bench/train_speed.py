@@ -32,10 +32,8 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
-import model_speed  # noqa: E402
-from loader_speed import write_synthetic  # noqa: E402
-
+from bench import model_speed  # noqa: E402
+from bench.loader_speed import write_synthetic  # noqa: E402
 from model import BertConfig  # noqa: E402
 from trainer import distributed  # noqa: E402
 from trainer.config import parse_args  # noqa: E402

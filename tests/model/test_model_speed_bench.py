@@ -1,25 +1,14 @@
 """bench/model_speed.py on CPU: its work count by hand, and one tiny run of every peer."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import torch
 
+from bench import model_speed as bench
 from model import BertConfig
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "model_speed.py"
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("model_speed", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_matmul_flops_known_answers():
-    bench = _bench()
     cfg = BertConfig(vocab_size=10, hidden_size=4, num_hidden_layers=1, num_attention_heads=1,
                      intermediate_size=8)  # fmt: skip
     b = {
@@ -42,7 +31,6 @@ def test_matmul_flops_known_answers():
 
 
 def test_a_tiny_run_measures_every_peer(capsys):
-    bench = _bench()
     argv = ["--preset", "tiny", "--batch", "4", "--steps", "1", "--lengths", "docstrings",
             "--no-memory"]  # fmt: skip
     assert bench.main(argv) == 0

@@ -6,7 +6,6 @@ of each ZeRO stage exports. deploy/gpu_bench.sh parses, and its Python steps
 (bench/gpu_bench.py) give bf16 configs, Google-like shards and the right medians.
 """
 
-import importlib.util
 import json
 import os
 import shutil
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import gpu_bench
 from model import BertConfig
 from trainer import export
 from trainer.run import main
@@ -69,13 +69,6 @@ def test_cpu_config_is_fp32_without_zero():
     assert ds["optimizer"]["params"]["torch_adam"] is True
 
 
-def _gpu_bench():
-    spec = importlib.util.spec_from_file_location("gpu_bench", ROOT / "bench" / "gpu_bench.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.slow
 def test_gpu_bench_runs_every_stage_on_cpu(tmp_path):
     """DEVICE=cpu runs deploy/gpu_bench.sh's every stage on tiny: import, smoke (checkpoint,
@@ -102,7 +95,6 @@ def test_gpu_bench_runs_every_stage_on_cpu(tmp_path):
 
 @pytest.mark.parametrize("torch_adam", [True, False])
 def test_gpu_bench_ds_config_enables_bf16(torch_adam):
-    gpu_bench = _gpu_bench()
     base = json.loads((DEPLOY / "zero2.json").read_text())
     fp16_base = {**base, "fp16": {"enabled": True}, "bf16": {"enabled": False}}
     for source in (base, fp16_base):
@@ -115,7 +107,6 @@ def test_gpu_bench_ds_config_enables_bf16(torch_adam):
 
 
 def test_gpu_bench_model_config_changes_only_attention_dropout():
-    gpu_bench = _gpu_bench()
     config = gpu_bench.model_config("large", 0.0)
     assert config.attention_probs_dropout_prob == 0.0  # the varlen path on CUDA bf16
     assert config == BertConfig.preset("large", attention_probs_dropout_prob=0.0)
@@ -125,7 +116,6 @@ def test_gpu_bench_model_config_changes_only_attention_dropout():
 def test_gpu_bench_shards_are_google_like(tmp_path):
     from pipeline.shards.shard_format import join_path, open_shard, read_manifest
 
-    gpu_bench = _gpu_bench()
     assert gpu_bench.write_shards(tmp_path, seq=32, rows=400)
     assert not gpu_bench.write_shards(tmp_path, seq=32, rows=400)  # kept
     manifest = read_manifest(tmp_path)
@@ -142,7 +132,6 @@ def test_gpu_bench_shards_are_google_like(tmp_path):
 
 
 def test_gpu_bench_summary_drops_the_first_window_and_table_has_the_ratio(tmp_path):
-    gpu_bench = _gpu_bench()
     records = [
         {"step": 25, "loss": 9.0, "sequences_per_s": 10.0, "tokens_per_s": 1280.0,
          "tflops_per_s": 1.0, "mfu": 0.1},
