@@ -1,5 +1,12 @@
 """Shared test fixtures: tiny shard directories built by the real pipeline, in-process
-(tests/helpers.py builds them from the corpus the pipeline tests check)."""
+(tests/helpers.py builds them from the corpus the pipeline tests check).
+
+They stay Beam-built rather than written directly (as bench/loader_speed.py writes
+synthetic shards): each is built once per pytest process, and both have users that need
+what only the pipeline makes (learnable NSP rows for "the loss falls", the real vocab and
+tokenizer for the exports, the same vocab in both for --eval-data). A written fixture for
+the other tests would be built beside them, saving nothing in a whole-suite run.
+"""
 
 from __future__ import annotations
 
