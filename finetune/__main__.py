@@ -7,11 +7,10 @@ sentence-pair similarity.
         --eval ner/dev.jsonl --epochs 3 --lr 5e-5
     python -m finetune --task qa --init hf/base --train squad/train.jsonl \\
         --eval squad/dev.jsonl --batch-size 12 --doc-stride 128 --epochs 2
-    python -m finetune --task similarity --init hf/base --train stsb/train.jsonl \
+    python -m finetune --task similarity --init hf/base --train stsb/train.jsonl \\
         --eval stsb/dev.jsonl --output-dir runs/stsb
 
-(``bert-finetune`` once installed; ``python -m trainer.finetune`` is the deprecated
-name of this command and goes away in the release after 0.1.0.)
+(``bert-finetune`` once installed. More in docs/finetune.md.)
 
 --init is a Hugging Face directory (``save_hf`` or transformers') with a tokenizer:
 ``tokenizer.json``, or ``vocab.txt`` (lower-cased unless its ``tokenizer_config.json``
