@@ -21,9 +21,11 @@ shard is sorted by a seeded hash; so every runner and worker count, and any way 
 the same documents into files (names, number, order, compression), writes byte-identical
 shards and manifest.
 
-This module plans the job, composes the graph from the stages above and writes the
-manifest; the steps live in ``document_steps.py`` (read, count words, tokenize),
-``instance_steps.py`` (buckets, NSP pairs, masking) and ``shard_steps.py`` (shards).
+This module plans the job and composes the graph from the stages above; the steps live
+in ``document_steps.py`` (read, tokenize), ``vocab_steps.py`` (count words, learn the
+vocab), ``instance_steps.py`` (buckets, NSP pairs, masking), ``shard_steps.py`` (shards)
+and ``manifest_steps.py`` (vocab files, manifest); the bounds on their memory in
+``memory.py``.
 """
 
 from __future__ import annotations
@@ -48,12 +50,10 @@ from pipeline.beam.config import (
 from pipeline.beam.document_steps import (
     COUNTS,
     FILE_DOCUMENTS,
-    CountWords,
     ReadDocuments,
     Tokenize,
     add_up,
     file_notes,
-    learn_vocab,
 )
 from pipeline.beam.instance_steps import (
     BUCKET_SIZES,
@@ -61,16 +61,14 @@ from pipeline.beam.instance_steps import (
     MakeInstances,
     SummariseBuckets,
 )
+from pipeline.beam.manifest_steps import vocab_entry, write_manifest
 from pipeline.beam.shard_steps import (
     JoinParts,
     WriteShard,
-    merge_stats,
     parts_per_shard,
     remove_leftovers,
-    write_atomic,
-    write_shard,
 )
-from pipeline.core.rows import RowBlock
+from pipeline.beam.vocab_steps import CountWords, learn_vocab
 from pipeline.core.segment import segmenter_version
 from pipeline.core.sources import (
     HEAD_BYTES,
@@ -82,13 +80,8 @@ from pipeline.core.sources import (
     sniff_format,
     split_ranges,
 )
-from pipeline.core.vocab import (
-    build_tokenizer,
-    parse_vocab,
-    special_ids,
-    vocab_text,
-)
-from pipeline.shards import shard_format, shard_writer
+from pipeline.core.vocab import parse_vocab
+from pipeline.shards import shard_format
 
 logger = logging.getLogger(__name__)
 
@@ -204,72 +197,6 @@ def refuse_empty_build(manifest: dict, config: BuildConfig, created_output: bool
         f"{manifest['stats']['documents']} documents -> 0 rows (skipped: {skipped}): "
         f"nothing to train on, so nothing is kept in {out}; check --input"
     )
-
-
-def summary_stats(stats: dict, documents: int) -> dict:
-    """Totals plus the shares a practitioner checks against Google's: random-next about 0.5,
-    short rows about short_seq_prob, masks about masked_lm_prob of the real tokens, 80% [MASK]."""
-    rows, masked = max(stats.get("rows", 0), 1), max(stats.get("masked", 0), 1)
-    real = max(stats.get("tokens", 0) - 3 * stats.get("rows", 0), 1)
-    return {
-        **stats,
-        "documents": documents,
-        "random_next_share": round(stats.get("random_next", 0) / rows, 6),
-        "short_row_share": round(1 - stats.get("full_length_rows", 0) / rows, 6),
-        "masks_per_row": round(stats.get("masked", 0) / rows, 6),
-        "masked_share_of_real_tokens": round(stats.get("masked", 0) / real, 6),
-        "mask_token_share": round(stats.get("masked_as_mask", 0) / masked, 6),
-        "kept_share": round(stats.get("masked_kept", 0) / masked, 6),
-    }
-
-
-def vocab_entry(vocab: list[str], config: BuildConfig) -> dict:
-    """Write vocab.txt and tokenizer.json; return the manifest's ``vocab`` entry."""
-    vocab_bytes = vocab_text(vocab).encode("utf-8")
-    tokenizer_bytes = build_tokenizer(vocab, config.do_lower_case).to_str().encode("utf-8")
-    _, vocab_sha256 = write_atomic(
-        FileSystems.join(config.output, shard_format.VOCAB_NAME), vocab_bytes
-    )
-    _, tokenizer_sha256 = write_atomic(
-        FileSystems.join(config.output, shard_format.TOKENIZER_NAME), tokenizer_bytes
-    )
-    ids = special_ids(vocab)
-    return {
-        "file": shard_format.VOCAB_NAME,
-        "sha256": vocab_sha256,
-        "size": len(vocab),
-        "do_lower_case": config.do_lower_case,
-        "special_ids": {name.removesuffix("_id"): i for name, i in ids.items()},
-        "tokenizer_file": shard_format.TOKENIZER_NAME,
-        "tokenizer_sha256": tokenizer_sha256,
-    }
-
-
-def write_manifest(shards: list[dict], vocab: list[str], vocab_info: dict, counts: dict,
-                   documents: int, buckets: dict, config: BuildConfig,
-                   num_shards: int) -> dict:  # fmt: skip
-    """Write the shards no row landed in (empty, so the set of files is always
-    complete), remove the part files (only now: a retried join still finds its
-    parts) and killed writers' temporary files, then write the manifest, last."""
-    remove_leftovers(config.output)
-    written = {s["entry"]["name"] for s in shards}
-    for index in range(num_shards):
-        if shard_format.shard_name(index, num_shards) not in written:
-            shards = [*shards, write_shard(index, RowBlock.empty(), vocab, config, num_shards)]
-    skipped = {kind: n for (group, kind), n in counts.items() if group == "skipped"}
-    noticed = {kind: n for (group, kind), n in counts.items() if group == "input"}
-    stats = {**summary_stats(merge_stats(s["stats"] for s in shards), documents),
-             "buckets": buckets, "input": dict(sorted(noticed.items()))}  # fmt: skip
-    params = {**config.params(), "num_shards": num_shards}
-    if config.wwm_segmenter != "none":  # the words, so the masks, depend on its version
-        params["wwm_segmenter_version"] = segmenter_version(config.wwm_segmenter)
-    manifest = shard_writer.build_manifest(
-        shards=[s["entry"] for s in shards], vocab=vocab_info, params=params, stats=stats,
-        skipped=dict(sorted(skipped.items())),
-    )  # fmt: skip
-    path = FileSystems.join(config.output, shard_format.MANIFEST_NAME)
-    write_atomic(path, shard_writer.encode_manifest(manifest))
-    return manifest
 
 
 # ----------------------------------------------------------------------------- graph

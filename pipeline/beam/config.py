@@ -140,7 +140,7 @@ class BuildConfig:
             "dupe_factor": (self.dupe_factor >= 1, "must be at least 1"),
             "random_seed": (self.random_seed >= 0, "must be 0 or more"),
             # The five special tokens and one more; a learned vocab also holds the corpus's
-            # alphabet, checked once the words are counted (document_steps.learn_vocab).
+            # alphabet, checked once the words are counted (vocab_steps.learn_vocab).
             "vocab_size": (self.vocab_size >= 6, "must be at least 6 (BERT's is 30522)"),
             "num_shards": (
                 self.num_shards is None or 1 <= self.num_shards <= 99999,

@@ -48,7 +48,7 @@ HELD_BYTES = 32 << 20
 # end of each bucket group. Big enough that a normal bucket (1,000 Wikipedia articles at
 # dupe factor 10 make a few hundred MB of rows) is sent in a few elements per write
 # group; bounded, so the dupe factor multiplies the work, never the memory
-# (tests/pipeline/test_steps.py, held_rows_peak).
+# (tests/pipeline/test_steps.py, test_a_bucket_holds_one_pass_of_rows_not_every_dupe_pass).
 PENDING_ROW_BYTES = 64 << 20
 
 # ----------------------------------------------------------------------- shard writes

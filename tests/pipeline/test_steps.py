@@ -20,7 +20,6 @@ from pipeline.beam.config import BuildConfig
 from pipeline.beam.document_steps import (
     COUNTS,
     FILE_DOCUMENTS,
-    CountWords,
     DocumentBatch,
     ReadDocuments,
     Tokenize,
@@ -47,6 +46,7 @@ from pipeline.beam.shard_steps import (
     remove_leftovers,
     write_sorted,
 )
+from pipeline.beam.vocab_steps import CountWords
 from pipeline.core.rows import RowBlock
 from pipeline.core.sources import FileRange, content_id, split_ranges
 from pipeline.core.text import basic_tokenize
