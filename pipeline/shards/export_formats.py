@@ -45,8 +45,8 @@ HDF5_DTYPES = {
     "next_sentence_labels": "int8",
 }
 # gzip as NVIDIA's files, at level 1 with HDF5's byte shuffle: both are filters every HDF5
-# build decodes; at level 4 (NVIDIA's, h5py's default) deflate took 1.5-2x longer for files
-# 5-15% larger than level 1 with shuffle (bench/export_speed.py, FORMAT.md).
+# build decodes, and level 4 (NVIDIA's, h5py's default) deflates longer for larger files than
+# level 1 with shuffle (bench/export_speed.py measures both; docs/results.md).
 HDF5_OPTIONS = {"compression": "gzip", "compression_opts": 1, "shuffle": True}
 # Feature name of each field: google-research/bert's run_pretraining.py (v1) and TF Model
 # Garden's use_v2_feature_names (v2).
@@ -236,8 +236,8 @@ def example_classes() -> dict[str, type]:
 class ExampleEncoder:
     """Serialises padded rows as ``tf.train.Example`` bytes through one reused message.
 
-    A fresh message per row costs about 3x more (building the feature map dominates, and
-    every value is converted again). Here the message keeps its map and each row rewrites
+    A fresh message per row costs several times more (building the feature map dominates,
+    and every value is converted again; bench/export_speed.py). Here the message keeps its map and each row rewrites
     only the values that differ from the row before: for each field the span from the first
     to the last differing value, found for a whole batch at once with numpy. Padding, masks,
     weights and labels mostly repeat from row to row, so most of the cost left is input_ids

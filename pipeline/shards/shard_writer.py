@@ -242,7 +242,7 @@ def _list_array(values: np.ndarray, offsets: np.ndarray, list_type: pa.DataType)
 
 
 def _from_numpy(array: np.ndarray, arrow_type: pa.DataType) -> pa.Array:
-    """Zero-copy 1-D numpy -> Arrow, without pa.array(), which imports pandas (0.3 s) if present."""
+    """Zero-copy 1-D numpy -> Arrow, without pa.array(), which imports pandas if present."""
     array = np.ascontiguousarray(array)
     return pa.Array.from_buffers(arrow_type, len(array), [None, pa.py_buffer(array)])
 
