@@ -90,6 +90,56 @@ if [ -z "${CORPUS:-}" ]; then
   heldout="${HELDOUT:-$run/corpus/stdlib-docs-009.txt}"
   [ -n "$packages" ] && heldout2="${HELDOUT2-$run/corpus/packages-heldout.txt}"
 fi
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  ranks="${RANKS:-$(nvidia-smi -L | wc -l)}"
+else
+  ranks="${RANKS:-2}"
+  export DS_ACCELERATOR=cpu
+fi
+
+# DeepSpeed's ops that the trainer would JIT-compile in its own start-up (on CPU the
+# shared-memory all-reduce; minutes on a machine without the cache in ~/.cache/torch_extensions
+# or after another venv's build), built in the background from here on: the corpus stage
+# leaves a core free, and the build's time is spent before training's budget is set, not
+# inside it. A build that is up to date costs an import.
+ops_code='
+import json, sys
+import torch
+from deepspeed.accelerator import get_accelerator
+from trainer import dskeys, ops
+ops.use_environment_cache()  # where the trainer looks for them
+names = [] if torch.cuda.is_available() else ["ShareMemCommBuilder"]
+with open(sys.argv[1]) as f:
+    optimizer = dskeys.optimizer_class(json.load(f))
+if optimizer is not None and optimizer.__name__ in ops.OPTIMIZER_BUILDERS:
+    names.append(ops.OPTIMIZER_BUILDERS[optimizer.__name__])
+for name in names:
+    if ops.compile_directory(name) is not None:
+        print(f"building DeepSpeed op {name} (once; cached)", flush=True)
+        get_accelerator().create_op_builder(name).load()
+print(f"DeepSpeed ops ready: {names}")
+'
+ops_exit="$logs/ops.exit"
+rm -f "$ops_exit"
+(
+  rc=0
+  python -c "$ops_code" "${DS_CONFIG:-deploy/cpu.json}" >"$logs/ops.log" 2>&1 || rc=$?
+  echo "$rc" >"$ops_exit"
+) &
+
+# stack_ready FILE: waits for the ops' build (its log on stdout), then writes the training
+# stack's import time in a fresh process to FILE: the unit of plan_training's estimate.
+stack_ready() {
+  while [ ! -e "$ops_exit" ]; do sleep 1; done
+  cat "$logs/ops.log"
+  if [ "$(cat "$ops_exit")" != 0 ]; then return "$(cat "$ops_exit")"; fi
+  python -c 'import sys, time
+t0 = time.perf_counter()
+import deepspeed, torch
+print(f"imported torch and DeepSpeed in {time.perf_counter() - t0:.2f} s")
+open(sys.argv[1], "w").write(f"{time.perf_counter() - t0:.3f}\n")' "$1"
+}
+
 fillmask=""  # the demo, where this checkout has it
 if [ -n "$heldout" ] && python -c "import trainer.fillmask" 2>/dev/null; then fillmask=1; fi
 stages_total=4  # pipeline, statistics, the training stack, training; then the optional ones
@@ -126,44 +176,14 @@ stage "data statistics and plots -> $run/plots" stats \
 python -m pipeline stats "$run/shards" --plot --plot-dir "$run/plots"
 
 preset="${PRESET:-tiny}"
-if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  ranks="${RANKS:-$(nvidia-smi -L | wc -l)}"
-else
-  ranks="${RANKS:-2}"
-  export DS_ACCELERATOR=cpu
-fi
 eval_args=()
 [ -n "$heldout" ] && eval_args=(--eval-data "$run/heldout" --eval-every 500)
 train_opts=()  # the trainer options both training and the second evaluation take
 [ -n "${PRECISION:-}" ] && train_opts+=(--precision "$PRECISION")
 [ -n "${MASKING:-}" ] && train_opts+=(--masking "$MASKING")
 
-# The training stack's import, timed: the unit of plan_training's estimate. And the DeepSpeed
-# ops the trainer would JIT-compile in its own start-up (on CPU the shared-memory
-# all-reduce; a minute or two on a machine without the cache, ~/.cache/torch_extensions):
-# built here, their time is spent before training's budget is set, not inside it.
-stack_code='
-import json, sys, time
-t0 = time.perf_counter()
-import deepspeed, torch
-from deepspeed.accelerator import get_accelerator
-from trainer import dskeys, ops
-import_s = time.perf_counter() - t0
-print(f"imported torch and DeepSpeed in {import_s:.2f} s", flush=True)
-names = [] if torch.cuda.is_available() else ["ShareMemCommBuilder"]
-with open(sys.argv[1]) as f:
-    optimizer = dskeys.optimizer_class(json.load(f))
-if optimizer is not None and optimizer.__name__ in ops.OPTIMIZER_BUILDERS:
-    names.append(ops.OPTIMIZER_BUILDERS[optimizer.__name__])
-for name in names:
-    if ops.compile_directory(name) is not None:
-        print(f"building DeepSpeed op {name} (once; cached)", flush=True)
-        get_accelerator().create_op_builder(name).load()
-with open(sys.argv[2], "w") as f:
-    f.write(f"{import_s:.3f}\n")
-'
-stage "training stack: its import time, DeepSpeed's ops" stack \
-python -c "$stack_code" "${DS_CONFIG:-deploy/cpu.json}" "$logs/stack_import_s"
+stage "training stack: DeepSpeed's ops (built alongside), its import time" stack \
+stack_ready "$logs/stack_import_s"
 plan_training "$(cat "$logs/stack_import_s")" "$(python -c 'import json, sys
 print(sum(json.load(open(f"{p}/manifest.json"))["num_rows"] for p in sys.argv[1:]))' \
   ${heldout:+"$run/heldout"} ${heldout2:+"$run/heldout2"})"
