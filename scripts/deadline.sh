@@ -24,7 +24,7 @@
 # after the budget (training's final evaluation, the second set's) add their share. Each
 # constant is its part's cost on a 2-core machine in these units, raised by about a third:
 # the load can change during a run.
-TRAIN_UNITS=10  # the trainer's start-up before step 1, and after its budget the final
+TRAIN_UNITS=14  # the trainer's start-up before step 1, and after its budget the final
 #                 checkpoint, the Hugging Face export, the plots and the exit
 EVAL2_UNITS=9  # the second held-out set's evaluation: a launch resuming the checkpoint
 FILLMASK_UNITS=5  # the fill-mask demo
