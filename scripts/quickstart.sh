@@ -151,7 +151,7 @@ stages_total=4  # pipeline, statistics, the training stack, training; then the o
 if [ -z "${CORPUS:-}" ]; then
   read -r -a package_args <<< "$packages"
   stage "corpus: Python's and the installed packages' docs -> $run/corpus" corpus \
-  python -m pipeline.cli.corpus --output "$run/corpus" --files 10 \
+  python -m pipeline corpus --output "$run/corpus" --files 10 \
     --sources ${CORPUS_SOURCES:-docstrings reference} --packages "${package_args[@]}"
   corpus="$run/corpus/stdlib-docs-00[0-8].txt"
   [ -n "$packages" ] && corpus="$corpus $run/corpus/packages-00?.txt"
@@ -173,7 +173,7 @@ if [ -n "$heldout2" ]; then
     --vocab_file "$run/shards/vocab.txt" --dupe_factor 1 --max_seq_length "$max_seq" "${runner[@]}"
 fi
 stage "data statistics and plots -> $run/plots" stats \
-python -m pipeline stats "$run/shards" --plot --plot-dir "$run/plots"
+python -m pipeline stats "$run/shards" --plot --plot_dir "$run/plots"
 
 preset="${PRESET:-tiny}"
 eval_args=()

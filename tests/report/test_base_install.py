@@ -21,7 +21,7 @@ from report.summary import main as summary
 run, shards = sys.argv[1:3]
 assert summary([run]) == 0
 assert plot([run + "/train"]) == 0
-assert pipeline(["stats", shards, "--plot", "--plot-dir", run + "/stats"]) == 0
+assert pipeline(["stats", shards, "--plot", "--plot_dir", run + "/stats"]) == 0
 print("loaded:", sorted({name.split(".")[0] for name in sys.modules} & set(sys.argv[3:])))
 """
 
