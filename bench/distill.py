@@ -80,16 +80,67 @@ def build_shards(run_dir: Path, workers: int) -> None:
         return
     py = sys.executable
     beam = [f"--direct_num_workers={workers}", "--direct_running_mode=multi_processing"]
-    run_stage("corpus", [py, "-m", "pipeline.cli.corpus", "--output", str(corpus), "--files", "10",
-                         "--sources", "docstrings", "reference"], run_dir)  # fmt: skip
+    run_stage(
+        "corpus",
+        [
+            py,
+            "-m",
+            "pipeline.cli.corpus",
+            "--output",
+            str(corpus),
+            "--files",
+            "10",
+            "--sources",
+            "docstrings",
+            "reference",
+        ],
+        run_dir,
+    )
     train_files = sorted(str(p) for p in corpus.glob("stdlib-docs-00[0-8].txt"))
-    run_stage("shards", [py, "-m", "pipeline", "build", "--input", *train_files, "--output",
-                         str(shards), "--overwrite", "--vocab_size", "8000", "--dupe_factor", "5",
-                         "--max_seq_length", "128", *beam], run_dir)  # fmt: skip
-    run_stage("heldout", [py, "-m", "pipeline", "build", "--input",
-                          str(corpus / "stdlib-docs-009.txt"), "--output", str(heldout),
-                          "--overwrite", "--vocab_file", str(shards / "vocab.txt"),
-                          "--dupe_factor", "1", "--max_seq_length", "128", *beam], run_dir)  # fmt: skip
+    run_stage(
+        "shards",
+        [
+            py,
+            "-m",
+            "pipeline",
+            "build",
+            "--input",
+            *train_files,
+            "--output",
+            str(shards),
+            "--overwrite",
+            "--vocab_size",
+            "8000",
+            "--dupe_factor",
+            "5",
+            "--max_seq_length",
+            "128",
+            *beam,
+        ],
+        run_dir,
+    )
+    run_stage(
+        "heldout",
+        [
+            py,
+            "-m",
+            "pipeline",
+            "build",
+            "--input",
+            str(corpus / "stdlib-docs-009.txt"),
+            "--output",
+            str(heldout),
+            "--overwrite",
+            "--vocab_file",
+            str(shards / "vocab.txt"),
+            "--dupe_factor",
+            "1",
+            "--max_seq_length",
+            "128",
+            *beam,
+        ],
+        run_dir,
+    )
 
 
 def train(name: str, run_dir: Path, args, *flags: str) -> dict:
@@ -100,10 +151,29 @@ def train(name: str, run_dir: Path, args, *flags: str) -> dict:
     if not (out / "hf" / "model.safetensors").is_file():
         shutil.rmtree(out, ignore_errors=True)
         launcher = shutil.which("deepspeed", path=str(Path(sys.executable).parent)) or "deepspeed"
-        cmd = [launcher, "--num_gpus", str(args.ranks), "trainer/run.py", "--ds-config",
-               args.ds_config, "--data", str(run_dir / "shards"), "--eval-data",
-               str(run_dir / "heldout"), "--output-dir", str(out), "--dropout", "0",
-               "--log-every", "50", "--save-every", "0", "--seed", str(args.seed), *flags]  # fmt: skip
+        cmd = [
+            launcher,
+            "--num_gpus",
+            str(args.ranks),
+            "trainer/run.py",
+            "--ds-config",
+            args.ds_config,
+            "--data",
+            str(run_dir / "shards"),
+            "--eval-data",
+            str(run_dir / "heldout"),
+            "--output-dir",
+            str(out),
+            "--dropout",
+            "0",
+            "--log-every",
+            "50",
+            "--save-every",
+            "0",
+            "--seed",
+            str(args.seed),
+            *flags,
+        ]
         seconds = run_stage(name, cmd, run_dir)
     else:
         log(f"{name}: reusing {out}")
@@ -123,9 +193,11 @@ def model_json(run_dir: Path, preset: str, layers: int) -> tuple[str, str]:
         return preset, preset
     vocab = read_manifest(str(run_dir / "shards"))["vocab"]
     cfg = BertConfig.preset(
-        preset, num_hidden_layers=layers, vocab_size=vocab["size"],
+        preset,
+        num_hidden_layers=layers,
+        vocab_size=vocab["size"],
         pad_token_id=vocab["special_ids"]["pad"],
-    )  # fmt: skip
+    )
     name = f"{preset}-{layers}L"
     cfg.to_json(run_dir / f"{name}.json")
     return name, str(run_dir / f"{name}.json")
@@ -194,9 +266,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--teacher-minutes", type=float, default=15.0)
     p.add_argument("--student-layers", type=int, default=2, help="of the teacher's width")
     p.add_argument("--student-preset", help="a student of another width too (random init)")
-    p.add_argument("--ablations", type=int, default=1,
-                   help="1: also the same-width student distilled from a random init, and "
-                   "initialised from the teacher but trained on the hard loss alone")  # fmt: skip
+    p.add_argument(
+        "--ablations",
+        type=int,
+        default=1,
+        help="1: also the same-width student distilled from a random init, and "
+        "initialised from the teacher but trained on the hard loss alone",
+    )
     p.add_argument("--steps", type=int, default=600, help="student optimizer steps")
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--workers", type=int, default=2, help="Beam DirectRunner workers")
@@ -213,8 +289,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.stop_after == "shards":
         return 0
     name, model = model_json(run_dir, args.teacher_preset, args.teacher_layers)
-    runs = {"teacher": train("teacher", run_dir, args, "--model", model,
-                             "--max-minutes", str(args.teacher_minutes))}  # fmt: skip
+    runs = {
+        "teacher": train(
+            "teacher", run_dir, args, "--model", model, "--max-minutes", str(args.teacher_minutes)
+        )
+    }
     runs["teacher"]["model"] = name
     if args.stop_after == "teacher":
         return 0
@@ -229,18 +308,38 @@ def main(argv: list[str] | None = None) -> int:
         runs[f"{name}-scratch"] = train(f"{name}-scratch", run_dir, args, *steps)
         if i == 0 and args.ablations:  # which half of DistilBERT's recipe does the work
             runs[f"{name}-distilled-random-init"] = train(
-                f"{name}-distilled-random-init", run_dir, args, *steps, *teacher,
-                "--distill-init", "random",
-            )  # fmt: skip
+                f"{name}-distilled-random-init",
+                run_dir,
+                args,
+                *steps,
+                *teacher,
+                "--distill-init",
+                "random",
+            )
             runs[f"{name}-distilled-random-init-no-cos"] = train(
-                f"{name}-distilled-random-init-no-cos", run_dir, args, *steps, *teacher,
-                "--distill-init", "random", "--distill-cos-weight", "0",
-            )  # fmt: skip
+                f"{name}-distilled-random-init-no-cos",
+                run_dir,
+                args,
+                *steps,
+                *teacher,
+                "--distill-init",
+                "random",
+                "--distill-cos-weight",
+                "0",
+            )
             runs[f"{name}-teacher-init-hard-loss"] = train(
-                f"{name}-teacher-init-hard-loss", run_dir, args, *steps, *teacher,
-                "--distill-kl-weight", "0", "--distill-cos-weight", "0",
-                "--distill-hard-weight", "1",
-            )  # fmt: skip
+                f"{name}-teacher-init-hard-loss",
+                run_dir,
+                args,
+                *steps,
+                *teacher,
+                "--distill-kl-weight",
+                "0",
+                "--distill-cos-weight",
+                "0",
+                "--distill-hard-weight",
+                "1",
+            )
         models[name] = run_dir / f"{name}-distilled" / "hf"
         for key in runs:
             runs[key].setdefault("model", name)

@@ -52,10 +52,26 @@ def build_shards(work: Path, mb: float) -> Path:
     if (out / shard_format.MANIFEST_NAME).exists():
         return out
     write_corpus(work / "corpus", max_bytes=int(mb * 1e6), files=4, repeat=True)
-    cmd = [sys.executable, "-m", "pipeline", "build", "--input", str(work / "corpus" / "*.txt"),
-           "--output", str(out), "--vocab_size", "8000", "--dupe_factor", "5",
-           "--max_seq_length", "128", "--num_shards", "4", "--direct_num_workers=2",
-           "--direct_running_mode=multi_processing"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipeline",
+        "build",
+        "--input",
+        str(work / "corpus" / "*.txt"),
+        "--output",
+        str(out),
+        "--vocab_size",
+        "8000",
+        "--dupe_factor",
+        "5",
+        "--max_seq_length",
+        "128",
+        "--num_shards",
+        "4",
+        "--direct_num_workers=2",
+        "--direct_running_mode=multi_processing",
+    ]
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
     return out
 
@@ -80,16 +96,19 @@ def plan_for(data: Path, fmt: str, out: Path) -> tuple[job.ExportPlan, object]:
     job.prepare_output(config)
     encoder = None
     if fmt == formats.TFRECORD:
-        encoder = formats.ExampleEncoder(plan.names, plan.max_seq_length,
-                                         plan.max_predictions_per_seq)  # fmt: skip
+        encoder = formats.ExampleEncoder(
+            plan.names, plan.max_seq_length, plan.max_predictions_per_seq
+        )
     return plan, encoder
 
 
 def breakdown(data: Path, manifest: dict, plans: dict) -> dict:
     """Seconds of each format's parts over all shards (one pass each, after the rounds)."""
     tables = [shard_format.open_shard(data / e["name"]) for e in manifest["shards"]]
-    seq, pred = next(iter(plans.values()))[0].max_seq_length, manifest["params"][
-        "max_predictions_per_seq"]  # fmt: skip
+    seq, pred = (
+        next(iter(plans.values()))[0].max_seq_length,
+        manifest["params"]["max_predictions_per_seq"],
+    )
 
     def timed(fn) -> float:
         start = time.perf_counter()
@@ -151,18 +170,20 @@ def breakdown(data: Path, manifest: dict, plans: dict) -> dict:
             for _ in formats.tfrecord_chunks(t, encoder, seq, pred):
                 pass
 
-    verify = timed(lambda: [shard_format.verify_shard(data / e["name"], e)
-                            for e in manifest["shards"]])  # fmt: skip
+    verify = timed(
+        lambda: [shard_format.verify_shard(data / e["name"], e) for e in manifest["shards"]]
+    )
     level4 = {"compression": "gzip", "compression_opts": 4}  # NVIDIA's own files
     return {
-        "verify_s": verify, "pad_s": timed(pad),
+        "verify_s": verify,
+        "pad_s": timed(pad),
         "hdf5_uncompressed_s": timed(lambda: hdf5({})),
         "hdf5_gzip1_shuffle_s": timed(lambda: hdf5(formats.HDF5_OPTIONS)),
         "hdf5_gzip4_s": timed(lambda: hdf5(level4)),
         "tfrecord_pad_and_protobuf_s": timed(examples),
         "tfrecord_fresh_message_per_row_s": timed(fresh_messages),
         "tfrecord_with_framing_s": timed(tfrecord),
-    }  # fmt: skip
+    }
 
 
 def main(argv=None) -> int:
@@ -179,8 +200,11 @@ def main(argv=None) -> int:
     data = args.data or build_shards(work, args.mb)
     manifest = shard_format.read_manifest(data)
     source_mb = sum(e["bytes"] for e in manifest["shards"]) / 1e6
-    print(f"shards: {data}, {manifest['num_rows']} rows, {source_mb:.1f} MB of Arrow; "
-          f"cpus: {os.cpu_count()}, load: {os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip
+    print(
+        f"shards: {data}, {manifest['num_rows']} rows, {source_mb:.1f} MB of Arrow; "
+        f"cpus: {os.cpu_count()}, load: {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
     out = Path(tempfile.mkdtemp(prefix="export-bench-out-"))
     try:
         plans = {fmt: plan_for(data, fmt, out / fmt) for fmt in formats.FORMATS}
@@ -201,16 +225,24 @@ def main(argv=None) -> int:
         cpu_s = {name: statistics.median(t) for name, t in cpu.items()}
         rows = manifest["num_rows"]
         for fmt in formats.FORMATS:
-            print(json.dumps({
-                "format": fmt, "export_mb_s": round(source_mb / wall_s[fmt], 2),
-                "read_mb_s": round(source_mb / wall_s["read"], 2),
-                "ratio": round(wall_s["read"] / wall_s[fmt], 3),
-                # process CPU time: what other jobs on the machine disturb least
-                "cpu_ratio": round(cpu_s["read"] / cpu_s[fmt], 3),
-                "us_per_row": round(1e6 * wall_s[fmt] / rows, 2),
-                "read_us_per_row": round(1e6 * wall_s["read"] / rows, 2),
-                "rounds": args.rounds, "rows": rows, "source_mb": round(source_mb, 2),
-            }), flush=True)  # fmt: skip
+            print(
+                json.dumps(
+                    {
+                        "format": fmt,
+                        "export_mb_s": round(source_mb / wall_s[fmt], 2),
+                        "read_mb_s": round(source_mb / wall_s["read"], 2),
+                        "ratio": round(wall_s["read"] / wall_s[fmt], 3),
+                        # process CPU time: what other jobs on the machine disturb least
+                        "cpu_ratio": round(cpu_s["read"] / cpu_s[fmt], 3),
+                        "us_per_row": round(1e6 * wall_s[fmt] / rows, 2),
+                        "read_us_per_row": round(1e6 * wall_s["read"] / rows, 2),
+                        "rounds": args.rounds,
+                        "rows": rows,
+                        "source_mb": round(source_mb, 2),
+                    }
+                ),
+                flush=True,
+            )
         print(json.dumps({"breakdown": breakdown(data, manifest, plans)}), flush=True)
     finally:
         shutil.rmtree(out, ignore_errors=True)

@@ -52,9 +52,13 @@ def write_shards(directory: Path, seq: int, rows: int) -> bool:
 
 
 def ds_config(
-    base: dict[str, Any], *, micro: int, gpus: int, torch_adam: bool = True,
+    base: dict[str, Any],
+    *,
+    micro: int,
+    gpus: int,
+    torch_adam: bool = True,
     precision: str = "bf16",
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """``base`` (a deploy/ JSON) in ``precision`` (bf16, or fp32 for the correctness runs),
     one micro-batch per step and a short warmup.
 
@@ -131,9 +135,14 @@ def compare(a: Path, b: Path, tolerance: float, what: str) -> dict[str, Any]:
     if not steps:
         raise ValueError(f"{a} and {b} share no logged step")
     worst = max(abs(left[s] - right[s]) / max(abs(right[s]), 1e-8) for s in steps)
-    return {"what": what, "steps": len(steps), "last_step": steps[-1],
-            "max_rel_diff": float(f"{worst:.3g}"), "tolerance": tolerance,
-            "ok": worst <= tolerance}  # fmt: skip
+    return {
+        "what": what,
+        "steps": len(steps),
+        "last_step": steps[-1],
+        "max_rel_diff": float(f"{worst:.3g}"),
+        "tolerance": tolerance,
+        "ok": worst <= tolerance,
+    }
 
 
 def table(results: list[dict[str, Any]]) -> str:

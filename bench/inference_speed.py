@@ -109,9 +109,14 @@ def accuracy(tmp: Path, threads: int) -> dict:
         rows = has_digit(random.Random(seed), n)
         (tmp / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     config = FinetuneConfig(
-        task="classification", init=str(init), train=str(tmp / "train.jsonl"),
-        eval=str(tmp / "eval.jsonl"), output_dir=str(tmp / "finetuned"), epochs=3, lr=5e-4,
-    )  # fmt: skip
+        task="classification",
+        init=str(init),
+        train=str(tmp / "train.jsonl"),
+        eval=str(tmp / "eval.jsonl"),
+        output_dir=str(tmp / "finetuned"),
+        epochs=3,
+        lr=5e-4,
+    )
     run(config)
     model = BertForSequenceClassification.from_hf(tmp / "finetuned").eval()
     fp32 = export_onnx(model, tmp / "classifier.onnx")

@@ -71,12 +71,16 @@ def main(argv=None) -> int:
         for name, groups in groupings(lengths, args.batch).items()
     }
     tokens = sum(lengths)
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, {args.preset}, "
-          f"{args.batches} batches of {args.batch}, mean length {tokens / len(lengths):.1f}")  # fmt: skip
+    print(
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}, {args.preset}, "
+        f"{args.batches} batches of {args.batch}, mean length {tokens / len(lengths):.1f}"
+    )
     for kind in ("ours", "padded"):
         model, opt = model_speed.build(kind, cfg, "cpu", torch.float32)
-        steps = {name: [model_speed.step_fn(kind, model, opt, b) for b in bs]
-                 for name, bs in data.items()}  # fmt: skip
+        steps = {
+            name: [model_speed.step_fn(kind, model, opt, b) for b in bs]
+            for name, bs in data.items()
+        }
         for step in steps["random"][:2]:  # warm-up
             step()
         times = {name: [] for name in steps}
@@ -88,9 +92,11 @@ def main(argv=None) -> int:
                 times[name].append(time.perf_counter() - t0)
         med = {name: statistics.median(v) for name, v in times.items()}
         label = "unpadded" if kind == "ours" else "padded"
-        print(f"{label}: real tok/s random {tokens / med['random']:.0f}, bucketed "
-              f"{tokens / med['bucketed']:.0f}; bucketing {med['random'] / med['bucketed']:.2f}x",
-              flush=True)  # fmt: skip
+        print(
+            f"{label}: real tok/s random {tokens / med['random']:.0f}, bucketed "
+            f"{tokens / med['bucketed']:.0f}; bucketing {med['random'] / med['bucketed']:.2f}x",
+            flush=True,
+        )
     return 0
 
 

@@ -65,13 +65,29 @@ def write_synthetic(directory: Path, rows: int, shards: int, seq: int, max_pred:
         data = shard_writer.encode_shard(synthetic_rows(rows // shards, seq, max_pred, gen), schema)
         name = shard_format.shard_name(index, shards)
         shard_writer.atomic_write_bytes(directory / name, data)
-        entries.append({"name": name, "rows": rows // shards, "bytes": len(data),
-                        "sha256": __import__("hashlib").sha256(data).hexdigest()})  # fmt: skip
+        entries.append(
+            {
+                "name": name,
+                "rows": rows // shards,
+                "bytes": len(data),
+                "sha256": __import__("hashlib").sha256(data).hexdigest(),
+            }
+        )
     (directory / "vocab.txt").write_text("".join(f"t{i}\n" for i in range(VOCAB)))
-    vocab = {"file": "vocab.txt", "sha256": shard_format.sha256_file(directory / "vocab.txt"),
-             "size": VOCAB, "do_lower_case": True, "special_ids": SPECIAL}  # fmt: skip
-    params = {"max_seq_length": seq, "max_predictions_per_seq": max_pred, "masked_lm_prob": 0.15,
-              "random_seed": 0, "do_whole_word_mask": False}  # fmt: skip
+    vocab = {
+        "file": "vocab.txt",
+        "sha256": shard_format.sha256_file(directory / "vocab.txt"),
+        "size": VOCAB,
+        "do_lower_case": True,
+        "special_ids": SPECIAL,
+    }
+    params = {
+        "max_seq_length": seq,
+        "max_predictions_per_seq": max_pred,
+        "masked_lm_prob": 0.15,
+        "random_seed": 0,
+        "do_whole_word_mask": False,
+    }
     manifest = shard_writer.build_manifest(
         shards=entries, vocab=vocab, params=params, stats={}, skipped={}
     )
@@ -95,8 +111,13 @@ def measure(data: str, masking: str, workers: int, micro: int, seconds: float) -
         rows += batch["input_ids"].shape[0]
         tokens += int(batch["attention_mask"].sum())
     elapsed = time.perf_counter() - start
-    return {"masking": masking, "workers": workers, "micro": micro,
-            "rows_per_s": round(rows / elapsed), "tokens_per_s": round(tokens / elapsed)}  # fmt: skip
+    return {
+        "masking": masking,
+        "workers": workers,
+        "micro": micro,
+        "rows_per_s": round(rows / elapsed),
+        "tokens_per_s": round(tokens / elapsed),
+    }
 
 
 def main(argv=None) -> int:

@@ -46,8 +46,28 @@ KINDS = ("ours", "padded", "hf")  # ours = unpadded encoder (the default)
 INPUTS = ("input_ids", "segment_ids", "attention_mask", "masked_lm_positions")
 # Row lengths of the main job's shards at max_seq_length 128, at quantiles 0, 5, ..., 100%.
 DOCSTRING_QUANTILES = (
-    8, 23, 28, 32, 36, 40, 44, 48, 53, 58, 64, 70, 78, 86, 98, 112, 128, 128, 128, 128, 128,
-)  # fmt: skip
+    8,
+    23,
+    28,
+    32,
+    36,
+    40,
+    44,
+    48,
+    53,
+    58,
+    64,
+    70,
+    78,
+    86,
+    98,
+    112,
+    128,
+    128,
+    128,
+    128,
+    128,
+)
 
 
 def row_lengths(spec: str, batch: int, seq: int, g: torch.Generator) -> list[int]:

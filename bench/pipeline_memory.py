@@ -84,8 +84,9 @@ def _is_helper(process: psutil.Process) -> bool:
         return True
 
 
-def run_and_sample(cmd: list[str], cluster: DaskCluster | None, interval: float,
-                   log: Path) -> tuple[float, list[tuple[float, str, int]]]:  # fmt: skip
+def run_and_sample(
+    cmd: list[str], cluster: DaskCluster | None, interval: float, log: Path
+) -> tuple[float, list[tuple[float, str, int]]]:
     """Run the build, sampling RSS; returns (wall seconds, [(t, role, rss bytes)])."""
     samples: list[tuple[float, str, int]] = []
     start = time.perf_counter()
@@ -121,9 +122,23 @@ def learn_vocab(work: Path) -> Path:
     out = work / "vocab"
     if not (out / "vocab.txt").exists():
         write_corpus(work / "vocab-corpus", max_bytes=8_000_000, files=4, repeat=True)
-        cmd = [sys.executable, "-m", "pipeline", "build", "--input",
-               str(work / "vocab-corpus" / "*.txt"), "--output", str(out), "--overwrite",
-               "--vocab_size", "30522", "--dupe_factor", "1", "--num_shards", "1"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "build",
+            "--input",
+            str(work / "vocab-corpus" / "*.txt"),
+            "--output",
+            str(out),
+            "--overwrite",
+            "--vocab_size",
+            "30522",
+            "--dupe_factor",
+            "1",
+            "--num_shards",
+            "1",
+        ]
         subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
     return out / "vocab.txt"
 
@@ -142,11 +157,18 @@ def main(argv=None) -> int:
     p.add_argument("--interval", type=float, default=0.25, help="seconds between samples")
     p.add_argument("--work", default=None, help="keep corpora and outputs here (reused)")
     p.add_argument("--timeline", default=None, help="write every sample to DIR/*.csv")
-    p.add_argument("--dask_npartitions", choices=("auto", "files"), default="auto",
-                   help="auto: the build's default (~8 MB of input each, at most one per range); files: "
-                   "one per input file")  # fmt: skip
-    p.add_argument("--learn_vocab", action="store_true",
-                   help="learn a 30522-token vocab in the build (no --vocab_file)")  # fmt: skip
+    p.add_argument(
+        "--dask_npartitions",
+        choices=("auto", "files"),
+        default="auto",
+        help="auto: the build's default (~8 MB of input each, at most one per range); files: "
+        "one per input file",
+    )
+    p.add_argument(
+        "--learn_vocab",
+        action="store_true",
+        help="learn a 30522-token vocab in the build (no --vocab_file)",
+    )
     p.add_argument("extra", nargs="*", help="more build flags, after --")
     args = p.parse_args(argv)
     # A SIGTERM (say, from `timeout`) unwinds like Ctrl-C, so each Dask cluster is closed.
@@ -169,13 +191,26 @@ def main(argv=None) -> int:
         for runner in args.runners:
             out = work / f"shards-{mb:g}mb-{runner}"
             given = ["--vocab_size", "30522"] if vocab is None else ["--vocab_file", vocab]
-            cmd = [sys.executable, "-m", "pipeline", "build", "--input", inputs, "--output",
-                   str(out), "--overwrite", *given,
-                   "--dupe_factor", str(args.dupe_factor), *args.extra]  # fmt: skip
+            cmd = [
+                sys.executable,
+                "-m",
+                "pipeline",
+                "build",
+                "--input",
+                inputs,
+                "--output",
+                str(out),
+                "--overwrite",
+                *given,
+                "--dupe_factor",
+                str(args.dupe_factor),
+                *args.extra,
+            ]
             cluster = None
             if runner == "dask":
-                cluster = DaskCluster(work / f"dask-{mb:g}mb", workers=2,
-                                      memory_limit=args.memory_limit).start()  # fmt: skip
+                cluster = DaskCluster(
+                    work / f"dask-{mb:g}mb", workers=2, memory_limit=args.memory_limit
+                ).start()
                 cmd += [f"--runner={DASK_RUNNER}", f"--dask_client_address={cluster.address}"]
                 if args.dask_npartitions == "files":
                     cmd.append(f"--dask_npartitions={files}")
@@ -191,11 +226,20 @@ def main(argv=None) -> int:
                 with open(Path(args.timeline) / f"{mb:g}mb-{runner}.csv", "w", newline="") as f:
                     csv.writer(f).writerows([("seconds", "role", "rss_bytes"), *samples])
             for role, (gb, at) in sorted(peaks(samples).items()):
-                row = {"corpus_mb": round(mb, 1), "runner": runner, "wall_s": round(wall, 1),
-                       "process": role, "peak_rss_gb": round(gb, 3), "at_s": round(at, 1)}  # fmt: skip
+                row = {
+                    "corpus_mb": round(mb, 1),
+                    "runner": runner,
+                    "wall_s": round(wall, 1),
+                    "process": role,
+                    "peak_rss_gb": round(gb, 3),
+                    "at_s": round(at, 1),
+                }
                 results.append(row)
-                print(f"{mb:7.1f} MB  {runner:6s}  {wall:7.1f} s  {role:12s}  "
-                      f"{gb:6.2f} GB at {at:6.1f} s", flush=True)  # fmt: skip
+                print(
+                    f"{mb:7.1f} MB  {runner:6s}  {wall:7.1f} s  {role:12s}  "
+                    f"{gb:6.2f} GB at {at:6.1f} s",
+                    flush=True,
+                )
     print(json.dumps(results))
     return 0
 

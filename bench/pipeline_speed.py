@@ -80,8 +80,20 @@ from pipeline.core.vocab import build_tokenizer, read_vocab  # noqa: E402
 
 
 def build(inputs: str, out: Path, extra: list[str], dupe: int) -> float:
-    cmd = [sys.executable, "-m", "pipeline", "build", "--input", inputs, "--output", str(out),
-           "--dupe_factor", str(dupe), "--overwrite", *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipeline",
+        "build",
+        "--input",
+        inputs,
+        "--output",
+        str(out),
+        "--dupe_factor",
+        str(dupe),
+        "--overwrite",
+        *extra,
+    ]
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     elapsed = time.perf_counter() - start
@@ -96,8 +108,9 @@ def job_sentences(files: list[str]) -> list[str]:
     sentences = []
     for path in files:
         with FileSystems.open(path) as f:
-            for document, reason in read_documents(f, input_format=input_format,
-                                                   text_field="text", path=path):  # fmt: skip
+            for document, reason in read_documents(
+                f, input_format=input_format, text_field="text", path=path
+            ):
                 if reason is None:
                     sentences.extend(document)
     return sentences
@@ -148,8 +161,10 @@ def chinese_corpus(directory: Path, max_bytes: int, files: int = 8) -> None:
     rng, written = random.Random(0), 0
     directory.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
-        outs = [stack.enter_context(open(directory / f"part-{i}.jsonl", "w", encoding="utf-8"))
-                for i in range(files)]  # fmt: skip
+        outs = [
+            stack.enter_context(open(directory / f"part-{i}.jsonl", "w", encoding="utf-8"))
+            for i in range(files)
+        ]
         while written < max_bytes:
             text = "".join(rng.choices(sentences, k=rng.randint(2, 12)))
             line = json.dumps({"text": text}, ensure_ascii=False) + "\n"
@@ -157,26 +172,42 @@ def chinese_corpus(directory: Path, max_bytes: int, files: int = 8) -> None:
             written += len(line.encode("utf-8"))
 
 
-def profile_steps(inputs: str, vocab_file: str, dupe: int, out: Path,
-                  flags: list[str]) -> dict[str, float]:  # fmt: skip
+def profile_steps(
+    inputs: str, vocab_file: str, dupe: int, out: Path, flags: list[str]
+) -> dict[str, float]:
     """The build's steps as plain calls on one core, without Beam: seconds per step."""
-    config, _ = parse_build_args(["--input", inputs, "--output", str(out), "--vocab_file",
-                                  vocab_file, "--dupe_factor", str(dupe), "--overwrite",
-                                  "--tokenizer_threads", "1", *flags])  # fmt: skip
+    config, _ = parse_build_args(
+        [
+            "--input",
+            inputs,
+            "--output",
+            str(out),
+            "--vocab_file",
+            vocab_file,
+            "--dupe_factor",
+            str(dupe),
+            "--overwrite",
+            "--tokenizer_threads",
+            "1",
+            *flags,
+        ]
+    )
     plan = make_plan(config)
     config = dataclasses.replace(config, input_format=plan.input_format)
     prepare_output(config)
     vocab, s = plan.vocab, {}
     with timed(s, "read"):
         reader = ReadDocuments(config, plan.format_origin)
-        batches = [b for part in plan.ranges for b in reader.process(part)
-                   if isinstance(b, DocumentBatch)]  # fmt: skip
+        batches = [
+            b for part in plan.ranges for b in reader.process(part) if isinstance(b, DocumentBatch)
+        ]
     tokenize = Tokenize(config.do_lower_case, threads=1, segmenter=config.wwm_segmenter)
     environ = dict(os.environ)
     tokenize.setup()  # sets TOKENIZERS_PARALLELISM for this process: restored below
     with timed(s, "tokenize"):
-        tokenized = [t for b in batches for t in tokenize.process(b, vocab)
-                     if isinstance(t, TokenizedBatch)]  # fmt: skip
+        tokenized = [
+            t for b in batches for t in tokenize.process(b, vocab) if isinstance(t, TokenizedBatch)
+        ]
     os.environ.clear()
     os.environ.update(environ)
     with timed(s, "buckets"):
@@ -230,8 +261,13 @@ def corpora(args, work: Path) -> list[tuple[float, str]]:
             continue
         directory = work / f"corpus-{mb:g}mb"
         if not directory.exists():
-            write_corpus(directory, max_bytes=int(mb * 1e6), files=8, repeat=True,
-                         sources=["docstrings", "reference"])  # fmt: skip
+            write_corpus(
+                directory,
+                max_bytes=int(mb * 1e6),
+                files=8,
+                repeat=True,
+                sources=["docstrings", "reference"],
+            )
         found.append((mb, str(directory / "*.txt")))
     return found
 
@@ -240,8 +276,13 @@ def sixteen_files(work: Path, mb: float) -> Path:
     """The prose corpus of ``mb`` MB in 16 files (written once)."""
     many = work / f"corpus-{mb:g}mb-16"
     if not many.exists():
-        write_corpus(many, max_bytes=int(mb * 1e6), files=16, repeat=True,
-                     sources=["docstrings", "reference"])  # fmt: skip
+        write_corpus(
+            many,
+            max_bytes=int(mb * 1e6),
+            files=16,
+            repeat=True,
+            sources=["docstrings", "reference"],
+        )
     return many
 
 
@@ -264,16 +305,27 @@ def one_file_runs(args, work: Path, given: list[str]) -> list[dict]:
                 out = work / f"shards-{mb:g}-{name.replace(' ', '')}"
                 times[name].append(build(str(inputs), out, [*given, *runner], args.dupe_factor))
             ratios.append(times["1 file"][-1] / times["16 files"][-1])
-            print(f"{mb:g} MB, {workers} workers: 16 files {times['16 files'][-1]:.1f} s, "
-                  f"1 file {times['1 file'][-1]:.1f} s: 1 file / 16 files = {ratios[-1]:.2f}",
-                  flush=True)  # fmt: skip
+            print(
+                f"{mb:g} MB, {workers} workers: 16 files {times['16 files'][-1]:.1f} s, "
+                f"1 file {times['1 file'][-1]:.1f} s: 1 file / 16 files = {ratios[-1]:.2f}",
+                flush=True,
+            )
         a, b = work / f"shards-{mb:g}-16files", work / f"shards-{mb:g}-1file"
         same = all(filecmp.cmp(x, b / x.name, shallow=False) for x in sorted(a.glob("shard-*")))
-        print(f"{mb:g} MB: 1 file / 16 files = {min(ratios):.2f}-{max(ratios):.2f} "
-              f"(target <= 1.1); same shards: {same}", flush=True)  # fmt: skip
-        results.append({"corpus_mb": mb, "workers": workers, "ratios": [round(r, 3) for r in ratios],
-                        "seconds": {k: [round(t, 2) for t in v] for k, v in times.items()},
-                        "same_shards": same})  # fmt: skip
+        print(
+            f"{mb:g} MB: 1 file / 16 files = {min(ratios):.2f}-{max(ratios):.2f} "
+            f"(target <= 1.1); same shards: {same}",
+            flush=True,
+        )
+        results.append(
+            {
+                "corpus_mb": mb,
+                "workers": workers,
+                "ratios": [round(r, 3) for r in ratios],
+                "seconds": {k: [round(t, 2) for t in v] for k, v in times.items()},
+                "same_shards": same,
+            }
+        )
     return results
 
 
@@ -294,8 +346,11 @@ def main(argv=None) -> int:
     p.add_argument("--chinese", action="store_true", help="--mb of Chinese jsonl, not prose")
     p.add_argument("--one-file", action="store_true", help="16 files against the same in one")
     p.add_argument("--repeats", type=int, default=3, help="--one-file: alternated pairs")
-    p.add_argument("--flags", default="", help='build options for every job, e.g. '
-                   '"--do_whole_word_mask true --wwm_segmenter jieba"')  # fmt: skip
+    p.add_argument(
+        "--flags",
+        default="",
+        help='build options for every job, e.g. "--do_whole_word_mask true --wwm_segmenter jieba"',
+    )
     args = p.parse_args(argv)
     flags = shlex.split(args.flags)
 
@@ -318,15 +373,21 @@ def main(argv=None) -> int:
     if args.one_file:
         print(json.dumps(one_file_runs(args, work, given)))
         return 0
-    fixed_s = build(tiny_corpus(work / "tiny"), work / "shards-tiny", [*given, *two],
-                    args.dupe_factor)  # fmt: skip
+    fixed_s = build(
+        tiny_corpus(work / "tiny"), work / "shards-tiny", [*given, *two], args.dupe_factor
+    )
     print(f"fixed: a job of 10 kB, 2 workers: {fixed_s:.1f} s", flush=True)
     results = []
     for mb, inputs in runs:
         sentences = job_sentences(sorted(glob.glob(inputs)))
         floor = mb / tokenizer_floor(sentences, vocab)
-        result = {"corpus_mb": round(mb, 3), "dupe_factor": args.dupe_factor, "flags": args.flags,
-                  "floor_mb_s": round(floor, 3), "fixed_s": round(fixed_s, 2)}  # fmt: skip
+        result = {
+            "corpus_mb": round(mb, 3),
+            "dupe_factor": args.dupe_factor,
+            "flags": args.flags,
+            "floor_mb_s": round(floor, 3),
+            "fixed_s": round(fixed_s, 2),
+        }
         print(f"{mb:.1f} MB: floor (tokenizers encode_batch) {floor:.2f} MB/s", flush=True)
         jobs = [(n, "auto") for n in args.workers]
         if 1 in args.workers:
@@ -334,14 +395,18 @@ def main(argv=None) -> int:
         for n, threads in jobs:
             name = f"{n}w" if threads == "auto" else f"{n}w-{threads}t"
             runner = [f"--direct_num_workers={n}", "--direct_running_mode=multi_processing"]
-            extra = [*given, *runner] + (["--tokenizer_threads", threads] if threads != "auto"
-                                         else [])  # fmt: skip
+            extra = [*given, *runner] + (
+                ["--tokenizer_threads", threads] if threads != "auto" else []
+            )
             seconds = build(inputs, work / f"shards-{mb:g}-{name}", extra, args.dupe_factor)
             result[f"job_{name}_s"] = round(seconds, 2)
             result[f"job_{name}_mb_s"] = round(mb / seconds, 3)
             result[f"job_{name}_vs_floor"] = round(mb / seconds / floor, 3)
-            print(f"  job, {name}: {seconds:.1f} s, {mb / seconds:.2f} MB/s, "
-                  f"{mb / seconds / floor:.2f} x floor", flush=True)  # fmt: skip
+            print(
+                f"  job, {name}: {seconds:.1f} s, {mb / seconds:.2f} MB/s, "
+                f"{mb / seconds / floor:.2f} x floor",
+                flush=True,
+            )
         if 1 in args.workers and 2 in args.workers:
             result["speedup_2w_over_1w"] = round(result["job_2w_mb_s"] / result["job_1w_mb_s"], 3)
         results.append(result)
@@ -355,8 +420,10 @@ def main(argv=None) -> int:
         print(f"  {'sum of our steps':24s} {ours:7.2f} {ours / mb:7.3f}")
         if "job_1w-1t_s" in results[0]:
             rest = results[0]["job_1w-1t_s"] - ours
-            print(f"  {'Beam (1w-1t job - sum)':24s} {rest:7.2f} {rest / mb:7.3f}  "
-                  f"of which fixed ~{fixed_s:.1f}")  # fmt: skip
+            print(
+                f"  {'Beam (1w-1t job - sum)':24s} {rest:7.2f} {rest / mb:7.3f}  "
+                f"of which fixed ~{fixed_s:.1f}"
+            )
         results[0]["profile_s"] = {k: round(v, 2) for k, v in steps.items()}
         job = work / f"shards-{mb:g}-{args.workers[0]}w"
         shards = sorted((work / "profile-out").glob("shard-*.arrow"))

@@ -66,9 +66,22 @@ def build(precision: str, args, data: Path, tmp: Path):
     ds.pop("train_batch_size", None)
     path = tmp / f"{precision}.json"
     path.write_text(json.dumps(ds))
-    config = parse_args(["--ds-config", str(path), "--data", str(data), "--model", args.preset,
-                         "--output-dir", str(tmp / precision), "--num-workers", str(args.workers),
-                         "--dropout", str(args.dropout)])  # fmt: skip
+    config = parse_args(
+        [
+            "--ds-config",
+            str(path),
+            "--data",
+            str(data),
+            "--model",
+            args.preset,
+            "--output-dir",
+            str(tmp / precision),
+            "--num-workers",
+            str(args.workers),
+            "--dropout",
+            str(args.dropout),
+        ]
+    )
     trainer = Trainer(config, distributed.init_distributed())
     trainer.build_engine()
     batches = iter(trainer._loader())
@@ -125,10 +138,16 @@ def main(argv=None) -> int:
                 wall[name].append(time.perf_counter() - w)
         distributed.shutdown()
     peer = precisions[0]
-    row: dict = {"preset": args.preset, "batch": args.batch, "data": args.data or "synthetic",
-                 "threads": args.threads, "pairs": args.pairs, "warmup": args.warmup,
-                 "load_before": [round(x, 2) for x in load_before],
-                 "load_after": [round(x, 2) for x in os.getloadavg()]}  # fmt: skip
+    row: dict = {
+        "preset": args.preset,
+        "batch": args.batch,
+        "data": args.data or "synthetic",
+        "threads": args.threads,
+        "pairs": args.pairs,
+        "warmup": args.warmup,
+        "load_before": [round(x, 2) for x in load_before],
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+    }
     for name in precisions:
         # Speed relative to the peer, pair by pair: the peer's time over this one's, per
         # token, since the two precisions read the same rows in the same order.

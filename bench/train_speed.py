@@ -56,9 +56,20 @@ def trainer_step(preset: str, batch: int, workers: int, tmp: Path, ds_config: Pa
     ds = json.loads(ds_config.read_text())
     ds.update(train_micro_batch_size_per_gpu=batch, gradient_accumulation_steps=1)
     (tmp / "ds.json").write_text(json.dumps(ds))
-    config = parse_args(["--ds-config", str(tmp / "ds.json"), "--data", str(data),
-                         "--model", preset, "--output-dir", str(tmp / "out"),
-                         "--num-workers", str(workers)])  # fmt: skip
+    config = parse_args(
+        [
+            "--ds-config",
+            str(tmp / "ds.json"),
+            "--data",
+            str(data),
+            "--model",
+            preset,
+            "--output-dir",
+            str(tmp / "out"),
+            "--num-workers",
+            str(workers),
+        ]
+    )
     trainer = Trainer(config, distributed.init_distributed())
     trainer.build_engine()
     batches = trainer._loader()
@@ -96,10 +107,16 @@ def main(argv=None) -> int:
                 times[k].append(timed(step))
         distributed.shutdown()
     bare, trainer = (statistics.median(times[k]) for k in ("bare", "trainer"))
-    row = {"preset": args.preset, "batch": args.batch, "seq": 128, "threads": torch.get_num_threads(),
-           "bare_step_s": round(bare, 4), "trainer_step_s": round(trainer, 4),
-           "overhead": round(trainer / bare - 1, 4),
-           "ds_config": args.ds_config}  # fmt: skip
+    row = {
+        "preset": args.preset,
+        "batch": args.batch,
+        "seq": 128,
+        "threads": torch.get_num_threads(),
+        "bare_step_s": round(bare, 4),
+        "trainer_step_s": round(trainer, 4),
+        "overhead": round(trainer / bare - 1, 4),
+        "ds_config": args.ds_config,
+    }
     print(json.dumps(row))
     return 0
 

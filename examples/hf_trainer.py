@@ -62,8 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     with open(os.path.join(args.shards, "manifest.json")) as f:
         manifest = json.load(f)
     files = sorted(glob.glob(os.path.join(args.shards, "shard-*.arrow")))
-    train = datasets.load_dataset("arrow", data_files=files, split="train",
-                                  cache_dir=os.path.join(args.output_dir, "hf-cache"))  # fmt: skip
+    train = datasets.load_dataset(
+        "arrow",
+        data_files=files,
+        split="train",
+        cache_dir=os.path.join(args.output_dir, "hf-cache"),
+    )
     config = transformers.BertConfig(
         vocab_size=manifest["vocab"]["size"],
         hidden_size=args.hidden_size,
@@ -89,9 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     pad_id = manifest["vocab"]["special_ids"]["pad"]
     trainer = transformers.Trainer(
-        model=model, args=training, train_dataset=train,
+        model=model,
+        args=training,
+        train_dataset=train,
         data_collator=lambda rows: collate(rows, pad_id),
-    )  # fmt: skip
+    )
     result = trainer.train()
     trainer.save_model(args.output_dir)
     print(json.dumps({"train_loss": result.training_loss, "steps": result.global_step}))

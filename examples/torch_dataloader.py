@@ -41,8 +41,10 @@ class ShardDataset(torch.utils.data.Dataset):
 def pad_batch(rows: list[dict], max_predictions: int) -> dict[str, torch.Tensor]:
     """Pad to the longest row; masked positions padded with 0 (ignored by the loss)."""
     width = max(len(r["input_ids"]) for r in rows)
-    out = {name: torch.zeros(len(rows), width, dtype=torch.long)
-           for name in ("input_ids", "segment_ids", "attention_mask")}  # fmt: skip
+    out = {
+        name: torch.zeros(len(rows), width, dtype=torch.long)
+        for name in ("input_ids", "segment_ids", "attention_mask")
+    }
     positions = torch.zeros(len(rows), max_predictions, dtype=torch.long)
     ids = torch.zeros(len(rows), max_predictions, dtype=torch.long)
     for i, r in enumerate(rows):
@@ -70,10 +72,12 @@ def main(argv: list[str] | None = None) -> int:
 
     data = ShardDataset(args.shards)
     loader = torch.utils.data.DataLoader(
-        data, batch_size=args.batch_size, shuffle=True,
+        data,
+        batch_size=args.batch_size,
+        shuffle=True,
         collate_fn=lambda rows: pad_batch(rows, data.max_predictions),
         generator=torch.Generator().manual_seed(0),
-    )  # fmt: skip
+    )
     torch.manual_seed(0)
     vocab_size = read_manifest(args.shards)["vocab"]["size"]
     model = BertForPreTraining(BertConfig.preset("tiny", vocab_size=vocab_size))

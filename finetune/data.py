@@ -263,8 +263,10 @@ def check_features(
     Raises:
         DataError: names the example's file and line, the field and the bad value.
     """
-    limits = (("input_ids", vocab_size, "the tokenizer's ids exceed the model's vocab_size"),
-              ("segment_ids", type_vocab_size, "the model's type_vocab_size"))  # fmt: skip
+    limits = (
+        ("input_ids", vocab_size, "the tokenizer's ids exceed the model's vocab_size"),
+        ("segment_ids", type_vocab_size, "the model's type_vocab_size"),
+    )
     for i, feature in enumerate(features):
         example = examples[feature.get("example_index", i)]
         for name, upper, why in limits:

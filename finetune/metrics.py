@@ -64,8 +64,15 @@ def _outputs(model, features: list[dict], batch_size: int, pad_id: int):
         model.train()
 
 
-def evaluate(task: str, model, features: list[dict], labels, batch_size: int, pad_id: int,
-             decoding: Decoding | None = None) -> dict:  # fmt: skip
+def evaluate(
+    task: str,
+    model,
+    features: list[dict],
+    labels,
+    batch_size: int,
+    pad_id: int,
+    decoding: Decoding | None = None,
+) -> dict:
     """The task's metrics on ``features`` (see ``finetune/__main__.py``), as fractions in
     [0, 1]; QA decodes with ``decoding`` (default: ``Decoding()``)."""
     if task == "qa":
@@ -78,12 +85,17 @@ def evaluate(task: str, model, features: list[dict], labels, batch_size: int, pa
                 logits.append((start[j, :n], end[j, :n]))
         return evaluate_qa(features, logits, decoding or Decoding())
     if task == "similarity":
-        pairs = [(out.logits[:, 0].float().cpu(), batch["labels"]) for _, batch, out in
-                 _outputs(model, features, batch_size, pad_id)]  # fmt: skip
+        pairs = [
+            (out.logits[:, 0].float().cpu(), batch["labels"])
+            for _, batch, out in _outputs(model, features, batch_size, pad_id)
+        ]
         pred = torch.cat([p for p, _ in pairs]).numpy()
         gold = torch.cat([g for _, g in pairs]).numpy()
-        return {"pearson": pearson(pred, gold), "spearman": spearman(pred, gold),
-                "mse": float(np.mean((pred - gold) ** 2))}  # fmt: skip
+        return {
+            "pearson": pearson(pred, gold),
+            "spearman": spearman(pred, gold),
+            "mse": float(np.mean((pred - gold) ** 2)),
+        }
     preds, golds = [], []
     for _, batch, out in _outputs(model, features, batch_size, pad_id):
         scored = batch["labels"] != IGNORE_INDEX  # (B,) or (B, T)

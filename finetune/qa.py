@@ -109,18 +109,26 @@ def encode_qa(tokenizer: Tokenizer, examples: list[dict], cfg) -> list[dict[str,
         offset = len(query_ids) + 2  # [CLS] question [SEP]
         for w, (start, length) in enumerate(windows):
             inside = answer and start <= answer[0] and answer[1] < start + length
-            features.append({
-                "input_ids": [cls_id, *query_ids, sep_id, *c.ids[start : start + length], sep_id],
-                "segment_ids": [0] * offset + [1] * (length + 1),
-                "start_positions": answer[0] - start + offset if inside else 0,
-                "end_positions": answer[1] - start + offset if inside else 0,
-                "example": e,
-                "example_index": index,
-                "window": (start, length),
-                "context_position": offset,
-                "doc_offsets": c.offsets,
-                "max_context": [is_max_context(windows, w, start + i) for i in range(length)],
-            })  # fmt: skip
+            features.append(
+                {
+                    "input_ids": [
+                        cls_id,
+                        *query_ids,
+                        sep_id,
+                        *c.ids[start : start + length],
+                        sep_id,
+                    ],
+                    "segment_ids": [0] * offset + [1] * (length + 1),
+                    "start_positions": answer[0] - start + offset if inside else 0,
+                    "end_positions": answer[1] - start + offset if inside else 0,
+                    "example": e,
+                    "example_index": index,
+                    "window": (start, length),
+                    "context_position": offset,
+                    "doc_offsets": c.offsets,
+                    "max_context": [is_max_context(windows, w, start + i) for i in range(length)],
+                }
+            )
     return features
 
 

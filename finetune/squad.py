@@ -94,8 +94,9 @@ def best_span(
     return best
 
 
-def decode_example(features: list[dict], logits: list[tuple[np.ndarray, np.ndarray]],
-                   decoding: Decoding) -> tuple[str, str, float]:  # fmt: skip
+def decode_example(
+    features: list[dict], logits: list[tuple[np.ndarray, np.ndarray]], decoding: Decoding
+) -> tuple[str, str, float]:
     """The answer of one example from its windows' features and (start, end) logits.
 
     Returns:
@@ -124,8 +125,9 @@ def decode_example(features: list[dict], logits: list[tuple[np.ndarray, np.ndarr
     return ("" if null_wins else text), text, diff
 
 
-def squad_v2_metrics(examples: list[dict], predictions: list[str], spans: list[str],
-                     diffs: list[float]) -> dict[str, float]:  # fmt: skip
+def squad_v2_metrics(
+    examples: list[dict], predictions: list[str], spans: list[str], diffs: list[float]
+) -> dict[str, float]:
     """EM and F1 (fractions) of ``predictions``; with unanswerable examples also the
     ``has_ans_*`` / ``no_ans_*`` splits and the best threshold over ``diffs``
     (``best_exact_match``/``best_f1`` and their ``*_thresh``), the v2 script's
@@ -150,8 +152,9 @@ def squad_v2_metrics(examples: list[dict], predictions: list[str], spans: list[s
     return metrics
 
 
-def best_threshold(span_scores: np.ndarray, null_scores: np.ndarray,
-                   diffs: Sequence[float]) -> tuple[float, float]:  # fmt: skip
+def best_threshold(
+    span_scores: np.ndarray, null_scores: np.ndarray, diffs: Sequence[float]
+) -> tuple[float, float]:
     """The best mean score over thresholds t, predicting "" iff diff > t, and that t.
 
     Args:
@@ -178,8 +181,9 @@ def best_threshold(span_scores: np.ndarray, null_scores: np.ndarray,
     return best / len(diffs), thresh
 
 
-def evaluate_qa(features: list[dict], logits: list[tuple[np.ndarray, np.ndarray]],
-                decoding: Decoding) -> dict[str, float]:  # fmt: skip
+def evaluate_qa(
+    features: list[dict], logits: list[tuple[np.ndarray, np.ndarray]], decoding: Decoding
+) -> dict[str, float]:
     """SQuAD metrics of ``features`` (finetune/qa.py; an example's windows consecutive)
     and their per-feature (start, end) logits, float (T,) each."""
     examples, predictions, spans, diffs = [], [], [], []

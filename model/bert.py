@@ -475,9 +475,17 @@ class BertForPreTraining(nn.Module):
         if mlm_loss is not None or nsp_loss is not None:
             loss = sum(x for x in (mlm_loss, nsp_loss) if x is not None)
         return BertPreTrainingOutput(
-            loss, mlm_loss, nsp_loss, prediction_logits, nsp_logits, hidden, pooled_output,
-            packing, index, shape,
-        )  # fmt: skip
+            loss,
+            mlm_loss,
+            nsp_loss,
+            prediction_logits,
+            nsp_logits,
+            hidden,
+            pooled_output,
+            packing,
+            index,
+            shape,
+        )
 
     def _validate(self, input_ids, segment_ids, attention_mask) -> None:
         validate_inputs(self.config, input_ids, segment_ids, attention_mask)

@@ -102,8 +102,9 @@ class Packing:
         if predicted is not None:
             m = values[3]
             prediction_index = torch.nonzero_static(predicted.flatten(), size=m).squeeze(1)
-        return cls(index, cu_seqlens, slot, longest, shortest, b, t, keep, prediction_index,
-                   values[4:])  # fmt: skip
+        return cls(
+            index, cu_seqlens, slot, longest, shortest, b, t, keep, prediction_index, values[4:]
+        )
 
     @property
     def num_tokens(self) -> int:
@@ -168,8 +169,9 @@ class AttentionGroups:
         that nothing more waits for the device."""
         b, t = packing.batch, packing.width
         if packing.index.device.type != "cpu":
-            return cls(None, None, [packing.num_tokens], [b], [t], [packing.index],
-                       [packing.key_mask])  # fmt: skip
+            return cls(
+                None, None, [packing.num_tokens], [b], [t], [packing.index], [packing.key_mask]
+            )
         groups = max(1, min(cls.MAX_GROUPS, b // cls.MIN_ROWS))
         lengths = np.asarray(packing.lengths, dtype=np.int64)
         # Longest first; one group keeps the rows' order (its grid is as wide as the
@@ -357,9 +359,13 @@ def packed_attention(
     x = qkv if groups.order is None else _Pack.apply(qkv, groups.order)
     outs = []
     for part, rows, width, grid_index, key_mask in zip(
-        x.split(groups.tokens), groups.rows, groups.width, groups.grid_index, groups.key_mask,
+        x.split(groups.tokens),
+        groups.rows,
+        groups.width,
+        groups.grid_index,
+        groups.key_mask,
         strict=True,
-    ):  # fmt: skip
+    ):
         grid = _Unpack.apply(part, grid_index, rows * width).view(rows, width, 3, num_heads, d)
         q, k, v = grid.permute(2, 0, 3, 1, 4)  # each (rows, A, width, D)
         y = attention(q, k, v, key_mask[:, None, None, :], dropout_p)  # (rows, A, width, D)

@@ -46,9 +46,15 @@ class ConsoleFilter(logging.Filter):
         hide_noise: drop the warnings of :data:`KNOWN_NOISE`.
     """
 
-    def __init__(self, ours: tuple[str, ...], *, ours_level: int = logging.INFO,
-                 others_level: int = logging.WARNING, file_only: tuple[str, ...] = (),
-                 hide_noise: bool = True):  # fmt: skip
+    def __init__(
+        self,
+        ours: tuple[str, ...],
+        *,
+        ours_level: int = logging.INFO,
+        others_level: int = logging.WARNING,
+        file_only: tuple[str, ...] = (),
+        hide_noise: bool = True,
+    ):
         super().__init__()
         self.ours, self.file_only, self.hide_noise = ours, file_only, hide_noise
         self.ours_level, self.others_level = ours_level, others_level
@@ -85,9 +91,16 @@ class ConsoleFormatter(logging.Formatter):
             record.exc_info, record.exc_text, record.stack_info = saved
 
 
-def install(ours: tuple[str, ...], *, verbose: bool, log_path: str | None = None,
-            main: bool = True, tag: str = "", file_only: tuple[str, ...] = (),
-            stream: TextIO | None = None) -> list[logging.Handler]:  # fmt: skip
+def install(
+    ours: tuple[str, ...],
+    *,
+    verbose: bool,
+    log_path: str | None = None,
+    main: bool = True,
+    tag: str = "",
+    file_only: tuple[str, ...] = (),
+    stream: TextIO | None = None,
+) -> list[logging.Handler]:
     """Put the root logger at INFO with a console handler and, given ``log_path``, a log file.
 
     Args:
@@ -106,10 +119,12 @@ def install(ours: tuple[str, ...], *, verbose: bool, log_path: str | None = None
     level = logging.INFO if main else logging.WARNING
     console = logging.StreamHandler(sys.stderr if stream is None else stream)
     if verbose:
-        console.addFilter(ConsoleFilter(ours, ours_level=level, others_level=level,
-                                        hide_noise=False))  # fmt: skip
-        console.setFormatter(logging.Formatter(
-            f"%(asctime)s %(levelname)s {tag}%(name)s: %(message)s"))  # fmt: skip
+        console.addFilter(
+            ConsoleFilter(ours, ours_level=level, others_level=level, hide_noise=False)
+        )
+        console.setFormatter(
+            logging.Formatter(f"%(asctime)s %(levelname)s {tag}%(name)s: %(message)s")
+        )
     else:
         console.addFilter(ConsoleFilter(ours, ours_level=level, file_only=file_only))
         console.setFormatter(ConsoleFormatter(tag))
@@ -138,8 +153,9 @@ class _LogFile(logging.FileHandler):
         logging.getLogger().removeHandler(self)
         with contextlib.suppress(OSError):  # closing flushes what could not be written
             self.close()
-        raise LogFileError(err.errno, f"cannot write the log file {self.baseFilename}: "
-                                      f"{err.strerror or err}") from err  # fmt: skip
+        raise LogFileError(
+            err.errno, f"cannot write the log file {self.baseFilename}: {err.strerror or err}"
+        ) from err
 
 
 def add_log_file(path: str, tag: str = "") -> logging.Handler:
@@ -162,8 +178,7 @@ def console_stream() -> TextIO:
     """A stream on a duplicate of descriptor 2: it stays on the terminal when
     :func:`stderr_to` moves descriptor 2 to the log file."""
     sys.stderr.flush()
-    return os.fdopen(os.dup(2), "w", buffering=1, encoding="utf-8",
-                     errors="backslashreplace")  # fmt: skip
+    return os.fdopen(os.dup(2), "w", buffering=1, encoding="utf-8", errors="backslashreplace")
 
 
 @contextlib.contextmanager

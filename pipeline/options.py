@@ -173,8 +173,12 @@ class CommandParser(argparse.ArgumentParser):
 
     def option_names(self) -> list[str]:
         """Every long flag this parser declares, as declared."""
-        return [name for action in self._actions for name in action.option_strings
-                if name.startswith("--")]  # fmt: skip
+        return [
+            name
+            for action in self._actions
+            for name in action.option_strings
+            if name.startswith("--")
+        ]
 
     def parse_known_args(self, args=None, namespace=None):
         args = sys.argv[1:] if args is None else args
@@ -223,8 +227,9 @@ def read_config_file(path: str, cls: type) -> dict[str, Any]:
     unknown = sorted(set(values) - set(fields))
     if unknown:
         close = {key: difflib.get_close_matches(key, list(fields), n=1) for key in unknown}
-        hints = [repr(m[0]) + (f" for {k!r}" if len(unknown) > 1 else "")
-                 for k, m in close.items() if m]  # fmt: skip
+        hints = [
+            repr(m[0]) + (f" for {k!r}" if len(unknown) > 1 else "") for k, m in close.items() if m
+        ]
         hint = f" (did you mean {', '.join(hints)}?)" if hints else f"; known: {', '.join(fields)}"
         raise ValueError(f"{where}: unknown key(s) {unknown}{hint}")
     return {key: _file_value(fields[key], value, where) for key, value in values.items()}
@@ -254,8 +259,14 @@ def _file_value(f: dataclasses.Field, value: Any, where: str) -> Any:
     return float(value) if kind is float else value
 
 
-def parse_options(parser: argparse.ArgumentParser, cls: type, argv: Sequence[str], *,
-                  sep: str, known: bool = False) -> tuple[Any, list[str]]:  # fmt: skip
+def parse_options(
+    parser: argparse.ArgumentParser,
+    cls: type,
+    argv: Sequence[str],
+    *,
+    sep: str,
+    known: bool = False,
+) -> tuple[Any, list[str]]:
     """Defaults < ``--config FILE`` < flags -> ``(cls(...), unparsed args)``.
 
     ``known``: leave unknown arguments to the caller (Beam's, for ``pipeline build``)
@@ -278,8 +289,11 @@ def parse_options(parser: argparse.ArgumentParser, cls: type, argv: Sequence[str
     for f in fields:
         if f.name in values and _kind(f)[0] is tuple:
             values[f.name] = tuple(values[f.name])
-    missing = [flag(f.name, sep) for f in fields
-               if f.default is dataclasses.MISSING and f.name not in values]  # fmt: skip
+    missing = [
+        flag(f.name, sep)
+        for f in fields
+        if f.default is dataclasses.MISSING and f.name not in values
+    ]
     if missing:
         raise ValueError(
             f"missing required option(s) {' '.join(missing)} (as flags or in --config FILE)"

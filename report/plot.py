@@ -97,11 +97,23 @@ def epoch_ends(train: list[dict]) -> list[tuple[int, float]]:
 def _mark_epochs(ax, train: list[dict]) -> None:
     """A dotted vertical line at each epoch's end, labelled with the epoch at the top."""
     for k, step in epoch_ends(train):
-        ax.axvline(step, color="0.5", linestyle=":", linewidth=1,
-                   label=EPOCH_LABEL if k == 1 else "_nolegend_")  # fmt: skip
-        ax.annotate(f"epoch {k}", (step, 1), xycoords=("data", "axes fraction"),
-                    xytext=(2, -2), textcoords="offset points", va="top", fontsize=7,
-                    color="0.4")  # fmt: skip
+        ax.axvline(
+            step,
+            color="0.5",
+            linestyle=":",
+            linewidth=1,
+            label=EPOCH_LABEL if k == 1 else "_nolegend_",
+        )
+        ax.annotate(
+            f"epoch {k}",
+            (step, 1),
+            xycoords=("data", "axes fraction"),
+            xytext=(2, -2),
+            textcoords="offset points",
+            va="top",
+            fontsize=7,
+            color="0.4",
+        )
 
 
 def _legend_outside(fig, ax) -> None:
@@ -147,8 +159,9 @@ def loss_figure(train: list[dict], evaluation: list[dict]):
 def accuracy_figure(train: list[dict], evaluation: list[dict]):
     """Accuracies, each with its held-out trivial baseline as a dashed line, and the epochs'
     ends as dotted lines; the legend beside the axes, off the lines."""
-    fig, ax = _axes("Training and held-out accuracy (MLM, NSP) beside trivial baselines",
-                    "accuracy")  # fmt: skip
+    fig, ax = _axes(
+        "Training and held-out accuracy (MLM, NSP) beside trivial baselines", "accuracy"
+    )
     for key, label, baseline_key, baseline_label in ACCURACIES:
         color = _curves(ax, train, evaluation, key, label)
         baseline = _last(evaluation, baseline_key)
@@ -221,8 +234,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("run_dir", help="a training output directory holding metrics.jsonl")
-    p.add_argument("--output-dir", default=None,
-                   help="where to write the PNGs (default: RUN_DIR/plots)")  # fmt: skip
+    p.add_argument(
+        "--output-dir", default=None, help="where to write the PNGs (default: RUN_DIR/plots)"
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if importlib.util.find_spec("matplotlib") is None:

@@ -72,14 +72,18 @@ def stage_lines(path: Path, now: float | None = None) -> list[str]:
     lines.append(f"  {'total':<10} {total:7.1f} s  (to this summary): {verdict}")
     if plan:
         rest = total - plan["at_s"] - plan["budget_s"]
-        lines.append(f"  {'':<10} {rest:7.1f} s  outside training's budget after it was set "
-                     f"(the estimate kept {plan['after_s']:.1f} s)")  # fmt: skip
+        lines.append(
+            f"  {'':<10} {rest:7.1f} s  outside training's budget after it was set "
+            f"(the estimate kept {plan['after_s']:.1f} s)"
+        )
     return lines
 
 
 def _budget_text(plan: dict) -> str:
     """What the training stage's line adds: its budget and where the budget came from."""
     if plan["plan"] == "deadline":
-        return (f"  budget {plan['budget_s']:.1f} s: the deadline less {plan['at_s']:.1f} s "
-                f"spent and {plan['after_s']:.1f} s kept for the rest")  # fmt: skip
+        return (
+            f"  budget {plan['budget_s']:.1f} s: the deadline less {plan['at_s']:.1f} s "
+            f"spent and {plan['after_s']:.1f} s kept for the rest"
+        )
     return f"  budget {plan['budget_s']:.1f} s ({plan['plan']})"

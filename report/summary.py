@@ -87,10 +87,12 @@ def summary_lines(records: list[dict], second: list[dict] | None = None) -> list
     if overfit:
         lines += _overfit_warning(overfit)
     if not short and not overfit and all(evals[-1].get(k) is not None for _, _, k, _ in TASKS):
-        lines.append(f"OK: the model learned and generalizes: held-out accuracies beat their "
-                     f"trivial baselines by more than {MARGIN}, held-out losses end within "
-                     f"{LOSS_RISE} of their minimum, train/held-out accuracy gaps are under "
-                     f"{ACCURACY_GAP}.")  # fmt: skip
+        lines.append(
+            f"OK: the model learned and generalizes: held-out accuracies beat their "
+            f"trivial baselines by more than {MARGIN}, held-out losses end within "
+            f"{LOSS_RISE} of their minimum, train/held-out accuracy gaps are under "
+            f"{ACCURACY_GAP}."
+        )
     return lines
 
 
@@ -105,14 +107,18 @@ def _heldout_lines(e: dict, name: str, lines: list[str]) -> list[tuple[str, floa
         if baseline is None:  # an older run: no baselines were computed
             lines.append(f"  {task} accuracy {accuracy:.3f} (no baseline in this run's records)")
             continue
-        lines.append(f"  {task} accuracy {accuracy:.3f} ({baseline_name} {baseline:.3f}, "
-                     f"{accuracy - baseline:+.3f})")  # fmt: skip
+        lines.append(
+            f"  {task} accuracy {accuracy:.3f} ({baseline_name} {baseline:.3f}, "
+            f"{accuracy - baseline:+.3f})"
+        )
         if accuracy < baseline + MARGIN:
             short.append((task if name == "held-out" else f"{task} ({name})", accuracy, baseline))
     unigram = e.get("mlm_unigram_loss")
     if unigram is not None and e.get("mlm_loss") is not None:
-        lines.append(f"  MLM loss {e['mlm_loss']:.3f} (unigram (context-free) loss "
-                     f"{unigram:.3f}, {e['mlm_loss'] - unigram:+.3f})")  # fmt: skip
+        lines.append(
+            f"  MLM loss {e['mlm_loss']:.3f} (unigram (context-free) loss "
+            f"{unigram:.3f}, {e['mlm_loss'] - unigram:+.3f})"
+        )
     return short
 
 
@@ -140,8 +146,10 @@ def overfitting(train: list[dict], evals: list[dict], second: dict | None = None
         best_step, best = min(points, key=lambda p: p[1])
         last_step, last = points[-1]
         if last - best > LOSS_RISE:
-            found.append(f"held-out {task} loss rose from its minimum {best:.3f} (step "
-                         f"{best_step}) to {last:.3f} at step {last_step} ({last - best:+.3f})")  # fmt: skip
+            found.append(
+                f"held-out {task} loss rose from its minimum {best:.3f} (step "
+                f"{best_step}) to {last:.3f} at step {last_step} ({last - best:+.3f})"
+            )
     window = [r for r in train if r["step"] <= evals[-1]["step"]][-GAP_WINDOW:]
     for task, key, _, _ in TASKS:
         values = [r[key] for r in window if r.get(key) is not None]
@@ -149,8 +157,10 @@ def overfitting(train: list[dict], evals: list[dict], second: dict | None = None
         if values and held:
             trained, nearest = sum(values) / len(values), max(held)
             if trained - nearest > ACCURACY_GAP:
-                found.append(f"{task} accuracy {trained - nearest:.3f} higher on training rows "
-                             f"({trained:.3f}) than held out ({nearest:.3f})")  # fmt: skip
+                found.append(
+                    f"{task} accuracy {trained - nearest:.3f} higher on training rows "
+                    f"({trained:.3f}) than held out ({nearest:.3f})"
+                )
     return found
 
 
@@ -169,14 +179,20 @@ def _overfit_warning(found: list[str]) -> list[str]:
 
 def _plateau_warning(short: list[tuple[str, float, float]], e: dict) -> list[str]:
     banner = "!" * 78
-    body = [f"WARNING: the model did not learn {' or '.join(t for t, _, _ in short)} "
-            "beyond a trivial baseline."]  # fmt: skip
+    body = [
+        f"WARNING: the model did not learn {' or '.join(t for t, _, _ in short)} "
+        "beyond a trivial baseline."
+    ]
     for task, accuracy, baseline in short:
-        body.append(f"  held-out {task} accuracy {accuracy:.3f} is less than {MARGIN} above "
-                    f"its baseline {baseline:.3f} ({accuracy - baseline:+.3f}).")  # fmt: skip
+        body.append(
+            f"  held-out {task} accuracy {accuracy:.3f} is less than {MARGIN} above "
+            f"its baseline {baseline:.3f} ({accuracy - baseline:+.3f})."
+        )
     if e.get("mlm_unigram_loss") is not None and e.get("mlm_loss") is not None:
-        body.append(f"  held-out MLM loss {e['mlm_loss']:.3f} vs the unigram (context-free) "
-                    f"loss {e['mlm_unigram_loss']:.3f}.")  # fmt: skip
+        body.append(
+            f"  held-out MLM loss {e['mlm_loss']:.3f} vs the unigram (context-free) "
+            f"loss {e['mlm_unigram_loss']:.3f}."
+        )
     body += [
         "  It does no better than guessing from how often tokens or labels occur, ignoring",
         "  the context (the unigram plateau). Train longer (MAX_STEPS), check the learning",
@@ -207,11 +223,17 @@ def path_lines(run: Path, train: Path) -> list[str]:
     manifest_path = run / "shards" / "manifest.json"
     if manifest_path.exists():
         m = json.loads(manifest_path.read_text())
-        lines.append(f"shards:      {run / 'shards'} ({m['num_rows']} rows, "
-                     f"{len(m['shards'])} shard(s), vocab {m['vocab']['size']})")  # fmt: skip
-    named = [("held-out:   ", [run / "heldout", run / "heldout2"]), ("checkpoints:", [train / "checkpoints"]),
-             ("HF export:  ", [train / "hf"]), ("plots:      ", [run / "plots", train / "plots"]),
-             ("logs:       ", [run / "logs", train / "logs"])]  # fmt: skip
+        lines.append(
+            f"shards:      {run / 'shards'} ({m['num_rows']} rows, "
+            f"{len(m['shards'])} shard(s), vocab {m['vocab']['size']})"
+        )
+    named = [
+        ("held-out:   ", [run / "heldout", run / "heldout2"]),
+        ("checkpoints:", [train / "checkpoints"]),
+        ("HF export:  ", [train / "hf"]),
+        ("plots:      ", [run / "plots", train / "plots"]),
+        ("logs:       ", [run / "logs", train / "logs"]),
+    ]
     for name, paths in named:
         found = list(dict.fromkeys(p for p in paths if p.exists()))  # run == train: once
         if found:
@@ -240,8 +262,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("run_dir", help="a trainer --output-dir (metrics.jsonl) or a quickstart "
-                   "RUN_DIR (shards/, train/metrics.jsonl)")  # fmt: skip
+    p.add_argument(
+        "run_dir",
+        help="a trainer --output-dir (metrics.jsonl) or a quickstart "
+        "RUN_DIR (shards/, train/metrics.jsonl)",
+    )
     run = Path(p.parse_args(argv).run_dir)
     try:
         train = train_dir(run)
@@ -264,9 +289,15 @@ def corpus_lines(path: Path) -> list[str]:
         return []
     m = json.loads(path.read_text(encoding="utf-8"))
     sources = ", ".join(f"{s['name']} {s['version']}" for s in m["sources"])
-    return [f"corpus:      {m['bytes'] / 1e6:.1f} MB, sha256 {m['sha256']}",
-            *textwrap.wrap(f"from: {sources}", 90, initial_indent="             ",
-                           subsequent_indent="               ")]  # fmt: skip
+    return [
+        f"corpus:      {m['bytes'] / 1e6:.1f} MB, sha256 {m['sha256']}",
+        *textwrap.wrap(
+            f"from: {sources}",
+            90,
+            initial_indent="             ",
+            subsequent_indent="               ",
+        ),
+    ]
 
 
 if __name__ == "__main__":

@@ -52,16 +52,39 @@ def dask_executable() -> str:
 
 
 def scheduler_command(scheduler_file: Path) -> list[str]:
-    return [dask_executable(), "scheduler", "--host", "127.0.0.1", "--port", "0",
-            "--no-dashboard", "--scheduler-file", str(scheduler_file),
-            "--idle-timeout", IDLE_TIMEOUT]  # fmt: skip
+    return [
+        dask_executable(),
+        "scheduler",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--no-dashboard",
+        "--scheduler-file",
+        str(scheduler_file),
+        "--idle-timeout",
+        IDLE_TIMEOUT,
+    ]
 
 
 def worker_command(address: str, memory_limit: str, threads: int, directory: Path) -> list[str]:
     """One worker process (``--nworkers 1``) under a nanny that restarts it if it dies."""
-    return [dask_executable(), "worker", address, "--nworkers", "1", "--nthreads", str(threads),
-            "--memory-limit", memory_limit, "--no-dashboard", "--local-directory", str(directory),
-            "--death-timeout", DEATH_TIMEOUT]  # fmt: skip
+    return [
+        dask_executable(),
+        "worker",
+        address,
+        "--nworkers",
+        "1",
+        "--nthreads",
+        str(threads),
+        "--memory-limit",
+        memory_limit,
+        "--no-dashboard",
+        "--local-directory",
+        str(directory),
+        "--death-timeout",
+        DEATH_TIMEOUT,
+    ]
 
 
 def worker_env() -> dict[str, str]:
@@ -82,8 +105,14 @@ class DaskCluster:
             whose child process runs the tasks). Logs: ``directory/*.log``.
     """
 
-    def __init__(self, directory: str | os.PathLike, *, workers: int = 2,
-                 memory_limit: str = "2GiB", threads: int = 1):  # fmt: skip
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        workers: int = 2,
+        memory_limit: str = "2GiB",
+        threads: int = 1,
+    ):
         self.directory = Path(directory)
         self.num_workers, self.memory_limit, self.threads = workers, memory_limit, threads
         self.address = ""
@@ -93,8 +122,13 @@ class DaskCluster:
     def _spawn(self, command: list[str], name: str) -> subprocess.Popen:
         log = open(self.directory / f"{name}.log", "ab")  # noqa: SIM115 (the child keeps it)
         with log:
-            return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                    env=worker_env(), start_new_session=True)  # fmt: skip
+            return subprocess.Popen(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=worker_env(),
+                start_new_session=True,
+            )
 
     def log(self, name: str) -> str:
         path = self.directory / f"{name}.log"
@@ -111,17 +145,21 @@ class DaskCluster:
         scheduler_file.unlink(missing_ok=True)
         self.scheduler = self._spawn(scheduler_command(scheduler_file), "scheduler")
         deadline = time.monotonic() + timeout
-        self._wait(lambda: scheduler_file.exists() and scheduler_file.stat().st_size,
-                   self.scheduler, "scheduler", deadline)  # fmt: skip
+        self._wait(
+            lambda: scheduler_file.exists() and scheduler_file.stat().st_size,
+            self.scheduler,
+            "scheduler",
+            deadline,
+        )
         self.address = json.loads(scheduler_file.read_text())["address"]
         for i in range(self.num_workers):
-            command = worker_command(self.address, self.memory_limit, self.threads,
-                                     self.directory / f"worker-{i}")  # fmt: skip
+            command = worker_command(
+                self.address, self.memory_limit, self.threads, self.directory / f"worker-{i}"
+            )
             self.workers.append(self._spawn(command, f"worker-{i}"))
         for i, worker in enumerate(self.workers):
             name = f"worker-{i}"
-            self._wait(lambda name=name: "Registered to:" in self.log(name), worker, name,
-                       deadline)  # fmt: skip
+            self._wait(lambda name=name: "Registered to:" in self.log(name), worker, name, deadline)
         return self
 
     def _wait(self, ready, process: subprocess.Popen, name: str, deadline: float) -> None:

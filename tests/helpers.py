@@ -69,14 +69,25 @@ def build_shards(tmp: Path, *, n_docs: int = 120, num_shards: int = 3, **options
 # ----------------------------------------------------------------------------- trainer runs
 
 # The trainer tests' model: vocab 200 as the shards above, seq <= 64.
-TINY = {"vocab_size": 200, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
-        "intermediate_size": 64, "max_position_embeddings": 64}  # fmt: skip
+TINY = {
+    "vocab_size": 200,
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+    "max_position_embeddings": 64,
+}
 
 
 # The model/ head and HF-directory tests' model: a vocab (211) and widths no preset has.
-HEADS_MODEL = {"vocab_size": 211, "hidden_size": 64, "num_hidden_layers": 2,
-               "num_attention_heads": 4, "intermediate_size": 96,
-               "max_position_embeddings": 40}  # fmt: skip
+HEADS_MODEL = {
+    "vocab_size": 211,
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 96,
+    "max_position_embeddings": 40,
+}
 
 
 def write_json(path: Path, obj) -> str:
@@ -113,9 +124,19 @@ def ds_json(tmp_path, **overrides) -> str:
 
 def args(tmp_path, data, *extra, **ds) -> list[str]:
     """trainer/run.py's arguments for TINY on ``data``, output in ``tmp_path / "out"``."""
-    return ["--ds-config", ds_json(tmp_path, **ds), "--data", str(data),
-            "--model", model_json(tmp_path), "--output-dir", str(tmp_path / "out"),
-            "--num-workers", "0", *extra]  # fmt: skip
+    return [
+        "--ds-config",
+        ds_json(tmp_path, **ds),
+        "--data",
+        str(data),
+        "--model",
+        model_json(tmp_path),
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--num-workers",
+        "0",
+        *extra,
+    ]
 
 
 def records(out: Path, split="train") -> list[dict]:
@@ -274,17 +295,48 @@ def rank_env(fault: str | None = None, **extra: str) -> dict[str, str]:
     return env
 
 
-def trainer_argv(files: Path, data: Path, out: Path, *extra: str, steps: int, save_every: int,
-                 ds="ds.json") -> list[str]:  # fmt: skip
+def trainer_argv(
+    files: Path, data: Path, out: Path, *extra: str, steps: int, save_every: int, ds="ds.json"
+) -> list[str]:
     """trainer/run.py's arguments for a launch test's run (files: write_launch_files')."""
-    return ["trainer/run.py", "--ds-config", str(files / ds), "--data", str(data),
-            "--model", str(files / "model.json"), "--output-dir", str(out),
-            "--max-steps", str(steps), "--save-every", str(save_every), "--log-every", "2",
-            "--num-workers", "1", "--record-samples", "true", "--export-hf", "false", *extra]  # fmt: skip
+    return [
+        "trainer/run.py",
+        "--ds-config",
+        str(files / ds),
+        "--data",
+        str(data),
+        "--model",
+        str(files / "model.json"),
+        "--output-dir",
+        str(out),
+        "--max-steps",
+        str(steps),
+        "--save-every",
+        str(save_every),
+        "--log-every",
+        "2",
+        "--num-workers",
+        "1",
+        "--record-samples",
+        "true",
+        "--export-hf",
+        "false",
+        *extra,
+    ]
 
 
-def launch(files: Path, data: Path, out: Path, *extra: str, steps: int, save_every: int,
-           ranks=2, fault=None, ds="ds.json", port=None):  # fmt: skip
+def launch(
+    files: Path,
+    data: Path,
+    out: Path,
+    *extra: str,
+    steps: int,
+    save_every: int,
+    ranks=2,
+    fault=None,
+    ds="ds.json",
+    port=None,
+):
     """trainer/run.py on ``ranks`` CPU ranks of this machine (one: without a launcher);
     ``port``: the launcher's --master_port (default: a free one); ``fault``: see
     :func:`rank_env` (when it strikes is appended to ``OUT.faults``)."""
@@ -294,11 +346,21 @@ def launch(files: Path, data: Path, out: Path, *extra: str, steps: int, save_eve
 
     argv = trainer_argv(files, data, out, *extra, ds=ds, steps=steps, save_every=save_every)
     if ranks > 1:
-        cmd = [shutil.which("deepspeed") or "deepspeed", "--num_gpus", str(ranks),
-               "--master_port", str(port or free_port()), *argv]  # fmt: skip
+        cmd = [
+            shutil.which("deepspeed") or "deepspeed",
+            "--num_gpus",
+            str(ranks),
+            "--master_port",
+            str(port or free_port()),
+            *argv,
+        ]
     else:
         cmd = [sys.executable, *argv]
     return subprocess.run(
-        cmd, cwd=REPO, env=rank_env(fault, BERT_TEST_FAULT_LOG=f"{out}.faults"),
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        cmd,
+        cwd=REPO,
+        env=rank_env(fault, BERT_TEST_FAULT_LOG=f"{out}.faults"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )

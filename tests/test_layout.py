@@ -14,14 +14,19 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("pipeline", "trainer", "model", "finetune", "report")
-LAYERS = {"shards": set(), "core": {"shards"}, "beam": {"shards", "core"},
-          "cli": {"shards", "core", "beam"}}  # fmt: skip
+LAYERS = {
+    "shards": set(),
+    "core": {"shards"},
+    "beam": {"shards", "core"},
+    "cli": {"shards", "core", "beam"},
+}
 SHARED = ("pipeline.options", "pipeline.console")
 
 
@@ -83,8 +88,14 @@ def test_the_contract_and_the_algorithms_load_no_beam():
     names = [n for n in our_modules() if n.startswith(("pipeline.shards", "pipeline.core"))]
     code = "import sys\n" + "".join(f"import {n}\n" for n in names)
     code += "print(sorted(m for m in sys.modules if m.split('.')[0] == 'apache_beam'))"
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                         timeout=120, check=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     assert len(names) >= 12 and out.stdout.strip() == "[]", out.stdout
 
 
@@ -141,3 +152,19 @@ def test_no_import_circle():
 def test_imports_of_resolves_relative_and_module_imports(tmp_path):
     names = imports_of(ROOT / "trainer" / "loop.py")
     assert {"trainer.checkpoint", "trainer.data", "pipeline.core.rng", "torch"} <= names
+
+
+def test_the_formatter_has_the_last_word():
+    """One way to lay out code: ``ruff format``'s (scripts/test.sh checks it). A marker that
+    turns it off for a line or a block would be a second way."""
+    markers = re.compile(r"#\s*fmt:\s*(skip|off|on)\b")
+    tracked = subprocess.run(
+        ["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    found = [
+        f"{name}:{i}"
+        for name in tracked
+        for i, line in enumerate((ROOT / name).read_text(encoding="utf-8").splitlines(), 1)
+        if markers.search(line)
+    ]
+    assert not found, "formatter markers: " + ", ".join(found)

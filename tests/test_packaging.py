@@ -20,12 +20,25 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("pipeline", "model", "trainer", "finetune", "report")
 TRAINING_PACKAGES = ("model", "trainer", "finetune")
 # Never on a Beam worker: each is large (torch with CUDA: GBs) and none is used there.
-TRAINING_STACK = ("torch", "deepspeed", "datasets", "matplotlib", "tensorboard", "safetensors",
-                  "transformers")  # fmt: skip
+TRAINING_STACK = (
+    "torch",
+    "deepspeed",
+    "datasets",
+    "matplotlib",
+    "tensorboard",
+    "safetensors",
+    "transformers",
+)
 # Import name -> distribution name, for the third-party modules pipeline/ imports.
-DISTRIBUTIONS = {"apache_beam": "apache-beam", "numpy": "numpy", "pyarrow": "pyarrow",
-                 "tokenizers": "tokenizers", "google": "protobuf", "h5py": "h5py",
-                 "google_crc32c": "google-crc32c"}  # fmt: skip
+DISTRIBUTIONS = {
+    "apache_beam": "apache-beam",
+    "numpy": "numpy",
+    "pyarrow": "pyarrow",
+    "tokenizers": "tokenizers",
+    "google": "protobuf",
+    "h5py": "h5py",
+    "google_crc32c": "google-crc32c",
+}
 # Installed for a worker without being imported by pipeline/ (none today).
 USED_BY_BEAM: list[str] = []
 # Imported only inside a function, for an option a worker never runs (`stats --plot`),
@@ -34,8 +47,12 @@ OPTIONAL = {"matplotlib", "dask", "jieba"}
 # Import name -> distribution, for what model/, trainer/ and finetune/ import beyond the
 # base install:
 # each must be in the `train` extra.
-TRAIN_DISTRIBUTIONS = {"torch": "torch", "deepspeed": "deepspeed", "safetensors": "safetensors",
-                       "tqdm": "tqdm"}  # fmt: skip
+TRAIN_DISTRIBUTIONS = {
+    "torch": "torch",
+    "deepspeed": "deepspeed",
+    "safetensors": "safetensors",
+    "tqdm": "tqdm",
+}
 # Imported by model/, trainer/ or finetune/ without being in `train`, each for its reason.
 TRAIN_NOT_DECLARED = {
     "psutil": "DeepSpeed's own dependency; trainer/signals.py falls back without it",
@@ -65,8 +82,13 @@ def built(tmp_path_factory):
     for package in PACKAGES:
         shutil.copytree(ROOT / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path_factory.mktemp("metadata")
-    done = subprocess.run([sys.executable, "-c", BUILD_METADATA, str(out)], cwd=src,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", BUILD_METADATA, str(out)],
+        cwd=src,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     metadata = (out / result["dist_info"] / "METADATA").read_text(encoding="utf-8")

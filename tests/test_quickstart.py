@@ -17,8 +17,13 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_a_deadline_or_budget_that_is_not_minutes_stops_it_before_it_installs(tmp_path, name):
     for value in ("abc", "0", "-3", "1e3"):
         env = {"PATH": "/usr/bin:/bin", name: value, "RUN_DIR": str(tmp_path / "run")}
-        done = subprocess.run(["bash", str(ROOT / "scripts" / "quickstart.sh")], env=env,
-                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        done = subprocess.run(
+            ["bash", str(ROOT / "scripts" / "quickstart.sh")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 2, done.stdout + done.stderr
         assert f"{name} must be a number of minutes above 0, got '{value}'" in done.stderr
         assert not (tmp_path / "run").exists()

@@ -180,8 +180,11 @@ def remove_incomplete(output_dir: str) -> list[str]:
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path.name)
     if removed:
-        logger.info("removed incomplete checkpoint(s) %s (saves cut short) from %s",
-                    ", ".join(removed), directory)  # fmt: skip
+        logger.info(
+            "removed incomplete checkpoint(s) %s (saves cut short) from %s",
+            ", ".join(removed),
+            directory,
+        )
     return removed
 
 
@@ -235,6 +238,7 @@ def restore_rng(state: dict[str, Any], rank: int, world_size: int, fallback_seed
     if rank == 0:  # the same on every rank: said once
         logger.warning(
             "checkpoint has RNG states of %d ranks, this run has %d: dropout RNGs are reseeded",
-            len(rngs), world_size,
-        )  # fmt: skip
+            len(rngs),
+            world_size,
+        )
     torch.manual_seed(fallback_seed)

@@ -199,8 +199,15 @@ class TrainConfig:
             isinstance(self.max_minutes, (int, float)) and self.max_minutes > 0
         ):
             raise ValueError(f"--max-minutes must be > 0, got {self.max_minutes!r}")
-        for name in ("skip_corrupt", "verify_shards", "unpad", "export_hf", "record_samples",
-                     "distill_nsp", "verbose"):  # fmt: skip
+        for name in (
+            "skip_corrupt",
+            "verify_shards",
+            "unpad",
+            "export_hf",
+            "record_samples",
+            "distill_nsp",
+            "verbose",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"--{_flag(name)} must be true or false")
         self._check_distillation()
@@ -208,9 +215,12 @@ class TrainConfig:
     def _check_distillation(self) -> None:
         """Raises ValueError naming the flag: a bad distillation value, or one without --teacher."""
         if self.teacher is None:
-            given = [f"--{_flag(f.name)}" for f in dataclasses.fields(self)
-                     if f.name.startswith(("distill_", "teacher_"))
-                     and getattr(self, f.name) != f.default]  # fmt: skip
+            given = [
+                f"--{_flag(f.name)}"
+                for f in dataclasses.fields(self)
+                if f.name.startswith(("distill_", "teacher_"))
+                and getattr(self, f.name) != f.default
+            ]
             if given:
                 raise ValueError(f"{' '.join(given)} only apply with --teacher")
             return

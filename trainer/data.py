@@ -268,8 +268,13 @@ class PretrainingStream(IterableDataset):
         return math.ceil(self.order.num_rows / (self.spec.micro * self.spec.world_size))
 
     def _collate(self, rows) -> dict[str, torch.Tensor]:
-        return collate(rows, max_predictions=self.max_predictions, pad_id=self.pad_id,
-                       max_width=self.spec.max_width, vocab_size=self.vocab_size)  # fmt: skip
+        return collate(
+            rows,
+            max_predictions=self.max_predictions,
+            pad_id=self.pad_id,
+            max_width=self.spec.max_width,
+            vocab_size=self.vocab_size,
+        )
 
     def _bad_row(self, rows, shard: np.ndarray, row: np.ndarray) -> str:
         """Which row of a batch that failed its check is the bad one: 'row R of FILE' (each

@@ -68,9 +68,17 @@ from .shards import ShardSet
 logger = logging.getLogger(__name__)
 # Fields that must be equal to copy teacher weights into the student (all but the depth,
 # dropout and init range).
-INIT_FIELDS = ("vocab_size", "hidden_size", "num_attention_heads", "intermediate_size",
-               "hidden_act", "max_position_embeddings", "type_vocab_size", "layer_norm_eps",
-               "pad_token_id")  # fmt: skip
+INIT_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "num_attention_heads",
+    "intermediate_size",
+    "hidden_act",
+    "max_position_embeddings",
+    "type_vocab_size",
+    "layer_norm_eps",
+    "pad_token_id",
+)
 TEACHER_INPUTS = ("input_ids", "segment_ids", "attention_mask", "masked_lm_positions")
 
 
@@ -127,9 +135,11 @@ def real_token_states(out: BertPreTrainingOutput, attention_mask: torch.Tensor) 
 
 
 def distillation_loss(
-    student: BertPreTrainingOutput, teacher: BertPreTrainingOutput,
-    batch: dict[str, torch.Tensor], w: LossWeights,
-) -> DistillationOutput:  # fmt: skip
+    student: BertPreTrainingOutput,
+    teacher: BertPreTrainingOutput,
+    batch: dict[str, torch.Tensor],
+    w: LossWeights,
+) -> DistillationOutput:
     """The student's output with ``loss`` the weighted objective (module docstring).
 
     Args:
@@ -160,8 +170,11 @@ def distillation_loss(
         cos = cosine_loss(real_token_states(student, mask), real_token_states(teacher, mask))
         loss = loss + w.cos * cos
     fields = {f.name: getattr(student, f.name) for f in dataclasses.fields(student)}
-    return DistillationOutput(**{**fields, "loss": loss}, kl_loss=kl.detach(),
-                              cos_loss=None if cos is None else cos.detach())  # fmt: skip
+    return DistillationOutput(
+        **{**fields, "loss": loss},
+        kl_loss=kl.detach(),
+        cos_loss=None if cos is None else cos.detach(),
+    )
 
 
 def teacher_layers(teacher_depth: int, student_depth: int) -> list[int]:
@@ -297,8 +310,13 @@ class Distiller:
         )
         if self.init:  # fail here rather than after the engine is built
             teacher_layers(self.teacher_config.num_hidden_layers, student.num_hidden_layers)
-        self.weights = LossWeights(config.distill_temperature, config.distill_kl_weight,
-                                   config.distill_hard_weight, cos, config.distill_nsp)  # fmt: skip
+        self.weights = LossWeights(
+            config.distill_temperature,
+            config.distill_kl_weight,
+            config.distill_hard_weight,
+            cos,
+            config.distill_nsp,
+        )
         self.identity = teacher_identity(self.directory)
         self.unpad, self.dtype_choice = config.unpad, config.teacher_dtype
         self.model: BertForPreTraining | None = None
@@ -319,10 +337,20 @@ class Distiller:
         c, w = self.teacher_config, self.weights
         logger.info(
             "teacher %s (%d layers, hidden %d, sha256 %s…, %s on %s); student %s; loss: T %g, "
-            "KL %g, hard %g, cosine %g, NSP %s", self.directory, c.num_hidden_layers,
-            c.hidden_size, self.identity["sha256"][:12], str(dtype).removeprefix("torch."),
-            device.type, how, w.temperature, w.kl, w.hard, w.cos, "on" if w.nsp else "off",
-        )  # fmt: skip
+            "KL %g, hard %g, cosine %g, NSP %s",
+            self.directory,
+            c.num_hidden_layers,
+            c.hidden_size,
+            self.identity["sha256"][:12],
+            str(dtype).removeprefix("torch."),
+            device.type,
+            how,
+            w.temperature,
+            w.kl,
+            w.hard,
+            w.cos,
+            "on" if w.nsp else "off",
+        )
 
     def __call__(self, engine, batch: dict[str, torch.Tensor]) -> DistillationOutput:
         """The student's forward through ``engine`` and the teacher's on the same batch."""
@@ -351,8 +379,10 @@ def check_teacher_vocab(directory: str, cfg: BertConfig, shards: ShardSet) -> No
     if not path.is_file():
         logger.warning(
             "--teacher %s has no %s: only its vocab size and [PAD] id were checked against "
-            "the shards'", directory, VOCAB_NAME,
-        )  # fmt: skip
+            "the shards'",
+            directory,
+            VOCAB_NAME,
+        )
         return
     name = shards.manifest["vocab"]["file"]
     ours = parse_vocab(shards.read_text(name), f"{shards.directory}/{name}")

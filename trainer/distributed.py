@@ -58,9 +58,12 @@ def init_distributed(timeout_s: float = 600.0) -> DistInfo:
     """
     if "RANK" not in os.environ and "OMPI_COMM_WORLD_RANK" not in os.environ:
         own = dict(
-            RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+            RANK="0",
+            WORLD_SIZE="1",
+            LOCAL_RANK="0",
+            MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(_free_port()),
-        )  # fmt: skip
+        )
         os.environ.update(own)
         _OWN_ENV.extend(own)
     cuda = torch.cuda.is_available()

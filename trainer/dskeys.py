@@ -338,9 +338,12 @@ def _optimizer_types() -> dict[str, str]:
     import torch
 
     torch_names = [
-        n for n, c in vars(torch.optim).items()
-        if isinstance(c, type) and issubclass(c, torch.optim.Optimizer) and c is not torch.optim.Optimizer
-    ]  # fmt: skip
+        n
+        for n, c in vars(torch.optim).items()
+        if isinstance(c, type)
+        and issubclass(c, torch.optim.Optimizer)
+        and c is not torch.optim.Optimizer
+    ]
     return {n: n for n in _ds_optimizers()} | {n.lower(): n for n in torch_names}
 
 
@@ -352,9 +355,10 @@ def _scheduler_types() -> dict[str, str]:
 
     base = torch.optim.lr_scheduler.LRScheduler
     torch_names = [
-        n for n, c in vars(torch.optim.lr_scheduler).items()
+        n
+        for n, c in vars(torch.optim.lr_scheduler).items()
         if isinstance(c, type) and issubclass(c, base) and c is not base and not n.startswith("_")
-    ]  # fmt: skip
+    ]
     return {n.lower(): n for n in [*lr_schedules.VALID_LR_SCHEDULES, *torch_names]}
 
 

@@ -77,9 +77,11 @@ def evaluate(engine, loader, device: torch.device) -> dict:
             batch.pop("row_ids")
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
             out = engine(
-                batch["input_ids"], batch["segment_ids"], batch["attention_mask"],
+                batch["input_ids"],
+                batch["segment_ids"],
+                batch["attention_mask"],
                 batch["masked_lm_positions"],
-            )  # fmt: skip
+            )
             sums += batch_sums(out, batch)
             targets = batch["masked_lm_ids"][batch["masked_lm_positions"] != 0]
             target_counts += torch.bincount(targets, minlength=vocab_size).double()

@@ -164,8 +164,9 @@ def find_vocab(path: str | os.PathLike, vocab_size: int) -> Vocab | None:
     except (OSError, ValueError) as err:
         logger.warning(
             "the export gets no tokenizer files (%s): %s; pass --vocab SHARD_DIR to add them",
-            ", ".join(TOKENIZER_FILES), err,
-        )  # fmt: skip
+            ", ".join(TOKENIZER_FILES),
+            err,
+        )
         return None
     return vocab
 
@@ -199,9 +200,11 @@ def export(
     if found is not None:
         save_tokenizer(out, found, model_max_length=model.config.max_position_embeddings)
     logger.info(
-        "exported %s to %s (%s)", path, out,
+        "exported %s to %s (%s)",
+        path,
+        out,
         f"tokenizer of {found.source}" if found else "no tokenizer",
-    )  # fmt: skip
+    )
     return out
 
 

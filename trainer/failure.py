@@ -240,14 +240,19 @@ class RunWatch:
     def _dead_peers(self) -> list[tuple[int, int]]:
         """(rank, pid) of this machine's other ranks whose process is gone without having
         ended well."""
-        gone = [(rank, pid) for rank, (pid, started) in (self._peers or {}).items()
-                if _gone(pid, started)]  # fmt: skip
+        gone = [
+            (rank, pid)
+            for rank, (pid, started) in (self._peers or {}).items()
+            if _gone(pid, started)
+        ]
         # Rank 0 (the store's host) is never done before the others: _finish waits for them.
         return [(rank, pid) for rank, pid in gone if rank == 0 or not self._done(rank)]
 
     def _died(self, rank: int, pid: int) -> str:
-        return (f"rank {rank} (pid {pid}) exited or was killed (seen by rank {self.rank} during "
-                f"{self.activity()}; its log may say why)")  # fmt: skip
+        return (
+            f"rank {rank} (pid {pid}) exited or was killed (seen by rank {self.rank} during "
+            f"{self.activity()}; its log may say why)"
+        )
 
     def _end(self, code: int, line: str, *, hint: bool = True, claim: bool = True) -> int:
         """Claim the failure (first claim wins), say it once if this rank's claim won, and
@@ -262,8 +267,13 @@ class RunWatch:
             with contextlib.suppress(OSError):
                 if first and hint:
                     log = f" (log: {self.log_path})" if self.log_path else ""
-                    logger.error("%s%s; %s. Resume with:\n  %s", line, log,
-                                 self.stop.checkpoint_note(), self.stop.resume)  # fmt: skip
+                    logger.error(
+                        "%s%s; %s. Resume with:\n  %s",
+                        line,
+                        log,
+                        self.stop.checkpoint_note(),
+                        self.stop.resume,
+                    )
                 elif first:
                     logger.error("%s", line)
                 else:
@@ -354,8 +364,11 @@ class RunWatch:
             if last is None or last[0] != count:
                 self._beats[rank] = (count, now)
             elif now - last[1] > PEER_SILENCE_S and not self._done(rank):
-                self._end(OTHER, f"rank {rank} has not been heard from for {now - last[1]:.0f} s "
-                                 f"(its process or machine is gone)")  # fmt: skip
+                self._end(
+                    OTHER,
+                    f"rank {rank} has not been heard from for {now - last[1]:.0f} s "
+                    f"(its process or machine is gone)",
+                )
 
     def _watch(self) -> None:
         while not self._closing.wait(POLL_S):
@@ -366,9 +379,12 @@ def _store_client():
     """A client of the rendezvous store (MASTER_ADDR:MASTER_PORT, hosted by rank 0), on its own
     connection: the watcher's calls never wait behind the main thread's."""
     return dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-        timeout=datetime.timedelta(seconds=STORE_LOST_S), wait_for_workers=False,
-    )  # fmt: skip
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        timeout=datetime.timedelta(seconds=STORE_LOST_S),
+        wait_for_workers=False,
+    )
 
 
 def _exit(code: int):

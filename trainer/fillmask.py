@@ -259,9 +259,15 @@ def fill_mask_examples(
             for p in fill(text)
         ]
         results.append(
-            {"text": text, "true_word": word, "true_id": true_id, "predictions": predictions,
-             "rank": rank_of(logits, true_id), "vocab_size": int(logits.shape[0])}
-        )  # fmt: skip
+            {
+                "text": text,
+                "true_word": word,
+                "true_id": true_id,
+                "predictions": predictions,
+                "rank": rank_of(logits, true_id),
+                "vocab_size": int(logits.shape[0]),
+            }
+        )
     return results
 
 

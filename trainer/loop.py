@@ -57,9 +57,13 @@ from .signals import StopRequest, grace_warning
 logger = logging.getLogger(__name__)
 
 MODEL_INPUTS = (
-    "input_ids", "segment_ids", "attention_mask", "masked_lm_positions", "masked_lm_ids",
+    "input_ids",
+    "segment_ids",
+    "attention_mask",
+    "masked_lm_positions",
+    "masked_lm_ids",
     "next_sentence_label",
-)  # fmt: skip
+)
 
 
 # DeepSpeed's WarmupLR, WarmupDecayLR and WarmupCosineLR (and our TimeBudgetLR) set the first
@@ -106,8 +110,9 @@ class RunState:
 class Trainer:
     """One run of trainer/run.py on this rank (see the module docstring)."""
 
-    def __init__(self, config: TrainConfig, info: distributed.DistInfo,
-                 stop: StopRequest | None = None):  # fmt: skip
+    def __init__(
+        self, config: TrainConfig, info: distributed.DistInfo, stop: StopRequest | None = None
+    ):
         config = prepare.check_paths(config)  # --data shards/manifest.json: its directory
         self.config, self.info = config, info
         # What this rank is doing, for a failure's one line (trainer/failure.py).
@@ -137,8 +142,9 @@ class Trainer:
         if config.teacher is not None:
             self.distiller = Distiller(config, self.model_config, self.shards)
         if self.eval_shards is not None:
-            prepare.check_eval_data(config.data, self.shards.manifest, config.eval_data,
-                                    self.eval_shards.manifest)  # fmt: skip
+            prepare.check_eval_data(
+                config.data, self.shards.manifest, config.eval_data, self.eval_shards.manifest
+            )
             prepare.check_fit(self.model_config, self.eval_shards.manifest)
         self.fingerprint = prepare.data_fingerprint(self.shards)
         self.resume = checkpoint.find_resume(config.resume, config.output_dir)
@@ -168,9 +174,12 @@ class Trainer:
         if change and self.info.is_main:
             logger.warning("%s", change)
         self.resume = universal.for_world_size(
-            directory, tag, self.info.world_size, is_main=self.info.is_main,
+            directory,
+            tag,
+            self.info.world_size,
+            is_main=self.info.is_main,
             device=self.info.device,
-        )  # fmt: skip
+        )
         if universal.is_universal(*self.resume):
             self.ds.setdefault("checkpoint", {})["load_universal"] = True
 
@@ -216,16 +225,23 @@ class Trainer:
         self.state.last_saved = saved["step"]
         self.state.clock_base = self.state.train_s = float(saved.get("train_seconds", 0.0))
         checkpoint.restore_rng(
-            saved, self.info.rank, self.info.world_size,
+            saved,
+            self.info.rank,
+            self.info.world_size,
             derive_seed(self.config.seed, "dropout", self.info.rank, saved["step"]),
-        )  # fmt: skip
+        )
 
     def _loader(self):
         spec = StreamSpec(
-            micro=self.sizes.micro, world_size=self.info.world_size, rank=self.info.rank,
-            seed=self.config.seed, start=self.state.position, window=self.config.shuffle_window,
-            masking=self.config.masking, max_width=self.model_config.max_position_embeddings,
-        )  # fmt: skip
+            micro=self.sizes.micro,
+            world_size=self.info.world_size,
+            rank=self.info.rank,
+            seed=self.config.seed,
+            start=self.state.position,
+            window=self.config.shuffle_window,
+            masking=self.config.masking,
+            max_width=self.model_config.max_position_embeddings,
+        )
         stream = PretrainingStream(self.shards, spec, self.masker)
         return make_loader(stream, self.config.num_workers)
 
@@ -239,9 +255,12 @@ class Trainer:
         """Train to the step limit or the end of the time budget; returns the last record."""
         c, s = self.config, self.state
         writer = metrics.MetricsWriter(
-            c.output_dir, enabled=self.info.is_main, max_steps=c.step_limit, start_step=s.step,
+            c.output_dir,
+            enabled=self.info.is_main,
+            max_steps=c.step_limit,
+            start_step=s.step,
             budget_s=c.budget_s,
-        )  # fmt: skip
+        )
         samples = self._samples_file()
         last: dict = {}
         loader = self._loader()
@@ -368,9 +387,13 @@ class Trainer:
         self.activity = f"evaluation at step {self.state.step}"
         start = time.perf_counter()
         spec = StreamSpec(
-            micro=self.sizes.micro, world_size=self.info.world_size, rank=self.info.rank,
-            seed=self.config.seed, finite=True, max_width=self.model_config.max_position_embeddings,
-        )  # fmt: skip
+            micro=self.sizes.micro,
+            world_size=self.info.world_size,
+            rank=self.info.rank,
+            seed=self.config.seed,
+            finite=True,
+            max_width=self.model_config.max_position_embeddings,
+        )
         loader = make_loader(PretrainingStream(self.eval_shards, spec), self.config.num_workers)
         try:
             record = evaluate(self.engine, loader, self.info.device)
@@ -390,7 +413,9 @@ class Trainer:
             "epoch_offset": offset,
             # Stream position of each rank's next row (trainer/order.py: rank r reads
             # micro rows at position + r * micro of every global micro-batch).
-            "rank_positions": [s.position + r * self.sizes.micro for r in range(self.info.world_size)],
+            "rank_positions": [
+                s.position + r * self.sizes.micro for r in range(self.info.world_size)
+            ],
             "world_size": self.info.world_size,
             "micro_batch": self.sizes.micro,
             "gradient_accumulation_steps": self.sizes.accumulation,
@@ -398,7 +423,7 @@ class Trainer:
             "train_seconds": s.train_s,
             "skipped_shards": self.shards.skipped,
             "teacher": None if self.distiller is None else self.distiller.identity,
-        }  # fmt: skip
+        }
         files = {
             "config.json": self.model_config.to_dict(),
             "train_config.json": c.to_dict(),

@@ -49,9 +49,16 @@ PEAK_TFLOPS = (
 # Counts summed across ranks: the first ones come from the model's outputs (device
 # tensors, read once per log step), the others from the batch on the host.
 DEVICE_COUNTS = (
-    "loss", "mlm_loss", "nsp_loss", "mlm_correct", "mlm_total", "nsp_correct", "nsp_total",
-    "kl_loss", "cos_loss",  # distillation only (trainer/distillation.py); 0 otherwise
-)  # fmt: skip
+    "loss",
+    "mlm_loss",
+    "nsp_loss",
+    "mlm_correct",
+    "mlm_total",
+    "nsp_correct",
+    "nsp_total",
+    "kl_loss",
+    "cos_loss",  # distillation only (trainer/distillation.py); 0 otherwise
+)
 HOST_COUNTS = ("sequences", "tokens", "flops", "micro_steps")
 COUNTS = DEVICE_COUNTS + HOST_COUNTS
 
@@ -133,9 +140,13 @@ def target_histogram(batch: dict[str, torch.Tensor], vocab_size: int) -> torch.T
 
 
 def summarize(
-    totals: torch.Tensor, seconds: float, world_size: int, peak: float | None, *,
+    totals: torch.Tensor,
+    seconds: float,
+    world_size: int,
+    peak: float | None,
+    *,
     distill: bool = False,
-) -> dict:  # fmt: skip
+) -> dict:
     """Metrics from counts summed over ranks and micro-steps; losses are means per micro-step.
 
     ``distill``: add kl_loss and cos_loss (trainer/distillation.py; cos_loss 0 when unused).
@@ -290,10 +301,12 @@ def _beside(value: float, baseline: float | None, name: str) -> str:
 
 def _bar_postfix(r: dict[str, Any]) -> str:
     """The tqdm bar's text (the bar shows step/max, rate and ETA itself)."""
-    parts = [f"loss {r['loss']:.4f}" if r.get("loss") is not None else None,
-             f"mlm {_beside(r['mlm_accuracy'], r.get('mlm_baseline_accuracy'), 'base')}",
-             f"nsp {_beside(r['nsp_accuracy'], r.get('nsp_baseline_accuracy'), 'base')}",
-             f"lr {r['lr']:.1e}" if r.get("lr") is not None else None,
-             f"{r['sequences_per_s']:.1f} seq/s" if r.get("sequences_per_s") else None,
-             f"MFU {100 * r['mfu']:.1f}%" if r.get("mfu") is not None else None]  # fmt: skip
+    parts = [
+        f"loss {r['loss']:.4f}" if r.get("loss") is not None else None,
+        f"mlm {_beside(r['mlm_accuracy'], r.get('mlm_baseline_accuracy'), 'base')}",
+        f"nsp {_beside(r['nsp_accuracy'], r.get('nsp_baseline_accuracy'), 'base')}",
+        f"lr {r['lr']:.1e}" if r.get("lr") is not None else None,
+        f"{r['sequences_per_s']:.1f} seq/s" if r.get("sequences_per_s") else None,
+        f"MFU {100 * r['mfu']:.1f}%" if r.get("mfu") is not None else None,
+    ]
     return ", ".join(p for p in parts if p)

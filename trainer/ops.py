@@ -87,8 +87,9 @@ def announce(builder_name: str, what: str) -> None:
     if directory is not None:
         logger.info(
             "compiling DeepSpeed's %s op (first run only, a minute or two; cached in %s)",
-            what, directory,
-        )  # fmt: skip
+            what,
+            directory,
+        )
 
 
 def announce_optimizer(ds: dict[str, Any]) -> None:

@@ -85,9 +85,13 @@ def open_shards(path: str, config: TrainConfig, *, flag: str) -> ShardSet:
     shards = ShardSet(path)
     skipped = shards.check(verify=config.verify_shards, skip_corrupt=config.skip_corrupt)
     logger.info(
-        "%s %s: %d shards, %d rows%s", flag, path, len(shards.names), shards.num_rows,
+        "%s %s: %d shards, %d rows%s",
+        flag,
+        path,
+        len(shards.names),
+        shards.num_rows,
         f", skipped {len(skipped)} corrupt: {skipped}" if skipped else "",
-    )  # fmt: skip
+    )
     return shards
 
 

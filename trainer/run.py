@@ -55,8 +55,13 @@ from trainer.config import parse_args
 
 logger = logging.getLogger("trainer")
 # Our INFO records kept off the console (one-line JSON dumps; the log file has them).
-FILE_ONLY = ("trainer config:", "deepspeed config (resolved):", "model config:",
-             "ds_to_universal output:", "stopping:")  # fmt: skip
+FILE_ONLY = (
+    "trainer config:",
+    "deepspeed config (resolved):",
+    "model config:",
+    "ds_to_universal output:",
+    "stopping:",
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -177,8 +182,9 @@ def _launcher_rank() -> int:
     return 0
 
 
-def _setup_logging(rank: int, output_dir: str | None = None, *,
-                   verbose: bool = False) -> list[logging.Handler]:  # fmt: skip
+def _setup_logging(
+    rank: int, output_dir: str | None = None, *, verbose: bool = False
+) -> list[logging.Handler]:
     """Rank 0's console: our INFO lines; other ranks': warnings. Every rank's file:
     everything, in ``OUTPUT_DIR/logs/train-rank{rank}.log``. --verbose or BERT_VERBOSE=1: every
     record on the console (INFO on rank 0, WARNING on the others), as the file has them.
@@ -191,9 +197,13 @@ def _setup_logging(rank: int, output_dir: str | None = None, *,
         log_path.parent.mkdir(parents=True, exist_ok=True)
     verbose = console.verbose_requested(verbose)
     handlers = console.install(
-        ("trainer", "model", "pipeline"), verbose=verbose, log_path=log_path and str(log_path),
-        main=rank == 0, tag=f"[rank {rank}] " if rank or verbose else "", file_only=FILE_ONLY,
-    )  # fmt: skip
+        ("trainer", "model", "pipeline"),
+        verbose=verbose,
+        log_path=log_path and str(log_path),
+        main=rank == 0,
+        tag=f"[rank {rank}] " if rank or verbose else "",
+        file_only=FILE_ONLY,
+    )
     if log_path is not None and rank == 0:
         hint = "" if verbose else " (--verbose shows it here)"
         try:

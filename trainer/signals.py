@@ -196,8 +196,14 @@ class StopRequest:
         same_request_s: signals this close to the first count once.
     """
 
-    def __init__(self, *, resume: str, output_dir: str, is_main: bool = True,
-                 same_request_s: float = SAME_REQUEST_S):  # fmt: skip
+    def __init__(
+        self,
+        *,
+        resume: str,
+        output_dir: str,
+        is_main: bool = True,
+        same_request_s: float = SAME_REQUEST_S,
+    ):
         self.resume, self.output_dir, self.is_main = resume, output_dir, is_main
         self.same_request_s = same_request_s
         self.signum: int | None = None  # the stop's signal: this rank's first, or the agreed one
@@ -222,8 +228,9 @@ class StopRequest:
             self._since = self._since or time.monotonic()
         if elsewhere and self.is_main:
             name = signal.Signals(signum).name
-            logger.info("%s reached another rank: finishing this step, then saving a checkpoint",
-                        name)  # fmt: skip
+            logger.info(
+                "%s reached another rank: finishing this step, then saving a checkpoint", name
+            )
 
     def finish(self, checkpoint: str | None) -> int:
         """Print how to resume (rank 0) after the stop; returns the exit code."""
@@ -233,8 +240,11 @@ class StopRequest:
             saved = f"checkpoint {checkpoint}" if checkpoint else "no checkpoint yet"
             logger.info(
                 "stopped by %s (exit code %d); %s. Resume with:\n  %s",
-                signal.Signals(self.signum).name, code, saved, self.resume,
-            )  # fmt: skip
+                signal.Signals(self.signum).name,
+                code,
+                saved,
+                self.resume,
+            )
         with self._lock:
             self._done = True
         return code
@@ -327,9 +337,12 @@ class StopRequest:
     def _exit(self, code: int, message: str | None) -> None:
         if message is not None:
             with contextlib.suppress(OSError):  # a log file that fails: leave all the same
-                self._log(logging.ERROR, f"{message}, exit code {code}; "
-                                         f"{self.checkpoint_note()}. Resume with:\n  "
-                                         f"{self.resume}")  # fmt: skip
+                self._log(
+                    logging.ERROR,
+                    f"{message}, exit code {code}; "
+                    f"{self.checkpoint_note()}. Resume with:\n  "
+                    f"{self.resume}",
+                )
         for handler in logging.getLogger().handlers:
             with contextlib.suppress(Exception):  # exiting anyway
                 handler.flush()

@@ -78,8 +78,9 @@ def universal_tag(tag: str) -> str:
     return tag + SUFFIX
 
 
-def for_world_size(directory: str, tag: str, world_size: int, *, is_main: bool,
-                   device: torch.device) -> tuple[str, str]:  # fmt: skip
+def for_world_size(
+    directory: str, tag: str, world_size: int, *, is_main: bool, device: torch.device
+) -> tuple[str, str]:
     """The checkpoint to load on ``world_size`` ranks: ``(directory, tag)`` itself, or its
     universal conversion (made by rank 0 when there is none yet). Every rank calls this.
 
@@ -144,9 +145,19 @@ def converter_command(source: Path, output: Path) -> list[str]:
     """DeepSpeed's converter, with as many worker processes as this rank has cores (<= 4)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     workers = str(max(1, min(4, cores or 1)))
-    return [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
-            "--input_folder", str(source), "--output_folder", str(output),
-            "--num_extract_workers", workers, "--num_merge_workers", workers]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "deepspeed.checkpoint.ds_to_universal",
+        "--input_folder",
+        str(source),
+        "--output_folder",
+        str(output),
+        "--num_extract_workers",
+        workers,
+        "--num_merge_workers",
+        workers,
+    ]
 
 
 def _run_converter(source: Path, output: Path) -> None:

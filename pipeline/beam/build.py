@@ -165,8 +165,12 @@ def discard_build(out: str, created_output: bool) -> None:
     directory is an unfinished build from then on), then the shards, vocab, tokenizer, parts
     and temporaries, then ``out`` itself if the build created it (a local one, now empty;
     object stores have no directories). prepare_output left nothing else of those names."""
-    patterns = [shard_format.MANIFEST_NAME, "shard-*.arrow", shard_format.VOCAB_NAME,
-                shard_format.TOKENIZER_NAME]  # fmt: skip
+    patterns = [
+        shard_format.MANIFEST_NAME,
+        "shard-*.arrow",
+        shard_format.VOCAB_NAME,
+        shard_format.TOKENIZER_NAME,
+    ]
     for pattern in patterns:  # one at a time, in order: the manifest first
         found = FileSystems.match([FileSystems.join(out, pattern)])[0].metadata_list
         if found:
@@ -282,13 +286,23 @@ def make_plan(config: BuildConfig) -> Plan:
     input_format, origin = resolve_input_format(config.input_format, paths)
     size = round(config.input_split_mb * 1e6) or range_bytes(total)
     ranges = split_ranges(files, size)
-    logger.info("%d %s input file(s), %.1f MB, read in %d range(s); %d shard(s)", len(files),
-                input_format, total / 1e6, len(ranges), num_shards)  # fmt: skip
+    logger.info(
+        "%d %s input file(s), %.1f MB, read in %d range(s); %d shard(s)",
+        len(files),
+        input_format,
+        total / 1e6,
+        len(ranges),
+        num_shards,
+    )
     whole = [(path, n) for path, n in files if is_compressed(path) and n > size]
     for path, n in whole[:3]:
-        logger.warning("%s is compressed (%.0f MB): it cannot seek, so one worker reads it "
-                       "whole; decompress it, or split it into files, to spread it over the "
-                       "workers", path, n / 1e6)  # fmt: skip
+        logger.warning(
+            "%s is compressed (%.0f MB): it cannot seek, so one worker reads it "
+            "whole; decompress it, or split it into files, to spread it over the "
+            "workers",
+            path,
+            n / 1e6,
+        )
     if len(whole) > 3:
         logger.warning("... and %d more compressed files over %.0f MB", len(whole) - 3, size / 1e6)
     return Plan(paths, [n for _, n in files], ranges, num_shards, vocab, input_format, origin)
@@ -353,8 +367,9 @@ class MakeRows(beam.PTransform):
 
     def expand(self, documents):
         config = self._config
-        tokenize = Tokenize(config.do_lower_case, config.tokenizer_threads,
-                            segmenter=config.wwm_segmenter)  # fmt: skip
+        tokenize = Tokenize(
+            config.do_lower_case, config.tokenizer_threads, segmenter=config.wwm_segmenter
+        )
         tokenized = documents | "Tokenize" >> beam.ParDo(tokenize, vocab=self._vocab).with_outputs(
             COUNTS, main="batches"
         )

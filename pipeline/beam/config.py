@@ -163,8 +163,14 @@ class BuildConfig:
         build adds its version), so builds without one keep the manifests they had.
         """
         values = dataclasses.asdict(self)
-        for key in ("output", "overwrite", "tokenizer_threads", "input_split_mb", "row_spool",
-                    "force"):  # fmt: skip
+        for key in (
+            "output",
+            "overwrite",
+            "tokenizer_threads",
+            "input_split_mb",
+            "row_spool",
+            "force",
+        ):
             values.pop(key)
         if self.wwm_segmenter == "none":
             values.pop("wwm_segmenter")
@@ -207,8 +213,9 @@ def resolve_row_spool(requested: str, runner: str | None) -> bool:
     return requested == "yes" or (requested == "auto" and is_local_runner(runner))
 
 
-def resolve_tokenizer_threads(requested: int, runner: str | None, direct_num_workers: int,
-                              cpus: int) -> int:  # fmt: skip
+def resolve_tokenizer_threads(
+    requested: int, runner: str | None, direct_num_workers: int, cpus: int
+) -> int:
     """The tokenizer threads per worker: ``requested``, or for 0 (automatic) the
     cores left to each worker on the local DirectRunner and 1 elsewhere.
 

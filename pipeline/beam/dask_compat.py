@@ -111,8 +111,10 @@ def _run_bundle(items, invoker_args, invoker_kwargs, receivers, views, *side_val
     invoker.invoke_finish_bundle()
     invoker.invoke_teardown()
     # Main outputs as values (as Beam's bundle gives them); tagged ones keep their tags.
-    results = [TaggedOutput(v.tag, v.value.value) if isinstance(v, TaggedOutput) else v.value
-               for v in receivers.values]  # fmt: skip
+    results = [
+        TaggedOutput(v.tag, v.value.value) if isinstance(v, TaggedOutput) else v.value
+        for v in receivers.values
+    ]
     del invoker  # the DoFn and what it built, freed before the trim
     trim_memory()
     return results
@@ -287,17 +289,23 @@ def install() -> None:
             invoker_args = [
                 DoFnSignature(self.transform.fn),
                 _OutputHandler(
-                    window_fn=window_fn, main_receivers=receivers[None],
-                    tagged_receivers=receivers, per_element_output_counter=None,
-                    output_batch_converter=None, process_yields_batches=False,
+                    window_fn=window_fn,
+                    main_receivers=receivers[None],
+                    tagged_receivers=receivers,
+                    per_element_output_counter=None,
+                    output_batch_converter=None,
+                    process_yields_batches=False,
                     process_batch_yields_elements=False,
                 ),
-            ]  # fmt: skip
+            ]
             invoker_kwargs = dict(
-                context=DoFnContext(self.transform.label, state=None), side_inputs=None,
-                input_args=list(args), input_kwargs=kwargs, user_state_context=None,
+                context=DoFnContext(self.transform.label, state=None),
+                side_inputs=None,
+                input_args=list(args),
+                input_kwargs=kwargs,
+                user_state_context=None,
                 bundle_finalizer_param=DoFn.BundleFinalizerParam(),
-            )  # fmt: skip
+            )
             views, values = [], []
             for side in side_inputs or []:
                 windowed = side._iterable  # te.DaskBagWindowedIterator: the bag, not read

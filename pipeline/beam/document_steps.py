@@ -88,10 +88,12 @@ class TokenizedBatch(NamedTuple):
         if self.joins is not None:
             joins = (pack_array(np.packbits(self.joins)), len(self.joins))
         return _unpack_tokenized, (
-            pack_text(self.doc_ids), pack_array(self.ids),
-            pack_array(self.lengths.astype(np.uint32)), pack_array(self.counts.astype(np.uint32)),
+            pack_text(self.doc_ids),
+            pack_array(self.ids),
+            pack_array(self.lengths.astype(np.uint32)),
+            pack_array(self.counts.astype(np.uint32)),
             joins,
-        )  # fmt: skip
+        )
 
     def take(self, docs: np.ndarray) -> TokenizedBatch:
         """The documents at indices ``docs``, in that order."""
@@ -101,9 +103,12 @@ class TokenizedBatch(NamedTuple):
         columns = [self.ids] if self.joins is None else [self.ids, self.joins]
         taken, _ = take_rows(columns, token_offsets, segments)
         return TokenizedBatch(
-            [self.doc_ids[i] for i in docs.tolist()], taken[0], self.lengths[segments],
-            self.counts[docs], taken[1] if self.joins is not None else None,
-        )  # fmt: skip
+            [self.doc_ids[i] for i in docs.tolist()],
+            taken[0],
+            self.lengths[segments],
+            self.counts[docs],
+            taken[1] if self.joins is not None else None,
+        )
 
     @staticmethod
     def concat(batches: list[TokenizedBatch]) -> TokenizedBatch:
@@ -133,9 +138,12 @@ def _unpack_tokenized(doc_ids, ids, lengths, counts, joins) -> TokenizedBatch:
         bits, n = joins
         joins = np.unpackbits(unpack_array(bits), count=n).astype(bool)
     return TokenizedBatch(
-        unpack_text(doc_ids), unpack_array(ids), unpack_array(lengths).astype(np.int64),
-        unpack_array(counts).astype(np.int64), joins,
-    )  # fmt: skip
+        unpack_text(doc_ids),
+        unpack_array(ids),
+        unpack_array(lengths).astype(np.int64),
+        unpack_array(counts).astype(np.int64),
+        joins,
+    )
 
 
 # A sentence (txt: a line) this long is kept, and counted as ``long_sentences``.
@@ -220,9 +228,13 @@ class ReadDocuments(beam.DoFn):
             if part.start == 0:
                 check_format(path, head, input_format, origin)
             items = read_documents(
-                f, input_format=input_format, text_field=self._config.text_field, path=path,
-                start=part.start, end=part.end,
-            )  # fmt: skip
+                f,
+                input_format=input_format,
+                text_field=self._config.text_field,
+                path=path,
+                start=part.start,
+                end=part.end,
+            )
             for sentences, reason in items:
                 if reason is not None:
                     yield from skipped(reason)
@@ -231,8 +243,12 @@ class ReadDocuments(beam.DoFn):
                     with_nul += "\x00" in sentence
                     if len(sentence) >= LONG_SENTENCE_CHARS:
                         long += 1  # the driver warns on the console; this names the file
-                        logger.warning("%s: a document read from byte %d on has a sentence of "
-                                       "%d characters", path, part.start, len(sentence))  # fmt: skip
+                        logger.warning(
+                            "%s: a document read from byte %d on has a sentence of %d characters",
+                            path,
+                            part.start,
+                            len(sentence),
+                        )
                 batch.doc_ids.append(content_id(sentences))
                 batch.documents.append(sentences)
                 documents += 1
@@ -246,8 +262,14 @@ class ReadDocuments(beam.DoFn):
             yield batch
         self._ranges.inc()
         # One line per range, in the workers' logs: which process read which part of a file.
-        logger.info("read %s, bytes %d to %s: %d documents (process %d)", path, part.start,
-                    "the end" if part.end is None else part.end, documents, os.getpid())  # fmt: skip
+        logger.info(
+            "read %s, bytes %d to %s: %d documents (process %d)",
+            path,
+            part.start,
+            "the end" if part.end is None else part.end,
+            documents,
+            os.getpid(),
+        )
         yield TaggedOutput(FILE_DOCUMENTS, (path, (documents, sentence_count)))
         yield from noted("sentences_with_nul", with_nul)  # NUL is dropped by normalisation
         yield from noted("long_sentences", long)
@@ -274,8 +296,12 @@ def file_notes(element: tuple[str, tuple[int, int]], input_format: str) -> list:
     if documents == 1 and input_format == "txt":
         # Google's txt convention puts a blank line between documents; a file without
         # one is a single document, which is right for a book, wrong for a dump.
-        logger.warning("%s was read as one document of %d lines: a txt document ends at a "
-                       "blank line, and it has none", path, sentences)  # fmt: skip
+        logger.warning(
+            "%s was read as one document of %d lines: a txt document ends at a "
+            "blank line, and it has none",
+            path,
+            sentences,
+        )
         return counted("input", "single_document_files", 1)
     return []
 
@@ -309,8 +335,11 @@ class Tokenize(beam.DoFn):
     def finish_bundle(self) -> None:
         # One line per bundle, in the workers' logs: which process tokenized how much.
         if self._bundle_documents:
-            logger.info("tokenized %d documents in a bundle (process %d)",
-                        self._bundle_documents, os.getpid())  # fmt: skip
+            logger.info(
+                "tokenized %d documents in a bundle (process %d)",
+                self._bundle_documents,
+                os.getpid(),
+            )
 
     def setup(self) -> None:
         # The tokenizers library reads TOKENIZERS_PARALLELISM on every call and
@@ -338,16 +367,18 @@ class Tokenize(beam.DoFn):
             joins = word_joins(sentences, [e.offsets for e in encodings], self._segmenter)
         encoded = [e.ids for e in encodings]
         lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
-        per_doc = np.fromiter(map(len, batch.documents), dtype=np.int64,
-                              count=len(batch.documents))  # fmt: skip
+        per_doc = np.fromiter(map(len, batch.documents), dtype=np.int64, count=len(batch.documents))
         owner = np.repeat(np.arange(len(per_doc)), per_doc)  # each sentence's document
         kept = lengths > 0
         counts = np.bincount(owner[kept], minlength=len(per_doc))  # non-empty sentences per doc
         yield from skipped("empty_after_tokenization", int((counts == 0).sum()))
         if not kept.any():
             return
-        flat = np.fromiter(itertools.chain.from_iterable(encoded), dtype=id_dtype(len(vocab)),
-                           count=int(lengths.sum()))  # fmt: skip
+        flat = np.fromiter(
+            itertools.chain.from_iterable(encoded),
+            dtype=id_dtype(len(vocab)),
+            count=int(lengths.sum()),
+        )
         self._tokens.inc(len(flat))
         doc_ids = [d for d, n in zip(batch.doc_ids, counts.tolist(), strict=True) if n]
         yield TokenizedBatch(doc_ids, flat, lengths[kept], counts[counts > 0], joins)

@@ -44,8 +44,13 @@ from pipeline.shards.shard_writer import created_by, encode_manifest
 logger = logging.getLogger(__name__)
 EXPORT_VERSION = 1  # of the export manifest's keys
 # What an export writes; --overwrite deletes these (manifest first), a failed job too.
-OUTPUT_PATTERNS = (shard_format.MANIFEST_NAME, shard_format.VOCAB_NAME,
-                   "training-part-*.hdf5", "shard-*.tfrecord", ".*.tmp")  # fmt: skip
+OUTPUT_PATTERNS = (
+    shard_format.MANIFEST_NAME,
+    shard_format.VOCAB_NAME,
+    "training-part-*.hdf5",
+    "shard-*.tfrecord",
+    ".*.tmp",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,9 +102,16 @@ def export_parser() -> argparse.ArgumentParser:
         help="P, masked positions per row after padding: the trainer's flag of that name "
         "(default: the shards' own; smaller is refused, larger pads)",
     )
-    p.add_argument("--overwrite", type=parse_bool, nargs="?", const=True, default=False,
-                   metavar="true|false", help="replace an earlier export in --output (as "
-                   "build's --overwrite: no value is true; default: false)")  # fmt: skip
+    p.add_argument(
+        "--overwrite",
+        type=parse_bool,
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="true|false",
+        help="replace an earlier export in --output (as "
+        "build's --overwrite: no value is true; default: false)",
+    )
     p.add_argument("--verbose", action="store_true", help="everything on the console")
     p.add_argument("--log_file", help="Beam's log (default: OUTPUT.export.log)")
     return p
@@ -161,8 +173,14 @@ def make_plan(config: ExportConfig) -> ExportPlan:
         names = {name: name for name in formats.HDF5_DTYPES}
     else:
         names = formats.TFRECORD_NAMES[config.tfrecord_names or "v1"]
-    return ExportPlan(config, manifest, hashlib.sha256(raw).hexdigest(),
-                      manifest["schema"]["max_seq_length"], p, dict(names))  # fmt: skip
+    return ExportPlan(
+        config,
+        manifest,
+        hashlib.sha256(raw).hexdigest(),
+        manifest["schema"]["max_seq_length"],
+        p,
+        dict(names),
+    )
 
 
 def _existing(output: str, patterns: Sequence[str]) -> list[str]:
@@ -252,8 +270,13 @@ def export_shard(entry: dict, plan: ExportPlan, encoder=None) -> dict:
         size, sha256 = write_atomic(FileSystems.join(config.output, name), data)
     except ValueError as err:  # a row that does not fit
         raise shard_format.ShardFormatError(f"{path}: {err}") from None
-    return {"name": name, "rows": table.num_rows, "bytes": size, "sha256": sha256,
-            "source": entry["name"]}  # fmt: skip
+    return {
+        "name": name,
+        "rows": table.num_rows,
+        "bytes": size,
+        "sha256": sha256,
+        "source": entry["name"],
+    }
 
 
 class ExportShard(beam.DoFn):
@@ -268,8 +291,9 @@ class ExportShard(beam.DoFn):
     def setup(self):
         plan = self._plan
         if plan.config.to == formats.TFRECORD:  # message classes built once per worker
-            self._encoder = formats.ExampleEncoder(plan.names, plan.max_seq_length,
-                                                   plan.max_predictions_per_seq)  # fmt: skip
+            self._encoder = formats.ExampleEncoder(
+                plan.names, plan.max_seq_length, plan.max_predictions_per_seq
+            )
 
     def process(self, entry):
         written = export_shard(entry, self._plan, self._encoder)
@@ -339,8 +363,9 @@ def write_manifest(files: list[dict], plan: ExportPlan) -> dict:
         manifest["hdf5"] = {k: v for k, v in formats.HDF5_OPTIONS.items()}
     else:
         manifest["tfrecord_names"] = config.tfrecord_names or "v1"
-    write_atomic(FileSystems.join(config.output, shard_format.MANIFEST_NAME),
-                 encode_manifest(manifest))  # fmt: skip
+    write_atomic(
+        FileSystems.join(config.output, shard_format.MANIFEST_NAME), encode_manifest(manifest)
+    )
     return manifest
 
 
@@ -355,8 +380,9 @@ def export_graph(p: beam.Pipeline, plan: ExportPlan) -> beam.PCollection:
     )
 
 
-def run_export(argv: Sequence[str], log_file: str | None, verbose: bool,
-               handlers: list[logging.Handler]) -> int:  # fmt: skip
+def run_export(
+    argv: Sequence[str], log_file: str | None, verbose: bool, handlers: list[logging.Handler]
+) -> int:
     """The command's body under pipeline/cli/main.py's console (run_with_console)."""
     from pipeline.beam import runner
 
@@ -370,35 +396,52 @@ def run_export(argv: Sequence[str], log_file: str | None, verbose: bool,
     except (ValueError, OSError, ImportError) as e:  # ShardFormatError is a ValueError
         logger.error("%s", e)
         return 2
-    log_file = runner.job_log_file(log_file, verbose, config.output, "export", handlers,
-                                   dry_run=dry_run)  # fmt: skip
+    log_file = runner.job_log_file(
+        log_file, verbose, config.output, "export", handlers, dry_run=dry_run
+    )
     options, given = runner.beam_options(beam_args)
     source = plan.manifest
-    logger.info("%s %d shards (%d rows) of %s to %s as %s, L %d, P %d (Beam args: %s)",
-                "dry run: checking, not running, the export of" if dry_run else "exporting",
-                len(source["shards"]), source["num_rows"], config.source, config.output,
-                config.to, plan.max_seq_length, plan.max_predictions_per_seq, given)  # fmt: skip
+    logger.info(
+        "%s %d shards (%d rows) of %s to %s as %s, L %d, P %d (Beam args: %s)",
+        "dry run: checking, not running, the export of" if dry_run else "exporting",
+        len(source["shards"]),
+        source["num_rows"],
+        config.source,
+        config.output,
+        config.to,
+        plan.max_seq_length,
+        plan.max_predictions_per_seq,
+        given,
+    )
     runner.warn_dataflow_pitfalls(options, {"source": [config.source], "--output": [config.output]})
     if log_file and not verbose:
         logger.info("Beam's log: %s (--verbose or BERT_VERBOSE=1 shows it here)", log_file)
     start = time.perf_counter()
-    failed = runner.run_pipeline(options, lambda p: export_graph(p, plan), log_file, verbose,
-                                 "export", dry_run=dry_run)  # fmt: skip
+    failed = runner.run_pipeline(
+        options, lambda p: export_graph(p, plan), log_file, verbose, "export", dry_run=dry_run
+    )
     if dry_run:  # nothing ran: nothing of the job's to remove or report
         return failed
     if failed:
         remove_outputs(config.output)
-        logger.info("removed the export's files from %s: nothing half-written is left",
-                     config.output)  # fmt: skip
+        logger.info(
+            "removed the export's files from %s: nothing half-written is left", config.output
+        )
         return failed
     in_bytes = sum(entry["bytes"] for entry in source["shards"])
     logger.info(
         "done in %.1f s: %d rows, %d shards (%.1f MB) -> %d %s files in %s; train with "
         "max_seq_length %d, max_predictions_per_seq %d, vocab %s, do_lower_case %s",
-        time.perf_counter() - start, source["num_rows"], len(source["shards"]), in_bytes / 1e6,
-        len(source["shards"]), config.to, config.output, plan.max_seq_length,
+        time.perf_counter() - start,
+        source["num_rows"],
+        len(source["shards"]),
+        in_bytes / 1e6,
+        len(source["shards"]),
+        config.to,
+        config.output,
+        plan.max_seq_length,
         plan.max_predictions_per_seq,
         shard_format.join_path(config.output, shard_format.VOCAB_NAME),
         source["vocab"]["do_lower_case"],
-    )  # fmt: skip
+    )
     return 0

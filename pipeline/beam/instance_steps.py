@@ -80,8 +80,7 @@ def num_groups(num_docs: int, num_tokens: int, itemsize: int, config: BuildConfi
     return max(1, min(buckets, max(memory.MIN_GROUPS, by_bytes)))
 
 
-def split_into_groups(batch: TokenizedBatch, num_docs: int, num_tokens: int,
-                      config: BuildConfig):  # fmt: skip
+def split_into_groups(batch: TokenizedBatch, num_docs: int, num_tokens: int, config: BuildConfig):
     """TokenizedBatch -> (group, TokenizedBatch) per bucket group its documents fall in.
 
     Group g holds buckets ``[g * B / G, (g + 1) * B / G)`` of B buckets in G groups, so
@@ -267,8 +266,9 @@ class MakeInstances(beam.DoFn):
             else:
                 self._spool.write(group, data)
 
-    def _masked_block(self, bucket: TokenizedBatch, plans: np.ndarray, keys: np.ndarray
-                      ) -> RowBlock:  # fmt: skip
+    def _masked_block(
+        self, bucket: TokenizedBatch, plans: np.ndarray, keys: np.ndarray
+    ) -> RowBlock:
         """Assemble and mask all rows at once; each row's randomness comes from its own key.
         A segmenter's word joins (``--wwm_segmenter``) are laid out as the ids are."""
         flat, _, offsets = assemble_rows(bucket.ids, plans, self._special)

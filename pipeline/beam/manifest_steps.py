@@ -58,9 +58,16 @@ def vocab_entry(vocab: list[str], config: BuildConfig) -> dict:
     }
 
 
-def write_manifest(shards: list[dict], vocab: list[str], vocab_info: dict, counts: dict,
-                   documents: int, buckets: dict, config: BuildConfig,
-                   num_shards: int) -> dict:  # fmt: skip
+def write_manifest(
+    shards: list[dict],
+    vocab: list[str],
+    vocab_info: dict,
+    counts: dict,
+    documents: int,
+    buckets: dict,
+    config: BuildConfig,
+    num_shards: int,
+) -> dict:
     """Write the shards no row landed in (empty, so the set of files is always
     complete), remove the part files (only now: a retried join still finds its
     parts) and killed writers' temporary files, then write the manifest, last."""
@@ -71,15 +78,21 @@ def write_manifest(shards: list[dict], vocab: list[str], vocab_info: dict, count
             shards = [*shards, write_shard(index, RowBlock.empty(), vocab, config, num_shards)]
     skipped = {kind: n for (group, kind), n in counts.items() if group == "skipped"}
     noticed = {kind: n for (group, kind), n in counts.items() if group == "input"}
-    stats = {**summary_stats(merge_stats(s["stats"] for s in shards), documents),
-             "buckets": buckets, "input": dict(sorted(noticed.items()))}  # fmt: skip
+    stats = {
+        **summary_stats(merge_stats(s["stats"] for s in shards), documents),
+        "buckets": buckets,
+        "input": dict(sorted(noticed.items())),
+    }
     params = {**config.params(), "num_shards": num_shards}
     if config.wwm_segmenter != "none":  # the words, so the masks, depend on its version
         params["wwm_segmenter_version"] = segmenter_version(config.wwm_segmenter)
     manifest = shard_writer.build_manifest(
-        shards=[s["entry"] for s in shards], vocab=vocab_info, params=params, stats=stats,
+        shards=[s["entry"] for s in shards],
+        vocab=vocab_info,
+        params=params,
+        stats=stats,
         skipped=dict(sorted(skipped.items())),
-    )  # fmt: skip
+    )
     path = FileSystems.join(config.output, shard_format.MANIFEST_NAME)
     write_atomic(path, shard_writer.encode_manifest(manifest))
     return manifest

@@ -29,8 +29,9 @@ logger = logging.getLogger("pipeline")
 DEFAULT_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
 
 
-def check_beam_options(beam_args: list[str], parser: argparse.ArgumentParser | None = None
-                       ) -> list[str]:  # fmt: skip
+def check_beam_options(
+    beam_args: list[str], parser: argparse.ArgumentParser | None = None
+) -> list[str]:
     """Refuse what Beam would drop; return ``beam_args`` spelt as Beam declares them.
 
     Beam discards an option it cannot parse (``--runer=...``) with one log line and runs on,
@@ -77,8 +78,11 @@ def check_beam_options(beam_args: list[str], parser: argparse.ArgumentParser | N
         parser = parser or _our_parser()
         ours = [a for action in parser._actions for a in action.option_strings]
         # Beam names an option by its dest (--vocab-sise -> vocab_sise): say it as given.
-        given = {a.partition("=")[0][2:].replace("-", "_"): a.partition("=")[0]
-                 for a in beam_args if a.startswith("--")}  # fmt: skip
+        given = {
+            a.partition("=")[0][2:].replace("-", "_"): a.partition("=")[0]
+            for a in beam_args
+            if a.startswith("--")
+        }
         names = [given.get(u, f"--{u}") for u in unknown]
         problems = [name + did_you_mean(name, [*beam_names, *ours]) for name in names]
         raise ValueError(
@@ -165,8 +169,15 @@ def _last_line(err: BaseException) -> str:
     return lines[-1] if lines else type(err).__name__
 
 
-def job_log_file(log_file: str | None, verbose: bool, output: str, command: str,
-                 handlers: list[logging.Handler], *, dry_run: bool = False) -> str | None:  # fmt: skip
+def job_log_file(
+    log_file: str | None,
+    verbose: bool,
+    output: str,
+    command: str,
+    handlers: list[logging.Handler],
+    *,
+    dry_run: bool = False,
+) -> str | None:
     """The log file of a Beam command that passed its checks (a refused run keeps the last
     one's log): ``--log_file``, else :func:`default_log_file` emptied, unless verbose;
     adds its handler to ``handlers``. A dry run's default log is a temporary file: it
@@ -246,17 +257,27 @@ def warn_dataflow_pitfalls(options, paths: dict[str, Sequence[str]]) -> None:
     for flag, values in paths.items():
         for path in values:
             if path and not shard_format.is_remote(path):
-                logger.warning("%s %s is a path on this machine: Dataflow's workers cannot "
-                               "reach it; use gs://", flag, path)  # fmt: skip
+                logger.warning(
+                    "%s %s is a path on this machine: Dataflow's workers cannot "
+                    "reach it; use gs://",
+                    flag,
+                    path,
+                )
     setup = options.view_as(SetupOptions)
-    if not (setup.setup_file or setup.extra_packages
-            or options.view_as(WorkerOptions).sdk_container_image):  # fmt: skip
-        logger.warning("no --setup_file: Dataflow's workers would not have this package; "
-                       "pass --setup_file=setup.py (deploy/beam/dataflow.sh does)")  # fmt: skip
+    if not (
+        setup.setup_file
+        or setup.extra_packages
+        or options.view_as(WorkerOptions).sdk_container_image
+    ):
+        logger.warning(
+            "no --setup_file: Dataflow's workers would not have this package; "
+            "pass --setup_file=setup.py (deploy/beam/dataflow.sh does)"
+        )
 
 
-def run_pipeline(options, add_steps, log_file: str | None, verbose: bool, what: str, *,
-                 dry_run: bool = False) -> int:  # fmt: skip
+def run_pipeline(
+    options, add_steps, log_file: str | None, verbose: bool, what: str, *, dry_run: bool = False
+) -> int:
     """Run ``add_steps(pipeline)`` on ``options``: 0, or 1 after one error line (the
     worker's exception) with the traceback in the log file; 2 for a :class:`UsageError`,
     its message alone. Unless verbose, descriptor 2
@@ -281,8 +302,14 @@ def run_pipeline(options, add_steps, log_file: str | None, verbose: bool, what: 
             logger.error("%s", usage)
             return 2
         where = f"; traceback and Beam's log: {log_file}" if log_file else ""
-        logger.error("%s%s failed: %s%s", "the dry run of the " if dry_run else "", what,
-                     _last_line(e), where, exc_info=True)  # fmt: skip
+        logger.error(
+            "%s%s failed: %s%s",
+            "the dry run of the " if dry_run else "",
+            what,
+            _last_line(e),
+            where,
+            exc_info=True,
+        )
         return 1
     if dry_run:
         logger.info("dry run: %s", checked)
@@ -311,11 +338,15 @@ def _dry_run(options, add_steps, what: str) -> str:
     runner = type(p.runner).__name__
     if isinstance(p.runner, DataflowRunner):
         p.run().wait_until_finish()
-        return (f"the {what} job was translated and validated for {runner}; nothing was "
-                "staged or submitted and nothing was written")  # fmt: skip
+        return (
+            f"the {what} job was translated and validated for {runner}; nothing was "
+            "staged or submitted and nothing was written"
+        )
     p.to_runner_api()
-    return (f"{runner} has no dry run of its own: the {what} graph was built and encoded "
-            "(every step pickled); nothing ran and nothing was written")  # fmt: skip
+    return (
+        f"{runner} has no dry run of its own: the {what} graph was built and encoded "
+        "(every step pickled); nothing ran and nothing was written"
+    )
 
 
 def default_log_file(output: str, command: str = "build", *, temporary: bool = False) -> str:

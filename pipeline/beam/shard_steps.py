@@ -102,8 +102,10 @@ class RowSpool:
             return []
         self._file.close()
         self._file = None
-        return [(group, SpoolRef(self._path, tuple(spans)))
-                for group, spans in sorted(self._spans.items())]  # fmt: skip
+        return [
+            (group, SpoolRef(self._path, tuple(spans)))
+            for group, spans in sorted(self._spans.items())
+        ]
 
 
 def block_bytes(items: Iterable[bytes | SpoolRef]) -> list[bytes]:
@@ -145,8 +147,9 @@ def key_ranges(blocks: list[bytes], parts: int, part: int) -> Iterator[RowBlock]
             yield RowBlock.concat(taken).sorted_by_key()
 
 
-def encoded_bodies(ranges: Iterable[RowBlock], schema, mask_id: int, max_seq_length: int,
-                   stats: list[dict]) -> Iterator[bytes]:  # fmt: skip
+def encoded_bodies(
+    ranges: Iterable[RowBlock], schema, mask_id: int, max_seq_length: int, stats: list[dict]
+) -> Iterator[bytes]:
     """The record-batch messages of rows coming in key order, range after range: the bytes
     :func:`shard_writer.encode_shard_body` gives for all of them at once. Each range's
     full record batches are written but for the last ``memory.HELD_ROWS`` or more rows, carried
@@ -186,13 +189,18 @@ class WriteShard(beam.DoFn):
         shard, part = divmod(group, self._parts)
         whole = self._parts == 1
         name = shard_format.shard_name(shard, self._num_shards)
-        path = (FileSystems.join(self._config.output, name) if whole
-                else part_path(self._config.output, shard, part, self._num_shards))  # fmt: skip
+        path = (
+            FileSystems.join(self._config.output, name)
+            if whole
+            else part_path(self._config.output, shard, part, self._num_shards)
+        )
         ranges = key_ranges(blocks, self._parts, part)
         size, sha256, stats = write_sorted(path, ranges, vocab, self._config, whole=whole)
         if whole:
-            yield {"entry": {"name": name, "rows": stats["rows"], "bytes": size,
-                             "sha256": sha256}, "stats": stats}  # fmt: skip
+            yield {
+                "entry": {"name": name, "rows": stats["rows"], "bytes": size, "sha256": sha256},
+                "stats": stats,
+            }
         else:
             yield shard, {"part": part, "path": path, "stats": stats}
 
@@ -209,8 +217,11 @@ def remove_leftovers(output: str) -> None:
     ``output``, and every temporary file of :func:`write_atomic` that a killed writer left
     (a worker lost mid-write; the runner's retry wrote the file again under another
     temporary name)."""
-    patterns = [FileSystems.join(output, ".shard-*.part-*"), FileSystems.join(output, ".*.tmp"),
-                FileSystems.join(output, ".rows-*.spool")]  # fmt: skip
+    patterns = [
+        FileSystems.join(output, ".shard-*.part-*"),
+        FileSystems.join(output, ".*.tmp"),
+        FileSystems.join(output, ".rows-*.spool"),
+    ]
     found = {m.path for result in FileSystems.match(patterns) for m in result.metadata_list}
     if found:
         FileSystems.delete(sorted(found))
@@ -234,8 +245,10 @@ class JoinParts(beam.DoFn):
         chunks = shard_writer.shard_chunks(map(_read, (p["path"] for p in parts)), schema)
         size, sha256 = write_atomic(FileSystems.join(self._config.output, name), chunks)
         stats = merge_stats(part["stats"] for part in parts)
-        yield {"entry": {"name": name, "rows": stats["rows"], "bytes": size, "sha256": sha256},
-               "stats": stats}  # fmt: skip
+        yield {
+            "entry": {"name": name, "rows": stats["rows"], "bytes": size, "sha256": sha256},
+            "stats": stats,
+        }
 
 
 def _read(path: str) -> bytes:
@@ -243,18 +256,22 @@ def _read(path: str) -> bytes:
         return f.read()
 
 
-def write_shard(shard: int, block: RowBlock, vocab: list[str], config: BuildConfig,
-                num_shards: int) -> dict:  # fmt: skip
+def write_shard(
+    shard: int, block: RowBlock, vocab: list[str], config: BuildConfig, num_shards: int
+) -> dict:
     """Sort the rows by key, write the shard atomically, return its entry and statistics."""
     name = shard_format.shard_name(shard, num_shards)
     path = FileSystems.join(config.output, name)
     size, sha256, stats = write_sorted(path, [block.sorted_by_key()], vocab, config, whole=True)
-    return {"entry": {"name": name, "rows": len(block), "bytes": size, "sha256": sha256},
-            "stats": stats}  # fmt: skip
+    return {
+        "entry": {"name": name, "rows": len(block), "bytes": size, "sha256": sha256},
+        "stats": stats,
+    }
 
 
-def write_sorted(path: str, ranges: Iterable[RowBlock], vocab: list[str], config: BuildConfig,
-                 *, whole: bool) -> tuple[int, str, dict]:  # fmt: skip
+def write_sorted(
+    path: str, ranges: Iterable[RowBlock], vocab: list[str], config: BuildConfig, *, whole: bool
+) -> tuple[int, str, dict]:
     """Write rows coming in key order, range after range (:func:`key_ranges`), atomically:
     a whole shard, or (``whole`` False) the body of one part. Returns size, sha256 and the
     rows' statistics."""

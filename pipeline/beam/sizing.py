@@ -60,8 +60,13 @@ class MemoryCheckError(ValueError):
     """The local runner would likely run out of memory (exit 2; --force overrides)."""
 
 
-def check_local_memory(config: BuildConfig, files: list[tuple[str, int]], runner: str | None,
-                       workers: int, available: int | None = None) -> int | None:  # fmt: skip
+def check_local_memory(
+    config: BuildConfig,
+    files: list[tuple[str, int]],
+    runner: str | None,
+    workers: int,
+    available: int | None = None,
+) -> int | None:
     """Refuse a local build whose estimated peak exceeds ``memory.USABLE_SHARE`` of the memory
     available; returns the estimate (None on other runners or when nothing is known).
 

@@ -121,8 +121,9 @@ def learn_vocab(word_counts: dict[str, int], config: BuildConfig) -> list[str]:
     if not word_counts:
         # No documents: the build makes 0 rows, and the driver says so and removes it.
         return list(SPECIAL_TOKENS)
-    logger.info("learning a %d-token vocab from %d distinct words", config.vocab_size,
-                len(word_counts))  # fmt: skip
+    logger.info(
+        "learning a %d-token vocab from %d distinct words", config.vocab_size, len(word_counts)
+    )
     try:
         return learn_wordpiece_vocab(
             word_counts, config.vocab_size, min_frequency=config.min_frequency

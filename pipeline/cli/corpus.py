@@ -167,9 +167,12 @@ def write_corpus(
         raise ValueError(f"unknown corpus source(s) {unknown}; choose from {SOURCES}")
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
-    readers = {"docstrings": stdlib_docstrings, "reference": reference_topics,
-               "test-docstrings": lambda: stdlib_docstrings(tests=True),
-               "comments": stdlib_comments}  # fmt: skip
+    readers = {
+        "docstrings": stdlib_docstrings,
+        "reference": reference_topics,
+        "test-docstrings": lambda: stdlib_docstrings(tests=True),
+        "comments": stdlib_comments,
+    }
     texts = (text for name in SOURCES if name in sources for text in readers[name]())
     # Lazy: a capped corpus reads only as much of the library as it writes.
     docs = (sentences for d in texts if len(sentences := document_sentences(d)) >= 2)
@@ -229,8 +232,9 @@ def write_package_corpus(
     seen: set[bytes] = set()
     i = documents = 0
     for name, version, pieces in package_documents(packages, processes):
-        source = sources.setdefault(name, {"name": name, "version": version, "documents": 0,
-                                           "bytes": 0})  # fmt: skip
+        source = sources.setdefault(
+            name, {"name": name, "version": version, "documents": 0, "bytes": 0}
+        )
         sentences = []
         for piece in pieces:
             digest = hashlib.sha256("\n".join(piece).encode("utf-8")).digest()
@@ -251,8 +255,13 @@ def write_package_corpus(
     paths = [Path(output, name) for name in names]
     for path, chunk in zip(paths, chunks, strict=True):
         atomic_write_bytes(path, chunk)
-    logger.info("wrote %d documents of %d packages, %.2f MB, in %s", documents, len(sources),
-                sum(s["bytes"] for s in sources.values()) / 1e6, output)  # fmt: skip
+    logger.info(
+        "wrote %d documents of %d packages, %.2f MB, in %s",
+        documents,
+        len(sources),
+        sum(s["bytes"] for s in sources.values()) / 1e6,
+        output,
+    )
     return paths, list(sources.values())
 
 
@@ -265,8 +274,9 @@ def write_manifest(output: str | os.PathLike, paths: Sequence[Path], sources: li
     for path in sorted(paths, key=lambda p: p.name):
         data = path.read_bytes()
         whole.update(data)
-        listed.append({"name": path.name, "bytes": len(data),
-                       "sha256": hashlib.sha256(data).hexdigest()})  # fmt: skip
+        listed.append(
+            {"name": path.name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        )
     manifest = {
         "format_version": MANIFEST_VERSION,
         "sources": sources,
@@ -298,36 +308,61 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=list(SOURCES),
         help="what to write (default: all)",
     )
-    p.add_argument("--packages", nargs="*", default=[], metavar="NAME",
-                   help="installed packages whose docstrings and prose comments to add, or "
-                   "'default' for PACKAGES (default: none)")  # fmt: skip
-    p.add_argument("--heldout_permille", type=int, default=10,
-                   help="share of the packages' documents held out, per 1000 (default: 10)")  # fmt: skip
-    p.add_argument("--processes", type=int, default=None,
-                   help="processes reading the packages (default: one per CPU)")  # fmt: skip
+    p.add_argument(
+        "--packages",
+        nargs="*",
+        default=[],
+        metavar="NAME",
+        help="installed packages whose docstrings and prose comments to add, or "
+        "'default' for PACKAGES (default: none)",
+    )
+    p.add_argument(
+        "--heldout_permille",
+        type=int,
+        default=10,
+        help="share of the packages' documents held out, per 1000 (default: 10)",
+    )
+    p.add_argument(
+        "--processes",
+        type=int,
+        default=None,
+        help="processes reading the packages (default: one per CPU)",
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     max_bytes = int(args.max_mb * 1e6) if args.max_mb else None
     packages = [n for name in args.packages for n in (PACKAGES if name == "default" else [name])]
     start = time.perf_counter()
     try:
-        paths = write_corpus(args.output, max_bytes=max_bytes, files=args.files,
-                             repeat=args.repeat, sources=args.sources)  # fmt: skip
+        paths = write_corpus(
+            args.output,
+            max_bytes=max_bytes,
+            files=args.files,
+            repeat=args.repeat,
+            sources=args.sources,
+        )
         python = platform.python_version()
         sources = [{"name": f"python-{name}", "version": python} for name in args.sources]
         if packages:
             more, package_sources = write_package_corpus(
-                args.output, packages, files=args.files,
-                heldout_permille=args.heldout_permille, processes=args.processes,
-            )  # fmt: skip
+                args.output,
+                packages,
+                files=args.files,
+                heldout_permille=args.heldout_permille,
+                processes=args.processes,
+            )
             paths, sources = paths + more, sources + package_sources
         manifest = write_manifest(args.output, paths, sources)
     except (FileNotFoundError, ValueError) as err:
         logger.error("%s", err)
         return 2
-    logger.info("corpus: %.1f MB in %.0f s, sha256 %s (%s)", manifest["bytes"] / 1e6,
-                time.perf_counter() - start, manifest["sha256"],
-                Path(args.output, MANIFEST_NAME))  # fmt: skip
+    logger.info(
+        "corpus: %.1f MB in %.0f s, sha256 %s (%s)",
+        manifest["bytes"] / 1e6,
+        time.perf_counter() - start,
+        manifest["sha256"],
+        Path(args.output, MANIFEST_NAME),
+    )
     return 0
 
 

@@ -35,8 +35,9 @@ def decode_row(row: dict, vocab: Sequence[str], *, words: bool = False) -> str:
     ``flows``) -> ``"[CLS] the ri ##ver [[MASK]>flows] [SEP]"``, or with ``words``
     ``"[CLS] the river [[MASK]>flows] [SEP]"``.
     """
-    targets = dict(zip(row["masked_lm_positions"].tolist(), row["masked_lm_ids"].tolist(),
-                       strict=True))  # fmt: skip
+    targets = dict(
+        zip(row["masked_lm_positions"].tolist(), row["masked_lm_ids"].tolist(), strict=True)
+    )
     pieces: list[str] = []
     joinable = False  # whether a ## piece may join pieces[-1] (one that is not a mask)
     for position, token in enumerate(row["input_ids"].tolist()):
@@ -65,8 +66,10 @@ def inspect(directory: str, num_rows: int, shard: int, *, words: bool = False) -
     for index in range(min(num_rows, table.num_rows)):
         row = shard_format.row_to_numpy(table, index)
         random_next = "B is random" if row["next_sentence_label"] else "B follows A"
-        lines.append(f"--- {shards[shard]['name']} row {index}: {len(row['input_ids'])} "
-                     f"tokens, {len(row['masked_lm_ids'])} masked, {random_next}")  # fmt: skip
+        lines.append(
+            f"--- {shards[shard]['name']} row {index}: {len(row['input_ids'])} "
+            f"tokens, {len(row['masked_lm_ids'])} masked, {random_next}"
+        )
         lines.append(decode_row(row, vocab, words=words))
     return lines
 
@@ -84,8 +87,10 @@ def validate_main(argv: Sequence[str]) -> int:
     except (shard_format.ShardFormatError, OSError) as err:
         print(f"INVALID: {err}", file=sys.stderr)
         return 1
-    print(f"OK: {len(manifest['shards'])} shard(s), {manifest['num_rows']} rows checked "
-          f"in {os.fspath(args.directory)}")  # fmt: skip
+    print(
+        f"OK: {len(manifest['shards'])} shard(s), {manifest['num_rows']} rows checked "
+        f"in {os.fspath(args.directory)}"
+    )
     return 0
 
 
@@ -98,9 +103,12 @@ def inspect_main(argv: Sequence[str]) -> int:
     p.add_argument("directory", help="a build's output directory (local or a URI)")
     p.add_argument("-n", "--num_rows", type=int, default=5, help="rows to show (default: 5)")
     p.add_argument("--shard", type=int, default=0, help="shard index (default: 0)")
-    p.add_argument("--words", action="store_true",
-                   help="join ## pieces into words (masked pieces stay apart); "
-                        "default: every WordPiece on its own, as masked")  # fmt: skip
+    p.add_argument(
+        "--words",
+        action="store_true",
+        help="join ## pieces into words (masked pieces stay apart); "
+        "default: every WordPiece on its own, as masked",
+    )
     args = p.parse_args(argv)
     try:
         lines = inspect(args.directory, args.num_rows, args.shard, words=args.words)

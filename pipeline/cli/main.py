@@ -99,8 +99,9 @@ def local_worker_processes(beam_args: list[str]) -> int:
     return direct.direct_num_workers or os.cpu_count() or 1
 
 
-def _build(argv: Sequence[str], log_file: str | None, verbose: bool,
-           handlers: list[logging.Handler]) -> int:  # fmt: skip
+def _build(
+    argv: Sequence[str], log_file: str | None, verbose: bool, handlers: list[logging.Handler]
+) -> int:
     """Plan, run and summarise the build. The log file takes every record; unless verbose,
     descriptor 2 (Beam's workers included) goes there too while the pipeline runs."""
     from apache_beam.options.pipeline_options import StandardOptions
@@ -130,21 +131,36 @@ def _build(argv: Sequence[str], log_file: str | None, verbose: bool,
     except (ValueError, OSError, ImportError) as e:  # FileNotFoundError, FileExistsError
         logger.error("%s", e)  # ImportError: an optional package (its message names the extra)
         return 2  # (ValueError includes sizing.MemoryCheckError)
-    log_file = job_log_file(log_file, verbose, config.output, "build", handlers,
-                            dry_run=dry_run)  # fmt: skip
+    log_file = job_log_file(log_file, verbose, config.output, "build", handlers, dry_run=dry_run)
     options, given = beam_options(beam_args)
     config = with_tokenizer_threads(config, options)
     start = time.perf_counter()
     runner = options.view_as(StandardOptions).runner or "DirectRunner"
-    logger.info("%s shards in %s on %s (Beam args: %s)",
-                "dry run: checking, not running, the build of" if dry_run else "building",
-                config.output, runner.rsplit(".", 1)[-1], given)  # fmt: skip
-    warn_dataflow_pitfalls(options, {"--input": config.input, "--output": [config.output],
-                               "--vocab_file": [config.vocab_file or ""]})  # fmt: skip
+    logger.info(
+        "%s shards in %s on %s (Beam args: %s)",
+        "dry run: checking, not running, the build of" if dry_run else "building",
+        config.output,
+        runner.rsplit(".", 1)[-1],
+        given,
+    )
+    warn_dataflow_pitfalls(
+        options,
+        {
+            "--input": config.input,
+            "--output": [config.output],
+            "--vocab_file": [config.vocab_file or ""],
+        },
+    )
     if not verbose:
         logger.info("Beam's log: %s (--verbose or BERT_VERBOSE=1 shows it here)", log_file)
-    failed = run_pipeline(options, lambda p: build.build_graph(p, config, plan), log_file,
-                          verbose, "build", dry_run=dry_run)  # fmt: skip
+    failed = run_pipeline(
+        options,
+        lambda p: build.build_graph(p, config, plan),
+        log_file,
+        verbose,
+        "build",
+        dry_run=dry_run,
+    )
     if dry_run:  # nothing ran: no manifest to read, nothing of the job's to remove
         return failed
     if failed:  # nothing half-written stays: what the job wrote goes, the error stays shown
@@ -161,29 +177,39 @@ def _build(argv: Sequence[str], log_file: str | None, verbose: bool,
     logger.info(
         "done in %.1f s: %d documents -> %d rows in %d shards; random-next %.1f%%, "
         "%.1f masks/row, %.1f%% of rows shorter than %d; skipped %s",
-        elapsed, stats["documents"], manifest["num_rows"], len(manifest["shards"]),
-        100 * stats["random_next_share"], stats["masks_per_row"], 100 * stats["short_row_share"],
-        config.max_seq_length, skipped or "nothing",
-    )  # fmt: skip
+        elapsed,
+        stats["documents"],
+        manifest["num_rows"],
+        len(manifest["shards"]),
+        100 * stats["random_next_share"],
+        stats["masks_per_row"],
+        100 * stats["short_row_share"],
+        config.max_seq_length,
+        skipped or "nothing",
+    )
     long = stats.get("input", {}).get("long_sentences", 0)
     if long:
         logger.warning(
             "%d sentence(s) of %s characters or more (txt: lines) kept whole: a row holds "
             "at most %d tokens of one sentence, so most of such text is lost; split it into "
             "sentences, one per line (the files and documents are named in %s)",
-            long, f"{LONG_SENTENCE_CHARS:,}", config.max_seq_length,
+            long,
+            f"{LONG_SENTENCE_CHARS:,}",
+            config.max_seq_length,
             log_file or "the lines above",
-        )  # fmt: skip
+        )
     single = stats.get("input", {}).get("single_document_files", 0)
     if single:
         logger.warning(
             "%d of %d txt input file(s) were each read as ONE document, since a txt document "
             "ends at a blank line and they have none (named, with their lines, in %s): NSP "
             "pairs their sentences as one running text. If they hold many documents, put a "
-            "blank line between documents, or give them as jsonl, one {\"text\": ...} record "
+            'blank line between documents, or give them as jsonl, one {"text": ...} record '
             "per document (the build splits it into sentences)",
-            single, len(plan.files), log_file or "the lines above",
-        )  # fmt: skip
+            single,
+            len(plan.files),
+            log_file or "the lines above",
+        )
     return 0
 
 

@@ -44,13 +44,52 @@ def is_prose(words: Sequence[str], min_prose: float) -> bool:
 # Distributions whose docstrings make the main job's corpus, all installed by the project's
 # test extras (scripts/setup.sh). Their prose is English; the rest of .venv adds little.
 PACKAGES = (
-    "numpy", "pandas", "pyarrow", "apache-beam", "torch", "deepspeed", "transformers",
-    "tokenizers", "datasets", "huggingface-hub", "accelerate", "sympy", "mpmath", "networkx",
-    "matplotlib", "dask", "distributed", "tornado", "pydantic", "pytest", "setuptools", "pip",
-    "fonttools", "pymongo", "dnspython", "werkzeug", "pygments", "jinja2", "tensorboard",
-    "onnx", "onnxscript", "protobuf", "grpcio", "fsspec", "h5py", "requests", "urllib3",
-    "click", "rich", "beartype", "python-dateutil", "pytz", "packaging", "filelock", "psutil",
-)  # fmt: skip
+    "numpy",
+    "pandas",
+    "pyarrow",
+    "apache-beam",
+    "torch",
+    "deepspeed",
+    "transformers",
+    "tokenizers",
+    "datasets",
+    "huggingface-hub",
+    "accelerate",
+    "sympy",
+    "mpmath",
+    "networkx",
+    "matplotlib",
+    "dask",
+    "distributed",
+    "tornado",
+    "pydantic",
+    "pytest",
+    "setuptools",
+    "pip",
+    "fonttools",
+    "pymongo",
+    "dnspython",
+    "werkzeug",
+    "pygments",
+    "jinja2",
+    "tensorboard",
+    "onnx",
+    "onnxscript",
+    "protobuf",
+    "grpcio",
+    "fsspec",
+    "h5py",
+    "requests",
+    "urllib3",
+    "click",
+    "rich",
+    "beartype",
+    "python-dateutil",
+    "pytz",
+    "packaging",
+    "filelock",
+    "psutil",
+)
 # Sections of a docstring that list names and types (Google's "Args:", numpy's "Parameters"
 # underlined, Sphinx fields): templated text a model predicts from the template, not the
 # language, so it would flatter held-out MLM accuracy.
@@ -137,8 +176,11 @@ def source_docstrings(source: str, *, min_words: int = 8) -> list[tuple[int, str
             line = node.body[0].lineno if node.body else getattr(node, "lineno", 0)
             docs.append((line, ast.get_docstring(node) or ""))
         elif _is_doc_call(node):
-            docs += [(a.lineno, inspect.cleandoc(a.value)) for a in node.args
-                     if isinstance(a, ast.Constant) and isinstance(a.value, str)]  # fmt: skip
+            docs += [
+                (a.lineno, inspect.cleandoc(a.value))
+                for a in node.args
+                if isinstance(a, ast.Constant) and isinstance(a.value, str)
+            ]
     return sorted((d for d in docs if len(d[1].split()) >= min_words), key=lambda d: d[0])
 
 
@@ -157,8 +199,11 @@ def package_files(name: str) -> tuple[str, list[Path]]:
             f"{sys.prefix} (pip install -e '.[test]' installs the default ones; or leave it out "
             "of --packages)"
         ) from None
-    paths = [Path(str(dist.locate_file(f))) for f in dist.files or ()
-             if f.suffix == ".py" and not set(f.parts) & _SKIPPED_DIRS]  # fmt: skip
+    paths = [
+        Path(str(dist.locate_file(f)))
+        for f in dist.files or ()
+        if f.suffix == ".py" and not set(f.parts) & _SKIPPED_DIRS
+    ]
     if not paths:
         raise FileNotFoundError(f"corpus source {name!r}: its package lists no .py files")
     return dist.version, sorted(paths)

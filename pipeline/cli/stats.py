@@ -39,8 +39,9 @@ def compute_stats(directory: str) -> dict:
     max_len = manifest["schema"]["max_seq_length"]
     lengths_hist = np.zeros(max_len + 1, dtype=np.int64)
     masks_hist = np.zeros(max_len + 1, dtype=np.int64)
-    totals = dict(rows=0, tokens=0, masked=0, as_mask=0, kept=0, random_next=0,
-                  full_rows=0, full_row_masks=0)  # fmt: skip
+    totals = dict(
+        rows=0, tokens=0, masked=0, as_mask=0, kept=0, random_next=0, full_rows=0, full_row_masks=0
+    )
     for entry in manifest["shards"]:
         path = directory.rstrip("/") + "/" + entry["name"]
         table = shard_format.verify_shard(path, entry)

@@ -123,8 +123,11 @@ class BucketLayout:
         doc_starts: index of every document's first segment, then ``S`` (``D + 1``).
     """
 
-    def __init__(self, segment_lengths: Sequence[int] | np.ndarray,
-                 segments_per_document: Sequence[int] | np.ndarray):  # fmt: skip
+    def __init__(
+        self,
+        segment_lengths: Sequence[int] | np.ndarray,
+        segments_per_document: Sequence[int] | np.ndarray,
+    ):
         """Raises ValueError naming the document when it or one of its segments is empty."""
         lengths = np.asarray(segment_lengths, dtype=np.int64)
         counts = np.asarray(segments_per_document, dtype=np.int64)

@@ -155,8 +155,9 @@ class RowBlock:
     def __setstate__(self, state: dict) -> None:
         for name, (kind, codec, dtype, count, data) in state.items():
             if codec is not None:
-                data = pa.decompress(data, count * np.dtype(dtype).itemsize, codec=codec,
-                                     asbytes=True)  # fmt: skip
+                data = pa.decompress(
+                    data, count * np.dtype(dtype).itemsize, codec=codec, asbytes=True
+                )
             array = np.frombuffer(data, dtype=dtype, count=count).copy()
             setattr(self, name, offsets_of(array) if kind == "lengths" else array)
 
@@ -187,8 +188,14 @@ class RowBlock:
                 base += int(getattr(b, name)[-1])
             return np.concatenate(parts)
 
-        flat = ("keys", "input_ids", "b_starts", "masked_lm_positions", "masked_lm_ids",
-                "next_sentence_label")  # fmt: skip
+        flat = (
+            "keys",
+            "input_ids",
+            "b_starts",
+            "masked_lm_positions",
+            "masked_lm_ids",
+            "next_sentence_label",
+        )
         values = {name: np.concatenate([getattr(b, name) for b in blocks]) for name in flat}
         return cls(row_offsets=offsets("row_offsets"), mlm_offsets=offsets("mlm_offsets"), **values)
 
@@ -196,11 +203,15 @@ class RowBlock:
     def empty(cls) -> RowBlock:
         zero = np.zeros(1, dtype=np.int64)
         return cls(
-            keys=np.zeros(0, np.uint64), input_ids=np.zeros(0, np.int32),
-            b_starts=np.zeros(0, np.uint16), row_offsets=zero,
-            masked_lm_positions=np.zeros(0, np.int32), masked_lm_ids=np.zeros(0, np.int32),
-            mlm_offsets=zero, next_sentence_label=np.zeros(0, np.uint8),
-        )  # fmt: skip
+            keys=np.zeros(0, np.uint64),
+            input_ids=np.zeros(0, np.int32),
+            b_starts=np.zeros(0, np.uint16),
+            row_offsets=zero,
+            masked_lm_positions=np.zeros(0, np.int32),
+            masked_lm_ids=np.zeros(0, np.int32),
+            mlm_offsets=zero,
+            next_sentence_label=np.zeros(0, np.uint8),
+        )
 
     def sorted_by_key(self) -> RowBlock:
         """Rows in increasing key order (keys are 64-bit hashes, so ties are not expected;
@@ -213,8 +224,15 @@ class RowBlock:
         masks, mlm_offsets = take_rows(
             [self.masked_lm_positions, self.masked_lm_ids], self.mlm_offsets, order
         )
-        return RowBlock(self.keys[order], input_ids, self.b_starts[order], row_offsets, *masks,
-                        mlm_offsets, self.next_sentence_label[order])  # fmt: skip
+        return RowBlock(
+            self.keys[order],
+            input_ids,
+            self.b_starts[order],
+            row_offsets,
+            *masks,
+            mlm_offsets,
+            self.next_sentence_label[order],
+        )
 
     def segment_ids(self) -> np.ndarray:
         """int8, flat like ``input_ids``: 0 through the first ``[SEP]``, 1 after it.

@@ -35,9 +35,15 @@ EXTRA = "cjk"
 
 # BERT's _is_chinese_char ranges (google-research/bert tokenization.py), inclusive.
 _IDEOGRAPH_RANGES = (
-    (0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
-    (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F),
-)  # fmt: skip
+    (0x4E00, 0x9FFF),
+    (0x3400, 0x4DBF),
+    (0x20000, 0x2A6DF),
+    (0x2A700, 0x2B73F),
+    (0x2B740, 0x2B81F),
+    (0x2B820, 0x2CEAF),
+    (0xF900, 0xFAFF),
+    (0x2F800, 0x2FA1F),
+)
 _IDEOGRAPH = re.compile("[" + "".join(f"{chr(a)}-{chr(b)}" for a, b in _IDEOGRAPH_RANGES) + "]")
 
 
@@ -169,7 +175,10 @@ def word_joins(
     # char_joins[i]: character i is in the same word as character i - 1, both ideographs.
     char_joins = np.zeros(len(text), dtype=bool)
     char_joins[1:] = ideograph[1:] & ideograph[:-1] & ~word_start[1:-1]
-    starts = np.fromiter((start for token_offsets in offsets for start, _ in token_offsets),
-                         dtype=np.int64, count=total)  # fmt: skip
+    starts = np.fromiter(
+        (start for token_offsets in offsets for start, _ in token_offsets),
+        dtype=np.int64,
+        count=total,
+    )
     starts += np.repeat(base[:-1], counts)
     return char_joins[starts]

@@ -52,10 +52,14 @@ PARQUET_MAGIC = b"PAR1"
 # Suffixes that Beam's FileSystems decompress on the fly (CompressionTypes.detect_...).
 COMPRESSION_SUFFIXES = (".gz", ".bz2", ".deflate", ".zst", ".zstd", ".xz", ".lzma")
 FORMAT_OF_SUFFIX = {
-    ".txt": "txt", ".text": "txt",
-    ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl",
-    ".parquet": "parquet", ".pq": "parquet",
-}  # fmt: skip
+    ".txt": "txt",
+    ".text": "txt",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "jsonl",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+}
 
 
 # A file is read in ranges of about this many bytes (between the bounds, aiming at
@@ -342,8 +346,9 @@ def _document(text: str) -> Item:
     return (sentences, None) if sentences else (None, "empty_document")
 
 
-def read_jsonl(f: BinaryIO, text_field: str, start: int = 0,
-               end: int | None = None) -> Iterator[Item]:  # fmt: skip
+def read_jsonl(
+    f: BinaryIO, text_field: str, start: int = 0, end: int | None = None
+) -> Iterator[Item]:
     """One JSON object per line; ``text_field`` holds a document, split into sentences.
     The records whose lines start in ``[start, end)``."""
     for raw in _lines(f) if start == 0 and end is None else _line_range(f, start, end):
@@ -380,8 +385,9 @@ def row_group_start(metadata, index: int) -> int:
     return min(starts)
 
 
-def read_parquet(f: BinaryIO, text_field: str, path: str, start: int = 0,
-                 end: int | None = None) -> Iterator[Item]:  # fmt: skip
+def read_parquet(
+    f: BinaryIO, text_field: str, path: str, start: int = 0, end: int | None = None
+) -> Iterator[Item]:
     """One document per row of the string column ``text_field``; the row groups that start
     in ``[start, end)``.
 
@@ -406,8 +412,9 @@ def read_parquet(f: BinaryIO, text_field: str, path: str, start: int = 0,
     if not (start == 0 and end is None):
         metadata = parquet.metadata
         firsts = [row_group_start(metadata, i) for i in range(metadata.num_row_groups)]
-        groups = [i for i, first in enumerate(firsts)
-                  if first >= start and (end is None or first < end)]  # fmt: skip
+        groups = [
+            i for i, first in enumerate(firsts) if first >= start and (end is None or first < end)
+        ]
         if not groups:
             return
     for batch in parquet.iter_batches(columns=[text_field], batch_size=1024, row_groups=groups):
@@ -415,8 +422,15 @@ def read_parquet(f: BinaryIO, text_field: str, path: str, start: int = 0,
             yield (None, "missing_text_field") if text is None else _document(text)
 
 
-def read_documents(f: BinaryIO, *, input_format: str, text_field: str, path: str,
-                   start: int = 0, end: int | None = None) -> Iterator[Item]:  # fmt: skip
+def read_documents(
+    f: BinaryIO,
+    *,
+    input_format: str,
+    text_field: str,
+    path: str,
+    start: int = 0,
+    end: int | None = None,
+) -> Iterator[Item]:
     """Dispatch on ``input_format`` (txt, jsonl, parquet); the records of ``[start, end)``."""
     if input_format == "txt":
         return read_txt(f, start, end)

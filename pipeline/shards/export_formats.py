@@ -109,8 +109,9 @@ def pad_rows(offsets: np.ndarray, values: np.ndarray, width: int, dtype) -> np.n
     return out
 
 
-def padded_batch(batch: pa.RecordBatch, max_seq_length: int, max_predictions_per_seq: int,
-                 first_row: int = 0) -> dict[str, np.ndarray]:  # fmt: skip
+def padded_batch(
+    batch: pa.RecordBatch, max_seq_length: int, max_predictions_per_seq: int, first_row: int = 0
+) -> dict[str, np.ndarray]:
     """One record batch of a shard as NVIDIA's padded arrays (see the module docstring), plus
     ``lengths`` and ``num_predictions`` (n,) int64.
 
@@ -122,10 +123,13 @@ def padded_batch(batch: pa.RecordBatch, max_seq_length: int, max_predictions_per
     for name, width, what in (
         ("input_ids", max_seq_length, "tokens, more than max_seq_length"),
         ("segment_ids", max_seq_length, "segment ids, more than max_seq_length"),
-        ("masked_lm_positions", max_predictions_per_seq,
-         "masked positions, more than --max_predictions_per_seq"),
+        (
+            "masked_lm_positions",
+            max_predictions_per_seq,
+            "masked positions, more than --max_predictions_per_seq",
+        ),
         ("masked_lm_ids", max_predictions_per_seq, "targets, more than --max_predictions_per_seq"),
-    ):  # fmt: skip
+    ):
         offsets, values = _list_column(batch.column(name))
         counts = np.diff(offsets)
         over = np.flatnonzero(counts > width)
@@ -157,9 +161,14 @@ def hdf5_bytes(table: pa.Table, max_seq_length: int, max_predictions_per_seq: in
     """
     h5py = import_h5py()
     n, seq, pred = table.num_rows, max_seq_length, max_predictions_per_seq
-    shapes = {"input_ids": (n, seq), "input_mask": (n, seq), "segment_ids": (n, seq),
-              "masked_lm_positions": (n, pred), "masked_lm_ids": (n, pred),
-              "next_sentence_labels": (n,)}  # fmt: skip
+    shapes = {
+        "input_ids": (n, seq),
+        "input_mask": (n, seq),
+        "segment_ids": (n, seq),
+        "masked_lm_positions": (n, pred),
+        "masked_lm_ids": (n, pred),
+        "next_sentence_labels": (n,),
+    }
     arrays = {name: np.zeros(shapes[name], dtype) for name, dtype in HDF5_DTYPES.items()}
     start = 0
     for batch in table.to_batches():
@@ -196,8 +205,11 @@ def example_classes() -> dict[str, type]:
     feature = descriptor_pb2.FileDescriptorProto(
         name="tensorflow/core/example/feature.proto", package="tensorflow", syntax="proto3"
     )
-    for name, kind in (("BytesList", field.TYPE_BYTES), ("FloatList", field.TYPE_FLOAT),
-                       ("Int64List", field.TYPE_INT64)):  # fmt: skip
+    for name, kind in (
+        ("BytesList", field.TYPE_BYTES),
+        ("FloatList", field.TYPE_FLOAT),
+        ("Int64List", field.TYPE_INT64),
+    ):
         value = feature.message_type.add(name=name).field.add(
             name="value", number=1, type=kind, label=field.LABEL_REPEATED
         )
@@ -207,25 +219,45 @@ def example_classes() -> dict[str, type]:
     one.oneof_decl.add(name="kind")
     for number, name in enumerate(("bytes_list", "float_list", "int64_list"), start=1):
         type_name = ".tensorflow." + name.title().replace("_", "")
-        one.field.add(name=name, number=number, type=field.TYPE_MESSAGE,
-                      label=field.LABEL_OPTIONAL, type_name=type_name, oneof_index=0)  # fmt: skip
+        one.field.add(
+            name=name,
+            number=number,
+            type=field.TYPE_MESSAGE,
+            label=field.LABEL_OPTIONAL,
+            type_name=type_name,
+            oneof_index=0,
+        )
     features = feature.message_type.add(name="Features")
     entry = features.nested_type.add(name="FeatureEntry")
     entry.options.map_entry = True
     entry.field.add(name="key", number=1, type=field.TYPE_STRING, label=field.LABEL_OPTIONAL)
-    entry.field.add(name="value", number=2, type=field.TYPE_MESSAGE, label=field.LABEL_OPTIONAL,
-                    type_name=".tensorflow.Feature")  # fmt: skip
-    features.field.add(name="feature", number=1, type=field.TYPE_MESSAGE,
-                       label=field.LABEL_REPEATED,
-                       type_name=".tensorflow.Features.FeatureEntry")  # fmt: skip
+    entry.field.add(
+        name="value",
+        number=2,
+        type=field.TYPE_MESSAGE,
+        label=field.LABEL_OPTIONAL,
+        type_name=".tensorflow.Feature",
+    )
+    features.field.add(
+        name="feature",
+        number=1,
+        type=field.TYPE_MESSAGE,
+        label=field.LABEL_REPEATED,
+        type_name=".tensorflow.Features.FeatureEntry",
+    )
     example = descriptor_pb2.FileDescriptorProto(
-        name="tensorflow/core/example/example.proto", package="tensorflow", syntax="proto3",
+        name="tensorflow/core/example/example.proto",
+        package="tensorflow",
+        syntax="proto3",
         dependency=[feature.name],
-    )  # fmt: skip
+    )
     example.message_type.add(name="Example").field.add(
-        name="features", number=1, type=field.TYPE_MESSAGE, label=field.LABEL_OPTIONAL,
+        name="features",
+        number=1,
+        type=field.TYPE_MESSAGE,
+        label=field.LABEL_OPTIONAL,
         type_name=".tensorflow.Features",
-    )  # fmt: skip
+    )
     pool = descriptor_pool.DescriptorPool()
     pool.Add(feature)
     pool.Add(example)
@@ -249,11 +281,17 @@ class ExampleEncoder:
         max_seq_length, max_predictions_per_seq: L and P.
     """
 
-    FIELDS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
-              "masked_lm_weights", "next_sentence_labels")  # fmt: skip
+    FIELDS = (
+        "input_ids",
+        "input_mask",
+        "segment_ids",
+        "masked_lm_positions",
+        "masked_lm_ids",
+        "masked_lm_weights",
+        "next_sentence_labels",
+    )
 
-    def __init__(self, names: Mapping[str, str], max_seq_length: int,
-                 max_predictions_per_seq: int):  # fmt: skip
+    def __init__(self, names: Mapping[str, str], max_seq_length: int, max_predictions_per_seq: int):
         self._example = example_classes()["Example"]()
         feature = self._example.features.feature
         self._values = []
@@ -276,10 +314,15 @@ class ExampleEncoder:
     def encode(self, padded: Mapping[str, np.ndarray]) -> Iterator[bytes]:
         """One ``Example`` per row of ``padded`` (from padded_batch), in order."""
         weights = np.arange(self._pred) < padded["num_predictions"][:, None]
-        matrices = {**padded, "masked_lm_weights": weights.astype(np.float32),
-                    "next_sentence_labels": padded["next_sentence_labels"][:, None]}  # fmt: skip
-        updates = [(values, *_changed_spans(matrices[field]))
-                   for values, field in zip(self._values, self.FIELDS, strict=True)]  # fmt: skip
+        matrices = {
+            **padded,
+            "masked_lm_weights": weights.astype(np.float32),
+            "next_sentence_labels": padded["next_sentence_labels"][:, None],
+        }
+        updates = [
+            (values, *_changed_spans(matrices[field]))
+            for values, field in zip(self._values, self.FIELDS, strict=True)
+        ]
         for i in range(len(padded["lengths"])):
             for values, flat, width, starts, stops in updates:
                 start, stop = starts[i], stops[i]
@@ -299,12 +342,12 @@ def _changed_spans(matrix: np.ndarray) -> tuple[memoryview, int, list[int], list
     some = changed.any(axis=1)
     starts = np.where(some, changed.argmax(axis=1), 0)
     stops = np.where(some, width - changed[:, ::-1].argmax(axis=1), 0)
-    return (memoryview(matrix.reshape(-1)), width, [0, *starts.tolist()],
-            [width, *stops.tolist()])  # fmt: skip
+    return (memoryview(matrix.reshape(-1)), width, [0, *starts.tolist()], [width, *stops.tolist()])
 
 
-def tfrecord_chunks(table: pa.Table, encoder: ExampleEncoder, max_seq_length: int,
-                    max_predictions_per_seq: int) -> Iterator[bytes]:  # fmt: skip
+def tfrecord_chunks(
+    table: pa.Table, encoder: ExampleEncoder, max_seq_length: int, max_predictions_per_seq: int
+) -> Iterator[bytes]:
     """One shard as TFRecord bytes, one chunk per record batch (memory: one batch).
 
     Raises:

@@ -38,13 +38,34 @@ import pyarrow.fs as pafs
 
 # The reader's public names.
 __all__ = [
-    "ALGORITHM_VERSION", "COLUMNS", "DEFAULT_BATCH_SIZE", "FORMAT_VERSION", "LIST_COLUMNS",
-    "MANIFEST_NAME", "SPECIAL_ID_NAMES", "TOKENIZER_NAME", "VOCAB_NAME", "ShardFormatError",
-    "check_vocab_compat", "file_size", "is_remote", "iter_rows", "join_path", "open_shard",
-    "parse_shard_name", "read_bytes", "read_manifest", "resolve", "row_to_numpy",
-    "schema_params", "sha256_file", "shard_name", "shard_schema", "verify_directory",
+    "ALGORITHM_VERSION",
+    "COLUMNS",
+    "DEFAULT_BATCH_SIZE",
+    "FORMAT_VERSION",
+    "LIST_COLUMNS",
+    "MANIFEST_NAME",
+    "SPECIAL_ID_NAMES",
+    "TOKENIZER_NAME",
+    "VOCAB_NAME",
+    "ShardFormatError",
+    "check_vocab_compat",
+    "file_size",
+    "is_remote",
+    "iter_rows",
+    "join_path",
+    "open_shard",
+    "parse_shard_name",
+    "read_bytes",
+    "read_manifest",
+    "resolve",
+    "row_to_numpy",
+    "schema_params",
+    "sha256_file",
+    "shard_name",
+    "shard_schema",
+    "verify_directory",
     "verify_shard",
-]  # fmt: skip
+]
 
 FORMAT_VERSION = 1
 # What the bytes hold for a given input, seed and parameters: vocab learning, NSP pairs,

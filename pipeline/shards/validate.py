@@ -245,8 +245,12 @@ def _check_layout(flat: Mapping, special: Mapping[str, int]) -> None:
     _first_bad_value(on_slot, masked, offsets, "masks position {p}, a [CLS]/[SEP] slot")
     _first_bad(ids[cls_slots] != special["cls"], "does not start with [CLS]")
     _first_bad(ids[offsets[1:] - 1] != special["sep"], "does not end with [SEP]")
-    _first_bad_value(ids[a_ends] != special["sep"], a_ends, offsets,
-                     "has no [SEP] at position {p}, the end of segment A")  # fmt: skip
+    _first_bad_value(
+        ids[a_ends] != special["sep"],
+        a_ends,
+        offsets,
+        "has no [SEP] at position {p}, the end of segment A",
+    )
     names = {special[name]: f"[{name.upper()}]" for name in ("pad", "cls", "sep", "mask")}
     free = ~slots
     free[masked] = False  # a masked position's input may be any id
@@ -254,18 +258,21 @@ def _check_layout(flat: Mapping, special: Mapping[str, int]) -> None:
     bad = np.isin(ids[text], list(names))
     if bad.any():
         token = names[int(ids[text[bad.argmax()]])]
-        _first_bad_value(bad, text, offsets,
-                         f"has {token} at position {{p}}, where the format allows none")  # fmt: skip
+        _first_bad_value(
+            bad, text, offsets, f"has {token} at position {{p}}, where the format allows none"
+        )
     bad = np.isin(targets, list(names))
     if bad.any():
         token = names[int(targets[bad.argmax()])]
-        _first_bad_value(bad, masked, offsets,
-                         f"masks a {token} at position {{p}}; a target is text, never special "
-                         "but [UNK]")  # fmt: skip
+        _first_bad_value(
+            bad,
+            masked,
+            offsets,
+            f"masks a {token} at position {{p}}; a target is text, never special but [UNK]",
+        )
 
 
-def _first_bad_value(bad: np.ndarray, index: np.ndarray, offsets: np.ndarray,
-                     what: str) -> None:  # fmt: skip
+def _first_bad_value(bad: np.ndarray, index: np.ndarray, offsets: np.ndarray, what: str) -> None:
     """Raise for the first true ``bad``, a value at flat ``index`` (``{p}`` in ``what``:
     its position in its row)."""
     hits = np.flatnonzero(bad)

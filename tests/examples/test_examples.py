@@ -18,8 +18,18 @@ def shards(tmp_path_factory):
     work = tmp_path_factory.mktemp("examples")
     write_corpus(work / "corpus", max_bytes=120_000, files=2)
     out = work / "shards"
-    args = ["--vocab_size", "600", "--dupe_factor", "2", "--max_seq_length", "64",
-            "--max_predictions_per_seq", "10", "--num_shards", "2"]  # fmt: skip
+    args = [
+        "--vocab_size",
+        "600",
+        "--dupe_factor",
+        "2",
+        "--max_seq_length",
+        "64",
+        "--max_predictions_per_seq",
+        "10",
+        "--num_shards",
+        "2",
+    ]
     assert (
         pipeline_main(
             ["build", "--input", str(work / "corpus" / "*.txt"), "--output", str(out), *args]
@@ -47,8 +57,23 @@ def test_hf_trainer_example(shards, tmp_path, capsys):
     pytest.importorskip("transformers")
     import hf_trainer
 
-    assert hf_trainer.main(["--shards", str(shards), "--output-dir", str(tmp_path), "--max-steps", "6",
-                            "--batch-size", "8", "--hidden-size", "64"]) == 0  # fmt: skip
+    assert (
+        hf_trainer.main(
+            [
+                "--shards",
+                str(shards),
+                "--output-dir",
+                str(tmp_path),
+                "--max-steps",
+                "6",
+                "--batch-size",
+                "8",
+                "--hidden-size",
+                "64",
+            ]
+        )
+        == 0
+    )
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["steps"] == 6 and 0 < result["train_loss"] < 20
     assert (tmp_path / "config.json").exists()
@@ -57,8 +82,13 @@ def test_hf_trainer_example(shards, tmp_path, capsys):
 def test_collator_puts_labels_at_masked_positions():
     import hf_trainer
 
-    row = {"input_ids": [2, 4, 9, 3, 7, 3], "segment_ids": [0, 0, 0, 0, 1, 1],
-           "masked_lm_positions": [1, 4], "masked_lm_ids": [8, 6], "next_sentence_label": 1}  # fmt: skip
+    row = {
+        "input_ids": [2, 4, 9, 3, 7, 3],
+        "segment_ids": [0, 0, 0, 0, 1, 1],
+        "masked_lm_positions": [1, 4],
+        "masked_lm_ids": [8, 6],
+        "next_sentence_label": 1,
+    }
     batch = hf_trainer.collate([row])
     assert batch["input_ids"].shape == (1, 8)
     assert batch["labels"][0].tolist() == [-100, 8, -100, -100, 6, -100, -100, -100]

@@ -188,9 +188,22 @@ def test_a_head_of_the_task_keeps_its_label_order_and_refuses_unknown_labels(
     BertForSequenceClassification.from_hf(init_dir, labels=labels).save_hf(head_dir)
     rows = [{"text": "w1 w2", "label": "apple"}, {"text": "w3", "label": "zebra"}] * 4
     train = write_jsonl(tmp_path / "train.jsonl", rows)
-    argv = ["--task", "classification", "--init", str(head_dir), "--train", train,
-            "--eval", train, "--max-steps", "1", "--max-seq-length", "16",
-            "--output-dir", str(tmp_path / "out")]  # fmt: skip
+    argv = [
+        "--task",
+        "classification",
+        "--init",
+        str(head_dir),
+        "--train",
+        train,
+        "--eval",
+        train,
+        "--max-steps",
+        "1",
+        "--max-seq-length",
+        "16",
+        "--output-dir",
+        str(tmp_path / "out"),
+    ]
     assert main(argv) == 0
     assert BertForSequenceClassification.from_hf(tmp_path / "out").config.labels == labels
     other = write_jsonl(tmp_path / "other.jsonl", [*rows, {"text": "w4", "label": "mango"}])
@@ -202,8 +215,20 @@ def test_device_is_checked_and_the_model_runs_where_it_says(tmp_path, init_dir, 
     with pytest.raises(ValueError, match=r"device \(--device\) must be auto, cpu, cuda or cuda:N"):
         FinetuneConfig(task="classification", init="x", train="t", eval="e", device="gpu")
     train = write_jsonl(tmp_path / "train.jsonl", has_digit(random.Random(1), 16))
-    argv = ["--task", "classification", "--init", str(init_dir), "--train", train,
-            "--eval", train, "--max-seq-length", "32", "--max-steps", "1"]  # fmt: skip
+    argv = [
+        "--task",
+        "classification",
+        "--init",
+        str(init_dir),
+        "--train",
+        train,
+        "--eval",
+        train,
+        "--max-seq-length",
+        "32",
+        "--max-steps",
+        "1",
+    ]
     if not torch.cuda.is_available():  # a GPU asked for where torch sees none
         assert main([*argv, "--device", "cuda"]) == 2
         assert "--device cuda: torch sees 0 GPU(s) on this machine" in caplog.text

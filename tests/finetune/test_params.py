@@ -26,8 +26,16 @@ def setup(tmp_path, init_dir):
     examples = load_examples("classification", path)
     labels = label_names("classification", examples, None, path)
     features = encode("classification", load_tokenizer(init_dir), examples, labels, 32)
-    cfg = FinetuneConfig(task="classification", init=str(init_dir), train=path, eval=path,
-                         lr=1e-3, batch_size=8, epochs=2, warmup_ratio=0.0)  # fmt: skip
+    cfg = FinetuneConfig(
+        task="classification",
+        init=str(init_dir),
+        train=path,
+        eval=path,
+        lr=1e-3,
+        batch_size=8,
+        epochs=2,
+        warmup_ratio=0.0,
+    )
 
     def model():
         torch.manual_seed(0)
@@ -88,8 +96,13 @@ def test_layer_lr_decay_reaches_the_optimizer(setup, monkeypatch):
         return optimizer
 
     monkeypatch.setattr(torch.optim, "AdamW", spy)
-    train(dataclasses.replace(cfg, layer_lr_decay=0.5, max_steps=1), make_model(), features,
-          lambda m: {}, 0)  # fmt: skip
+    train(
+        dataclasses.replace(cfg, layer_lr_decay=0.5, max_steps=1),
+        make_model(),
+        features,
+        lambda m: {},
+        0,
+    )
     initial = {g["depth"]: g["initial_lr"] for g in seen[0].param_groups}
     assert initial == pytest.approx({3: 1e-3, 2: 5e-4, 1: 2.5e-4, 0: 1.25e-4})
 

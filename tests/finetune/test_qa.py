@@ -154,14 +154,25 @@ def test_v2_scores_known_answers():
     assert squad_scores("The", [""]) == (1.0, 1.0)  # normalises to nothing
     em, f1 = squad_scores("black cat sat", ["a black cat", "dog"])
     assert em == 0.0 and f1 == pytest.approx(0.8)  # P 2/3, R 1
-    examples = [example("a black cat", ["a black cat"]), example("dog", ["dog"]),
-                example("w1"), example("w2")]  # fmt: skip
+    examples = [
+        example("a black cat", ["a black cat"]),
+        example("dog", ["dog"]),
+        example("w1"),
+        example("w2"),
+    ]
     predictions = ["black cat sat", "dog", "", "x"]
     spans = ["black cat sat", "dog", "w1", "x"]
     metrics = squad_v2_metrics(examples, predictions, spans, [-3.0, -1.0, 2.0, -2.0])
-    expected = {"exact_match": 0.5, "f1": 0.7, "has_ans_exact_match": 0.5, "has_ans_f1": 0.9,
-                "has_ans_total": 2, "no_ans_exact_match": 0.5, "no_ans_f1": 0.5,
-                "no_ans_total": 2}  # fmt: skip
+    expected = {
+        "exact_match": 0.5,
+        "f1": 0.7,
+        "has_ans_exact_match": 0.5,
+        "has_ans_f1": 0.9,
+        "has_ans_total": 2,
+        "no_ans_exact_match": 0.5,
+        "no_ans_f1": 0.5,
+        "no_ans_total": 2,
+    }
     assert {k: metrics[k] for k in expected} == pytest.approx(expected)
     # Sorted by diff: #0 -3, #3 -2, #1 -1, #2 2. At t = -1 all but #2 give their span:
     # F1 0.8 + 0 + 1 + 1 (null for #2); at t = -3 (only #0): 0.8 + 1 + 1 (null #3) + 0 (null #1).
@@ -187,10 +198,17 @@ def test_v2_records_may_have_no_answer(tmp_path):
         {"question": "q", "context": "w1 w2", "answers": {"text": [], "answer_start": []}},
         {"question": "q", "context": "w1 w2", "is_impossible": "true"},
     ]
-    assert [e["answers"] for e in load_examples("qa", write_jsonl(tmp_path / "a.jsonl", rows))] \
-        == [[], [], []]  # fmt: skip
-    bad = {"question": "q", "context": "w1 w2", "is_impossible": True,
-           "answers": [{"text": "w2", "answer_start": 3}]}  # fmt: skip
+    assert [e["answers"] for e in load_examples("qa", write_jsonl(tmp_path / "a.jsonl", rows))] == [
+        [],
+        [],
+        [],
+    ]
+    bad = {
+        "question": "q",
+        "context": "w1 w2",
+        "is_impossible": True,
+        "answers": [{"text": "w2", "answer_start": 3}],
+    }
     with pytest.raises(DataError, match=r"b.jsonl:1: is_impossible is true but 'answers' has 1"):
         load_examples("qa", write_jsonl(tmp_path / "b.jsonl", [bad]))
     with pytest.raises(DataError, match=r"c.jsonl:1: missing field 'answers'"):
@@ -239,8 +257,10 @@ def test_qa_learns_answers_past_the_first_window_and_when_there_is_none(tmp_path
     metrics = json.loads((tmp_path / "out/eval_results.json").read_text())
     no_answer_share = sum(not r["answers"] for r in eval_rows) / len(eval_rows)
     starts = [r["answers"][0]["answer_start"] for r in eval_rows if r["answers"]]
-    in_first_window = sum(len(r["context"][:s].split()) < 28 for r, s in zip(
-        [r for r in eval_rows if r["answers"]], starts, strict=True)) / len(starts)  # fmt: skip
+    in_first_window = sum(
+        len(r["context"][:s].split()) < 28
+        for r, s in zip([r for r in eval_rows if r["answers"]], starts, strict=True)
+    ) / len(starts)
     assert metrics["exact_match"] > no_answer_share + 0.5
     assert metrics["has_ans_exact_match"] > 0.8 > in_first_window + 0.2
     assert metrics["no_ans_exact_match"] > 0.8

@@ -81,8 +81,10 @@ def test_encode_returns_unit_vectors_independent_of_padding(init_dir, pooling):
 def test_mean_pooling_is_the_mean_of_the_real_tokens(init_dir):
     """A known answer from the encoder's own outputs: mean over the mask, then normalized."""
     tokenizer, bert = load_tokenizer(init_dir), load_encoder(init_dir).eval()
-    features = [{"input_ids": e.ids, "segment_ids": e.type_ids}
-                for e in tokenizer.encode_batch(["w1 w2 w3 w4", "w5"])]  # fmt: skip
+    features = [
+        {"input_ids": e.ids, "segment_ids": e.type_ids}
+        for e in tokenizer.encode_batch(["w1 w2 w3 w4", "w5"])
+    ]
     batch = collate(features, 0)
     with torch.no_grad():
         got = SentenceEmbedding(bert, "mean")(**batch)

@@ -9,8 +9,13 @@ from model import BertConfig
 
 
 def test_matmul_flops_known_answers():
-    cfg = BertConfig(vocab_size=10, hidden_size=4, num_hidden_layers=1, num_attention_heads=1,
-                     intermediate_size=8)  # fmt: skip
+    cfg = BertConfig(
+        vocab_size=10,
+        hidden_size=4,
+        num_hidden_layers=1,
+        num_attention_heads=1,
+        intermediate_size=8,
+    )
     b = {
         "attention_mask": torch.tensor([[1, 1, 0], [1, 0, 0]]),
         "masked_lm_positions": torch.tensor([[1, 0], [0, 0]]),
@@ -31,8 +36,17 @@ def test_matmul_flops_known_answers():
 
 
 def test_a_tiny_run_measures_every_peer(capsys):
-    argv = ["--preset", "tiny", "--batch", "4", "--steps", "1", "--lengths", "docstrings",
-            "--no-memory"]  # fmt: skip
+    argv = [
+        "--preset",
+        "tiny",
+        "--batch",
+        "4",
+        "--steps",
+        "1",
+        "--lengths",
+        "docstrings",
+        "--no-memory",
+    ]
     assert bench.main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
     row = json.loads(lines[1])

@@ -122,13 +122,18 @@ def test_the_exported_tokenizers_output_is_the_graphs_input(tmp_path):
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     assert len(tokenizer) == CFG.vocab_size  # the export's vocab, not a fallback
     assert main([str(tmp_path / "hf"), str(tmp_path / "m.onnx")]) == 0
-    batch = tokenizer(["The river was built.", "Music"], ["North city", "the kings"],
-                      padding=True, return_tensors="np")  # fmt: skip
+    batch = tokenizer(
+        ["The river was built.", "Music"],
+        ["North city", "the kings"],
+        padding=True,
+        return_tensors="np",
+    )
     assert set(batch) == {"input_ids", "token_type_ids", "attention_mask"}
     assert batch["token_type_ids"].any() and not batch["attention_mask"].all()  # pairs, padded
     assert tokenizer.unk_token_id not in batch["input_ids"]
     (logits,) = session(tmp_path / "m.onnx").run(None, dict(batch))
     with torch.no_grad():
-        want = model.eval()(*(torch.from_numpy(batch[k]) for k in
-                              ("input_ids", "token_type_ids", "attention_mask"))).logits  # fmt: skip
+        want = model.eval()(
+            *(torch.from_numpy(batch[k]) for k in ("input_ids", "token_type_ids", "attention_mask"))
+        ).logits
     np.testing.assert_allclose(logits, want.numpy(), rtol=1e-4, atol=1e-5)

@@ -211,8 +211,14 @@ def test_bucket_rows_known_answers():
     """Low-precision matmuls on CPU get one of a few row counts; fp32 and other devices N."""
     bf16 = torch.empty(0, dtype=torch.bfloat16)
     assert [bucket_rows(bf16, n) for n in (0, 1, 64, 65, 1170, 2047, 5000)] == [
-        0, 64, 64, 128, 1216, 2048, 5120,
-    ]  # fmt: skip
+        0,
+        64,
+        64,
+        128,
+        1216,
+        2048,
+        5120,
+    ]
     assert bucket_rows(bf16, 170, floor=16) == 176
     assert bucket_rows(torch.empty(0, dtype=torch.float16), 1170) == 1216
     assert bucket_rows(torch.empty(0), 1170) == 1170  # fp32: MKL builds nothing per shape

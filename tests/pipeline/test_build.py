@@ -22,16 +22,32 @@ from pipeline.core.vocab import SPECIAL_TOKENS, read_vocab
 from pipeline.shards import shard_format
 from tests.helpers import WORDS, make_corpus
 
-BASE = ["--vocab_size", "200", "--dupe_factor", "3", "--max_seq_length", "48",
-        "--max_predictions_per_seq", "8", "--num_shards", "3", "--bucket_size", "10",
-        "--random_seed", "7"]  # fmt: skip
+BASE = [
+    "--vocab_size",
+    "200",
+    "--dupe_factor",
+    "3",
+    "--max_seq_length",
+    "48",
+    "--max_predictions_per_seq",
+    "8",
+    "--num_shards",
+    "3",
+    "--bucket_size",
+    "10",
+    "--random_seed",
+    "7",
+]
 
 DASK_EXTRA = "Beam's DaskRunner needs the [dask] extra (distributed)"
 
 
 def digest(directory: Path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(directory.iterdir()) if not p.name.endswith(".png")}  # fmt: skip
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(directory.iterdir())
+        if not p.name.endswith(".png")
+    }
 
 
 @pytest.fixture(scope="module")
@@ -49,14 +65,23 @@ def built(corpus, tmp_path_factory):
 def test_outputs_are_complete_and_verified(built):
     manifest = shard_format.verify_directory(str(built))
     names = sorted(p.name for p in built.iterdir())
-    assert names == ["manifest.json", "shard-00000-of-00003.arrow", "shard-00001-of-00003.arrow",
-                     "shard-00002-of-00003.arrow", "tokenizer.json", "vocab.txt"]  # fmt: skip
+    assert names == [
+        "manifest.json",
+        "shard-00000-of-00003.arrow",
+        "shard-00001-of-00003.arrow",
+        "shard-00002-of-00003.arrow",
+        "tokenizer.json",
+        "vocab.txt",
+    ]
     assert manifest["params"]["random_seed"] == 7
     assert manifest["params"]["dupe_factor"] == 3
     assert manifest["vocab"]["size"] == len(read_vocab(built / "vocab.txt")) == 200
     assert manifest["vocab"]["special_ids"] == {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4}
-    rows = [r for e in manifest["shards"] for r in shard_format.iter_rows(
-        shard_format.open_shard(str(built / e["name"])))]  # fmt: skip
+    rows = [
+        r
+        for e in manifest["shards"]
+        for r in shard_format.iter_rows(shard_format.open_shard(str(built / e["name"])))
+    ]
     assert len(rows) == manifest["num_rows"] > 100
     for r in rows:
         ids, seg = r["input_ids"], r["segment_ids"]
@@ -123,8 +148,20 @@ def test_bad_arguments_exit_2(corpus, built, tmp_path):
 def run_cli(corpus, out, *beam_args) -> subprocess.CompletedProcess:
     """The build as a user runs it; Beam's log goes to OUT.log, beside OUT."""
     log = Path(f"{out}.log")
-    cmd = [sys.executable, "-m", "pipeline", "build", "--input", corpus, "--output", str(out),
-           "--log_file", str(log), *BASE, *beam_args]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipeline",
+        "build",
+        "--input",
+        corpus,
+        "--output",
+        str(out),
+        "--log_file",
+        str(log),
+        *BASE,
+        *beam_args,
+    ]
     env = {**os.environ, "PYTHONHASHSEED": "123"}
     env.pop("BERT_VERBOSE", None)
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
@@ -165,8 +202,14 @@ def test_multiprocessing_runner_spreads_one_file_and_gives_identical_bytes(corpu
     """One file read in 12 ranges by 2 worker processes: both read and tokenize part of it,
     and the shards are those of the corpus in 3 files on one in-process worker."""
     single = one_file(corpus, tmp_path / "one")
-    done = run_cli(single, tmp_path / "mp", "--input_split_mb", "0.005",
-                   "--direct_num_workers=2", "--direct_running_mode=multi_processing")  # fmt: skip
+    done = run_cli(
+        single,
+        tmp_path / "mp",
+        "--input_split_mb",
+        "0.005",
+        "--direct_num_workers=2",
+        "--direct_running_mode=multi_processing",
+    )
     assert same_build(tmp_path / "mp", built)
     # The console holds only our timestamped lines; the worker subprocesses' own output
     # (they inherit stderr) is in the log file.
@@ -182,8 +225,9 @@ def test_multiprocessing_runner_spreads_one_file_and_gives_identical_bytes(corpu
     assert len(readers) == 2 and tokenizers == readers, log[-3000:]
 
 
-def test_a_failed_build_prints_one_line_and_logs_the_traceback(corpus, tmp_path, monkeypatch,
-                                                                capfd):  # fmt: skip
+def test_a_failed_build_prints_one_line_and_logs_the_traceback(
+    corpus, tmp_path, monkeypatch, capfd
+):
     import apache_beam as beam
 
     def broken_graph(p, config, plan):
@@ -243,15 +287,30 @@ def test_jsonl_input_counts_skipped_records(tmp_path):
     lines += ["{broken", json.dumps({"other": 1}), json.dumps({"body": "   "})]
     (tmp_path / "docs.jsonl").write_bytes(("\n".join(lines) + "\n").encode() + b"\xff\xfe\n")
     out = tmp_path / "out"
-    args = ["--input_format", "jsonl", "--text_field", "body", "--vocab_size", "150",
-            "--dupe_factor", "2", "--max_seq_length", "32", "--num_shards", "2"]  # fmt: skip
+    args = [
+        "--input_format",
+        "jsonl",
+        "--text_field",
+        "body",
+        "--vocab_size",
+        "150",
+        "--dupe_factor",
+        "2",
+        "--max_seq_length",
+        "32",
+        "--num_shards",
+        "2",
+    ]
     assert (
         main(["build", "--input", str(tmp_path / "docs.jsonl"), "--output", str(out), *args]) == 0
     )
     manifest = shard_format.verify_directory(str(out))
     assert manifest["skipped"] == {
-        "empty_document": 1, "invalid_json": 1, "invalid_utf8_record": 1, "missing_text_field": 1,
-    }  # fmt: skip
+        "empty_document": 1,
+        "invalid_json": 1,
+        "invalid_utf8_record": 1,
+        "missing_text_field": 1,
+    }
     assert manifest["stats"]["documents"] == 40
     assert manifest["num_rows"] > 40
 
@@ -302,8 +361,11 @@ def test_buckets_hold_at_least_bucket_size_documents(built):
     assert min(sizes) >= 1000, min(sizes)
     # The manifest records the spread (here: 120 documents, bucket size 10).
     buckets = shard_format.read_manifest(str(built))["stats"]["buckets"]
-    assert buckets == {"count": 3, "min_documents": buckets["min_documents"],
-                       "max_documents": buckets["max_documents"]}  # fmt: skip
+    assert buckets == {
+        "count": 3,
+        "min_documents": buckets["min_documents"],
+        "max_documents": buckets["max_documents"],
+    }
     assert 10 <= buckets["min_documents"] <= buckets["max_documents"]
 
 
@@ -374,8 +436,18 @@ def test_bad_txt_input_is_counted_and_the_job_completes(tmp_path, capsys):
         + b"\nAnd a second sentence.\n"
     )
     out = tmp_path / "out"
-    args = ["--vocab_size", "300", "--dupe_factor", "2", "--max_seq_length", "48",
-            "--num_shards", "2", "--bucket_size", "5"]  # fmt: skip
+    args = [
+        "--vocab_size",
+        "300",
+        "--dupe_factor",
+        "2",
+        "--max_seq_length",
+        "48",
+        "--num_shards",
+        "2",
+        "--bucket_size",
+        "5",
+    ]
     assert main(["build", "--input", str(corpus / "*.txt"), "--output", str(out), *args]) == 0
     manifest = shard_format.read_manifest(str(out))
     assert manifest["skipped"] == {"file_without_documents": 2, "invalid_utf8_line": 1}
@@ -403,8 +475,21 @@ def test_special_token_text_in_the_corpus_is_text_in_the_rows(tmp_path):
     ]
     (corpus / "code.txt").write_text("\n\n".join("\n".join(lines) for _ in range(6)) + "\n")
     out = tmp_path / "out"
-    assert main(["build", "--input", str(corpus / "*.txt"), "--output", str(out),
-                 *SMALL, "--vocab_size", "400"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "build",
+                "--input",
+                str(corpus / "*.txt"),
+                "--output",
+                str(out),
+                *SMALL,
+                "--vocab_size",
+                "400",
+            ]
+        )
+        == 0
+    )
     assert main(["validate", str(out)]) == 0
     assert "mask" in read_vocab(out / "vocab.txt")  # counted as a word, like any other
     special = shard_format.read_manifest(str(out))["vocab"]["special_ids"]
@@ -478,8 +563,7 @@ def jsonl_corpus(path: Path, n_docs=40, seed=3) -> Path:
     return path
 
 
-SMALL = ["--vocab_size", "150", "--dupe_factor", "2", "--max_seq_length", "32",
-         "--num_shards", "2"]  # fmt: skip
+SMALL = ["--vocab_size", "150", "--dupe_factor", "2", "--max_seq_length", "32", "--num_shards", "2"]
 
 
 def test_jsonl_format_is_inferred_from_the_extension(tmp_path):
@@ -496,8 +580,10 @@ def test_a_format_that_contradicts_the_content_stops_the_build(tmp_path, capfd):
     docs = jsonl_corpus(tmp_path / "in" / "docs.jsonl")
     out = tmp_path / "out"
     capfd.readouterr()
-    assert main(["build", "--input", str(docs), "--output", str(out), "--input_format", "txt",
-                 *SMALL]) == 2  # fmt: skip
+    assert (
+        main(["build", "--input", str(docs), "--output", str(out), "--input_format", "txt", *SMALL])
+        == 2
+    )
     err = capfd.readouterr().err
     assert f"{docs}: read as txt (--input_format txt)" in err and "--input_format jsonl" in err
     assert "Traceback" not in err and not out.exists()
@@ -508,8 +594,7 @@ def test_a_format_that_contradicts_the_content_stops_the_build(tmp_path, capfd):
     assert main(["build", "--input", str(named_txt), "--output", str(out), *SMALL]) == 2
     assert "inferred from the extension" in capfd.readouterr().err
     make_corpus(tmp_path / "in", n_docs=4, n_files=1)
-    assert main(["build", "--input", str(tmp_path / "in" / "*"), "--output", str(out),
-                 *SMALL]) == 2  # fmt: skip
+    assert main(["build", "--input", str(tmp_path / "in" / "*"), "--output", str(out), *SMALL]) == 2
     assert "--input mixes formats" in capfd.readouterr().err and not out.exists()
 
 
@@ -518,8 +603,10 @@ def test_a_contradicting_file_after_the_first_fails_the_job_naming_it(tmp_path, 
     late = jsonl_corpus(tmp_path / "in" / "zz-late.txt")  # checked as it is read
     out = tmp_path / "out"
     capfd.readouterr()
-    assert main(["build", "--input", str(tmp_path / "in" / "*.txt"), "--output", str(out),
-                 *SMALL]) == 1  # fmt: skip
+    assert (
+        main(["build", "--input", str(tmp_path / "in" / "*.txt"), "--output", str(out), *SMALL])
+        == 1
+    )
     err = capfd.readouterr().err
     assert f"{late}: read as txt" in err and "Traceback" not in err
     assert not (out / "manifest.json").exists()
@@ -531,8 +618,7 @@ def test_txt_files_of_one_document_each_get_a_warning(tmp_path, capfd):
     (directory / "one.txt").write_text("Just one document.\nWith two sentences.\n")
     capfd.readouterr()
     out = tmp_path / "out"
-    assert main(["build", "--input", str(directory / "*.txt"), "--output", str(out),
-                 *SMALL]) == 0  # fmt: skip
+    assert main(["build", "--input", str(directory / "*.txt"), "--output", str(out), *SMALL]) == 0
     assert "1 of 3 txt input file(s) were each read as ONE document" in capfd.readouterr().err
     assert shard_format.read_manifest(str(out))["stats"]["input"]["single_document_files"] == 1
 
@@ -544,19 +630,47 @@ def test_a_build_of_zero_rows_exits_2_saying_why_and_leaves_nothing(tmp_path, ca
     vocab.write_text("".join(f"{token}\n" for token in [*SPECIAL_TOKENS, "the", "river"]))
     out = tmp_path / "out"
     capfd.readouterr()
-    assert main(["build", "--input", str(tmp_path / "in" / "*.txt"), "--output", str(out),
-                 "--vocab_file", str(vocab), *SMALL]) == 2  # fmt: skip
+    assert (
+        main(
+            [
+                "build",
+                "--input",
+                str(tmp_path / "in" / "*.txt"),
+                "--output",
+                str(out),
+                "--vocab_file",
+                str(vocab),
+                *SMALL,
+            ]
+        )
+        == 2
+    )
     err = capfd.readouterr().err
     assert "0 documents -> 0 rows" in err and "file_without_documents" in err
     assert "Traceback" not in err and not out.exists()  # no directory of partial files
     # Without --vocab_file (no words to learn a vocab from), the same.
-    assert main(["build", "--input", str(tmp_path / "in" / "*.txt"), "--output", str(out),
-                 *SMALL]) == 2  # fmt: skip
+    assert (
+        main(["build", "--input", str(tmp_path / "in" / "*.txt"), "--output", str(out), *SMALL])
+        == 2
+    )
     assert "0 documents -> 0 rows" in capfd.readouterr().err and not out.exists()
     # An output directory that was there before stays, empty as it was.
     out.mkdir()
-    assert main(["build", "--input", str(tmp_path / "in" / "*.txt"), "--output", str(out),
-                 "--vocab_file", str(vocab), *SMALL]) == 2  # fmt: skip
+    assert (
+        main(
+            [
+                "build",
+                "--input",
+                str(tmp_path / "in" / "*.txt"),
+                "--output",
+                str(out),
+                "--vocab_file",
+                str(vocab),
+                *SMALL,
+            ]
+        )
+        == 2
+    )
     assert list(out.iterdir()) == []
 
 
@@ -573,15 +687,19 @@ def test_a_binary_input_file_stops_the_build_naming_it(tmp_path, capfd):
     # Named .txt, or picked up by a glob: read as text, it would make junk rows.
     first = binary_file(tmp_path / "in" / "a-binary.txt")  # the first file: checked up front
     capfd.readouterr()
-    assert main(["build", "--input", str(tmp_path / "in" / "*.txt"), "--output", str(out),
-                 *SMALL]) == 2  # fmt: skip
+    assert (
+        main(["build", "--input", str(tmp_path / "in" / "*.txt"), "--output", str(out), *SMALL])
+        == 2
+    )
     err = capfd.readouterr().err
     assert f"{first}: " in err and "not UTF-8" in err and "Traceback" not in err
     assert not out.exists()
     first.unlink()
     late = binary_file(tmp_path / "in" / "zz-binary.txt")  # checked as it is read
-    assert main(["build", "--input", str(tmp_path / "in" / "*.txt"), "--output", str(out),
-                 *SMALL]) == 1  # fmt: skip
+    assert (
+        main(["build", "--input", str(tmp_path / "in" / "*.txt"), "--output", str(out), *SMALL])
+        == 1
+    )
     err = capfd.readouterr().err
     assert f"{late}: " in err and "not UTF-8" in err and "Traceback" not in err
     assert not out.exists()  # nothing half-written: the vocab and parts the job wrote are gone
@@ -593,8 +711,10 @@ def test_a_huge_line_gets_a_console_warning(tmp_path, capfd):
     huge.write_text("A first line.\n" + " ".join(["river"] * 200_000) + "\n")  # 1.2 MB line
     out = tmp_path / "out"
     capfd.readouterr()
-    assert main(["build", "--input", str(tmp_path / "in" / "*.txt"), "--output", str(out),
-                 *SMALL]) == 0  # fmt: skip
+    assert (
+        main(["build", "--input", str(tmp_path / "in" / "*.txt"), "--output", str(out), *SMALL])
+        == 0
+    )
     err = capfd.readouterr().err
     assert "1 sentence(s) of 1,000,000 characters or more" in err
     assert shard_format.read_manifest(str(out))["stats"]["input"]["long_sentences"] == 1
@@ -605,30 +725,52 @@ def test_a_misspelt_beam_option_stops_the_build(corpus, tmp_path, capfd):
     capfd.readouterr()
     for arg, says in [
         ("--runer=DataflowRunner", "unknown option --runer (did you mean --runner?)"),
-        ("--runner=DataflowRuner", "--runner=DataflowRuner is not a Beam runner (did you mean "
-                                   "DataflowRunner?)"),
+        (
+            "--runner=DataflowRuner",
+            "--runner=DataflowRuner is not a Beam runner (did you mean DataflowRunner?)",
+        ),
         ("--direct_num_worker=2", "--direct_num_worker (did you mean --direct_num_workers?)"),
-    ]:  # fmt: skip
+    ]:
         assert main(["build", "--input", corpus, "--output", str(out), arg, *BASE]) == 2, arg
         err = capfd.readouterr().err
         assert says in err and "Traceback" not in err, err
         assert not out.exists()
     # Options of the chosen runner are known (its module is imported to learn them).
-    check_beam_options(["--runner=FlinkRunner", "--flink_master=localhost:8081",
-                        "--environment_type=LOOPBACK", "--parallelism=2"])  # fmt: skip
+    check_beam_options(
+        [
+            "--runner=FlinkRunner",
+            "--flink_master=localhost:8081",
+            "--environment_type=LOOPBACK",
+            "--parallelism=2",
+        ]
+    )
     pytest.importorskip("distributed", reason=DASK_EXTRA)
-    check_beam_options(["--runner=apache_beam.runners.dask.dask_runner.DaskRunner",
-                        "--dask_client_address=localhost:8786"])  # fmt: skip
+    check_beam_options(
+        [
+            "--runner=apache_beam.runners.dask.dask_runner.DaskRunner",
+            "--dask_client_address=localhost:8786",
+        ]
+    )
 
 
 def test_config_file_gives_options_flags_override_it(corpus, tmp_path, capfd):
     from pipeline.beam.config import parse_build_args
 
     path = tmp_path / "build.json"
-    path.write_text(json.dumps({"input": [corpus], "output": "o", "dupe_factor": 4,
-                                "do_whole_word_mask": True, "num_shards": 2}))  # fmt: skip
-    config, beam_args = parse_build_args(["--config", str(path), "--num_shards", "5",
-                                          "--runner=DirectRunner"])  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {
+                "input": [corpus],
+                "output": "o",
+                "dupe_factor": 4,
+                "do_whole_word_mask": True,
+                "num_shards": 2,
+            }
+        )
+    )
+    config, beam_args = parse_build_args(
+        ["--config", str(path), "--num_shards", "5", "--runner=DirectRunner"]
+    )
     assert (config.input, config.output, config.dupe_factor) == ((corpus,), "o", 4)
     assert config.do_whole_word_mask and config.num_shards == 5
     assert beam_args == ["--runner=DirectRunner"]
@@ -681,8 +823,14 @@ def test_copies_of_a_document_are_kept_and_counted(corpus, tmp_path):
     (tmp_path / "copies" / "a.txt").write_text("\n\n".join(documents + documents[:5]) + "\n")
     (tmp_path / "copies" / "b.txt").write_text(documents[0] + "\n")
     for name in ("one", "copies"):
-        argv = ["build", "--input", str(tmp_path / name / "*.txt"), "--output",
-                str(tmp_path / f"out-{name}"), *BASE]  # fmt: skip
+        argv = [
+            "build",
+            "--input",
+            str(tmp_path / name / "*.txt"),
+            "--output",
+            str(tmp_path / f"out-{name}"),
+            *BASE,
+        ]
         assert main(argv) == 0
     plain, copies = (
         shard_format.read_manifest(str(tmp_path / f"out-{n}")) for n in ("one", "copies")
@@ -693,8 +841,9 @@ def test_copies_of_a_document_are_kept_and_counted(corpus, tmp_path):
     assert copies["num_rows"] > plain["num_rows"]
 
 
-def test_rows_through_a_spool_or_the_shuffle_give_the_same_bytes(corpus, built, tmp_path,
-                                                                 monkeypatch):  # fmt: skip
+def test_rows_through_a_spool_or_the_shuffle_give_the_same_bytes(
+    corpus, built, tmp_path, monkeypatch
+):
     """The DirectRunner sends rows through spool files by default (--row_spool auto); through
     its shuffle (no) the shards are the same, and no spool file is left either way."""
     from pipeline.beam.shard_steps import RowSpool
@@ -714,8 +863,9 @@ def test_rows_through_a_spool_or_the_shuffle_give_the_same_bytes(corpus, built, 
         main(["build", "--input", corpus, "--output", str(tmp_path / "x"), "--row_spool", "maybe"])
 
 
-def test_the_memory_check_refuses_a_local_build_that_would_not_fit(corpus, tmp_path, monkeypatch,
-                                                                   capfd):  # fmt: skip
+def test_the_memory_check_refuses_a_local_build_that_would_not_fit(
+    corpus, tmp_path, monkeypatch, capfd
+):
     """Exit 2 before anything is written, naming the estimate, the memory available and the
     Dask command; --force builds anyway; other runners are not checked."""
     from pipeline.beam import sizing
@@ -736,8 +886,12 @@ def test_the_memory_check_refuses_a_local_build_that_would_not_fit(corpus, tmp_p
     assert sizing.text_bytes(files) == 4 * 10**9
     with pytest.raises(sizing.MemoryCheckError, match=r"4,000\.0 MB of input"):
         sizing.check_local_memory(BuildConfig(input=("x",), output="x"), files, None, 2, 10**9)
-    assert sizing.check_local_memory(BuildConfig(input=("x",), output="x"), files,
-                                     "DataflowRunner", 2, 10**9) is None  # fmt: skip
+    assert (
+        sizing.check_local_memory(
+            BuildConfig(input=("x",), output="x"), files, "DataflowRunner", 2, 10**9
+        )
+        is None
+    )
 
 
 def test_a_dask_build_gets_partitions_of_8_mb_at_most_one_per_input_range():

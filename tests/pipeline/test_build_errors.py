@@ -26,8 +26,9 @@ def test_a_vocab_size_below_the_corpus_alphabet_exits_2_naming_the_size_that_fit
     assert caught.value.needed == 23  # 5 specials, 10 characters, 8 "##c"
     out = tmp_path / "out"
     capfd.readouterr()
-    assert main(["build", "--input", corpus, "--output", str(out), "--vocab_size", "8",
-                 *SMALL]) == 2  # fmt: skip
+    assert (
+        main(["build", "--input", corpus, "--output", str(out), "--vocab_size", "8", *SMALL]) == 2
+    )
     err = capfd.readouterr().err
     line = next(x for x in err.splitlines() if "ERROR pipeline:" in x)
     assert "--vocab_size 8 is too small for this corpus" in line
@@ -60,8 +61,20 @@ def test_a_usage_error_from_a_worker_process_is_found_in_its_traceback_text():
 )
 def test_an_out_of_range_option_says_what_is_allowed(tmp_path, capfd, flag, value, says):
     capfd.readouterr()
-    assert main(["build", "--input", str(tmp_path / "x.txt"), "--output", str(tmp_path / "o"),
-                 flag, value]) == 2  # fmt: skip
+    assert (
+        main(
+            [
+                "build",
+                "--input",
+                str(tmp_path / "x.txt"),
+                "--output",
+                str(tmp_path / "o"),
+                flag,
+                value,
+            ]
+        )
+        == 2
+    )
     assert says in capfd.readouterr().err
 
 
@@ -79,8 +92,23 @@ def test_chinese_as_txt_without_blank_lines_is_read_as_one_document_and_says_so(
     (tmp_path / "in" / "zh.txt").write_text(text, encoding="utf-8")
     out, log = tmp_path / "out", tmp_path / "build.log"
     capfd.readouterr()
-    assert main(["build", "--input", str(tmp_path / "in" / "zh.txt"), "--output", str(out),
-                 "--log_file", str(log), "--vocab_size", "700", *SMALL]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "build",
+                "--input",
+                str(tmp_path / "in" / "zh.txt"),
+                "--output",
+                str(out),
+                "--log_file",
+                str(log),
+                "--vocab_size",
+                "700",
+                *SMALL,
+            ]
+        )
+        == 0
+    )
     err = capfd.readouterr().err
     assert "1 of 1 txt input file(s) were each read as ONE document" in err
     assert "blank line between documents" in err and "jsonl" in err and str(log) in err

@@ -17,14 +17,19 @@ def record(name, level, msg, *args):
         ("pipeline", logging.INFO, "done in 3.0 s", True),
         ("pipeline.beam.build", logging.INFO, "1 input file(s)", True),
         ("pipelines", logging.INFO, "not ours, only the prefix", False),
-        ("apache_beam.runners.worker.sdk_worker", logging.INFO, "Control channel established.", False),
+        (
+            "apache_beam.runners.worker.sdk_worker",
+            logging.INFO,
+            "Control channel established.",
+            False,
+        ),
         ("apache_beam.io", logging.WARNING, "Discarding unparseable args: ['--x']", True),
         ("root", logging.WARNING, "apitools not found, and bigquery client ...", False),
         ("DeepSpeed", logging.WARNING, "total_num_steps 5 is less than warmup_num_steps 9", True),
         ("pipeline", logging.INFO, "trainer config: {...}", False),  # file_only
         ("pipeline", logging.WARNING, "trainer config: {...}", True),  # file_only: INFO only
     ],
-)  # fmt: skip
+)
 def test_console_filter(name, level, msg, shown):
     keep = ConsoleFilter(("pipeline",), file_only=("trainer config:",))
     assert keep.filter(record(name, level, msg)) is shown
@@ -45,8 +50,9 @@ def test_console_format_is_short_and_drops_tracebacks():
     except ValueError:
         import sys
 
-        failed = logging.LogRecord("pipeline", logging.ERROR, __file__, 1, "build failed: %s",
-                                   ("inner",), sys.exc_info())  # fmt: skip
+        failed = logging.LogRecord(
+            "pipeline", logging.ERROR, __file__, 1, "build failed: %s", ("inner",), sys.exc_info()
+        )
     info = record("pipeline", logging.INFO, "done in %.1f s", 3.0)
     fmt = ConsoleFormatter("[rank 1] ")
     assert fmt.format(info).endswith(" [rank 1] done in 3.0 s")
@@ -54,9 +60,16 @@ def test_console_format_is_short_and_drops_tracebacks():
     assert "Traceback" in logging.Formatter().format(failed)  # the log file still gets it
 
 
-@pytest.mark.parametrize(("flag", "env", "expected"),
-                         [(False, None, False), (True, None, True), (False, "1", True),
-                          (False, "0", False), (False, "", False)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("flag", "env", "expected"),
+    [
+        (False, None, False),
+        (True, None, True),
+        (False, "1", True),
+        (False, "0", False),
+        (False, "", False),
+    ],
+)
 def test_verbose_from_flag_or_environment(monkeypatch, flag, env, expected):
     monkeypatch.delenv("BERT_VERBOSE", raising=False)
     if env is not None:

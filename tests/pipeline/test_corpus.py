@@ -21,8 +21,10 @@ def test_corpus_is_deterministic_and_in_googles_format(tmp_path):
 def test_document_sentences_drops_doctests():
     doc = "Add two numbers. Returns their sum.\n\n>>> add(1, 2)\n3\n\nWorks on floats too."
     assert document_sentences(doc) == [
-        "Add two numbers.", "Returns their sum.", "Works on floats too.",
-    ]  # fmt: skip
+        "Add two numbers.",
+        "Returns their sum.",
+        "Works on floats too.",
+    ]
 
 
 def test_comment_blocks_keep_prose_and_drop_code():
@@ -55,11 +57,15 @@ def test_package_corpus_is_deterministic_with_its_manifest(tmp_path):
 
     manifests = []
     for name in ("a", "b"):
-        paths, sources = write_package_corpus(tmp_path / name, ["packaging", "filelock"],
-                                              files=2, heldout_permille=200, processes=1)  # fmt: skip
+        paths, sources = write_package_corpus(
+            tmp_path / name, ["packaging", "filelock"], files=2, heldout_permille=200, processes=1
+        )
         manifests.append(write_manifest(tmp_path / name, paths, sources))
-        assert [p.name for p in paths] == ["packages-000.txt", "packages-001.txt",
-                                           "packages-heldout.txt"]  # fmt: skip
+        assert [p.name for p in paths] == [
+            "packages-000.txt",
+            "packages-001.txt",
+            "packages-heldout.txt",
+        ]
     a, b = manifests
     assert a == b and a["bytes"] > 10_000
     assert json.loads((tmp_path / "a" / "corpus.json").read_text()) == a
@@ -78,8 +84,19 @@ def test_a_missing_source_is_named(tmp_path, caplog):
     with pytest.raises(FileNotFoundError, match="corpus source 'no-such-package' is missing"):
         write_package_corpus(tmp_path, ["packaging", "no-such-package"])
     assert not list(tmp_path.iterdir())  # nothing written
-    assert main(["--output", str(tmp_path / "c"), "--sources", "reference",
-                 "--packages", "no-such-package"]) == 2  # fmt: skip
+    assert (
+        main(
+            [
+                "--output",
+                str(tmp_path / "c"),
+                "--sources",
+                "reference",
+                "--packages",
+                "no-such-package",
+            ]
+        )
+        == 2
+    )
     assert "no-such-package" in caplog.text
 
 
@@ -121,9 +138,11 @@ def test_a_files_prose_is_one_document_in_source_order(tmp_path):
     )
     assert _file_pieces(source) == [
         ["Tools for walking a tree of nodes.", "Each node is visited once."],
-        ["The walk is iterative, so that deep trees do not hit the recursion limit of the "
-         "interpreter when they are walked."],
+        [
+            "The walk is iterative, so that deep trees do not hit the recursion limit of the "
+            "interpreter when they are walked."
+        ],
         ["Yield every node of the tree, parents before their children, in order."],
         ["Push the children of one node onto the stack, last child first."],
         ["A tree of nodes, each with a list of children that may be empty."],
-    ]  # fmt: skip
+    ]

@@ -47,15 +47,26 @@ def direct(corpus, tmp_path_factory):
     return out
 
 
-def build(corpus: str, out: Path, runner_args: list[str], *extra: str,
-          background: bool = False):  # fmt: skip
+def build(corpus: str, out: Path, runner_args: list[str], *extra: str, background: bool = False):
     """``python -m pipeline build`` as a user runs it; stderr holds our console lines."""
-    cmd = [sys.executable, "-m", "pipeline", "build", "--input", corpus, "--output", str(out),
-           *BASE, *extra, *runner_args]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipeline",
+        "build",
+        "--input",
+        corpus,
+        "--output",
+        str(out),
+        *BASE,
+        *extra,
+        *runner_args,
+    ]
     env = {**worker_env(), "PYTHONHASHSEED": "123"}
     if background:
-        return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                text=True)  # fmt: skip
+        return subprocess.Popen(
+            cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -88,8 +99,9 @@ def test_killing_a_worker_mid_build(cluster, tmp_path):
     reference = tmp_path / "reference"
     assert build(corpus, reference, []).returncode == 0
     with Client(cluster.address, timeout=30) as client:
-        process = build(corpus, tmp_path / "dask", on(cluster), "--dask_npartitions=4",
-                        background=True)  # fmt: skip
+        process = build(
+            corpus, tmp_path / "dask", on(cluster), "--dask_npartitions=4", background=True
+        )
         victim = wait_for_a_busy_worker(client, process)
         index = worker_index(cluster, client, victim)
         cluster.kill_worker(index)

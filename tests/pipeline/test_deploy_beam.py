@@ -19,10 +19,20 @@ def launch(script: str, tmp_path: Path, **env: str) -> subprocess.CompletedProce
     fake.parent.mkdir(exist_ok=True)
     fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
     fake.chmod(0o755)
-    base = {"PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}", "INPUT": "in/*.txt",
-            "OUTPUT": "out", "SPARK_MASTER": "spark://m:7077", "FLINK_MASTER": "m:8081"}  # fmt: skip
-    return subprocess.run(["bash", str(BEAM / script)], env={**base, **env},
-                          capture_output=True, text=True, timeout=30)  # fmt: skip
+    base = {
+        "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}",
+        "INPUT": "in/*.txt",
+        "OUTPUT": "out",
+        "SPARK_MASTER": "spark://m:7077",
+        "FLINK_MASTER": "m:8081",
+    }
+    return subprocess.run(
+        ["bash", str(BEAM / script)],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
 
 
 @pytest.mark.parametrize("script", ["spark.sh", "flink.sh"])

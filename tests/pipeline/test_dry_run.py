@@ -25,13 +25,31 @@ from pipeline.cli.main import main
 from tests.helpers import make_corpus
 
 ROOT = Path(__file__).resolve().parents[2]
-BASE = ["--vocab_size", "200", "--dupe_factor", "1", "--max_seq_length", "48",
-        "--max_predictions_per_seq", "8", "--num_shards", "2"]  # fmt: skip
+BASE = [
+    "--vocab_size",
+    "200",
+    "--dupe_factor",
+    "1",
+    "--max_seq_length",
+    "48",
+    "--max_predictions_per_seq",
+    "8",
+    "--num_shards",
+    "2",
+]
 # What Dataflow's validation asks for: a project id, a region, a gs:// temp_location.
 # deploy/beam/dataflow.sh passes the same, and --setup_file.
-DATAFLOW = ["--runner", "DataflowRunner", "--project", "my-project", "--region", "us-central1",
-            "--temp_location", "gs://my-bucket/tmp",
-            f"--setup_file={ROOT / 'setup.py'}"]  # fmt: skip
+DATAFLOW = [
+    "--runner",
+    "DataflowRunner",
+    "--project",
+    "my-project",
+    "--region",
+    "us-central1",
+    "--temp_location",
+    "gs://my-bucket/tmp",
+    f"--setup_file={ROOT / 'setup.py'}",
+]
 
 
 def digest(directory: Path) -> dict[str, str]:
@@ -92,16 +110,19 @@ def test_a_dry_run_leaves_an_earlier_build_as_it_was(small_shards, tmp_path, cap
     assert main([a for a in argv if a != "--overwrite"]) == 2
     assert "already holds" in capfd.readouterr().err and digest(out) == before
     exported = tmp_path / "exported"
-    assert main(["export", str(out), "--to", "tfrecord", "--output", str(exported),
-                 "--dry_run"]) == 0  # fmt: skip
+    assert (
+        main(["export", str(out), "--to", "tfrecord", "--output", str(exported), "--dry_run"]) == 0
+    )
     assert not exported.exists() and digest(out) == before
     # The export's checks of --output still run: its own source is refused.
     assert main(["export", str(out), "--to", "tfrecord", "--output", str(out), "--dry_run"]) == 2
     assert "holds Arrow shards" in capfd.readouterr().err
 
 
-GCP_EXTRA = ("the DataflowRunner needs the gcp extra ({}); scripts/test.sh runs these tests "
-             "in .venv-gcp (pip install -e '.[gcp]')")  # fmt: skip
+GCP_EXTRA = (
+    "the DataflowRunner needs the gcp extra ({}); scripts/test.sh runs these tests "
+    "in .venv-gcp (pip install -e '.[gcp]')"
+)
 
 
 @pytest.fixture
@@ -136,8 +157,9 @@ def transform_names(proto) -> set[str]:
 def test_dataflow_dry_runs_of_build_and_export(small_shards, tmp_path, capfd, dataflow_spy):
     corpus = make_corpus(tmp_path / "corpus", n_docs=20)
     out = tmp_path / "shards"
-    assert main(["build", "--input", corpus, "--output", str(out), *BASE, *DATAFLOW,
-                 "--dry_run"]) == 0  # fmt: skip
+    assert (
+        main(["build", "--input", corpus, "--output", str(out), *BASE, *DATAFLOW, "--dry_run"]) == 0
+    )
     err = capfd.readouterr().err
     assert "the build job was translated and validated for DataflowRunner" in err
     # Local files pass the dry run (Beam checks its own options only), with a warning.
@@ -148,8 +170,21 @@ def test_dataflow_dry_runs_of_build_and_export(small_shards, tmp_path, capfd, da
     )
 
     exported = tmp_path / "exported"
-    assert main(["export", str(small_shards), "--to", "nvidia-hdf5", "--output", str(exported),
-                 *DATAFLOW, "--dry_run"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "export",
+                str(small_shards),
+                "--to",
+                "nvidia-hdf5",
+                "--output",
+                str(exported),
+                *DATAFLOW,
+                "--dry_run",
+            ]
+        )
+        == 0
+    )
     assert "the export job was translated and validated for DataflowRunner" in (
         capfd.readouterr().err
     )

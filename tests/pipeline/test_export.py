@@ -23,14 +23,33 @@ from pipeline.cli.main import main
 from tests.helpers import make_corpus
 
 # A cap of 5 masks where a full row of 48 tokens would get round(0.15 * 45) = 7: rows hit it.
-FLAGS = ["--vocab_size", "200", "--dupe_factor", "2", "--max_seq_length", "48",
-         "--max_predictions_per_seq", "5", "--num_shards", "3", "--bucket_size", "10",
-         "--random_seed", "7"]  # fmt: skip
+FLAGS = [
+    "--vocab_size",
+    "200",
+    "--dupe_factor",
+    "2",
+    "--max_seq_length",
+    "48",
+    "--max_predictions_per_seq",
+    "5",
+    "--num_shards",
+    "3",
+    "--bucket_size",
+    "10",
+    "--random_seed",
+    "7",
+]
 L, P = 48, 5
 # google-research/bert run_pretraining.py's name_to_features, as the tfrecord package spells it.
-GOOGLE_SPEC = {"input_ids": "int", "input_mask": "int", "segment_ids": "int",
-               "masked_lm_positions": "int", "masked_lm_ids": "int",
-               "masked_lm_weights": "float", "next_sentence_labels": "int"}  # fmt: skip
+GOOGLE_SPEC = {
+    "input_ids": "int",
+    "input_mask": "int",
+    "segment_ids": "int",
+    "masked_lm_positions": "int",
+    "masked_lm_ids": "int",
+    "masked_lm_weights": "float",
+    "next_sentence_labels": "int",
+}
 
 
 def tfrecord(module: str):
@@ -52,8 +71,10 @@ def shards(tmp_path_factory):
 def arrow_shards(directory: Path) -> list[list[dict]]:
     """Each shard's rows, in manifest order, read with pyarrow (FORMAT.md, "Reading")."""
     manifest = json.loads((directory / "manifest.json").read_text())
-    return [pa.ipc.open_stream(pa.memory_map(str(directory / s["name"]))).read_all().to_pylist()
-            for s in manifest["shards"]]  # fmt: skip
+    return [
+        pa.ipc.open_stream(pa.memory_map(str(directory / s["name"]))).read_all().to_pylist()
+        for s in manifest["shards"]
+    ]
 
 
 def export(shards: Path, out: Path, *args: str) -> int:
@@ -70,13 +91,17 @@ def nvidia_rows(path: Path, max_pred: int) -> list[dict]:
         zeros = np.flatnonzero(positions == 0)
         index = int(zeros[0]) if zeros.size else max_pred
         length = int(data["input_mask"][i].sum())
-        rows.append({
-            "input_ids": data["input_ids"][i], "input_mask": data["input_mask"][i],
-            "segment_ids": data["segment_ids"][i], "length": length,
-            "masked_lm_positions": positions[:index].tolist(),
-            "masked_lm_ids": data["masked_lm_ids"][i][:index].tolist(),
-            "next_sentence_labels": int(data["next_sentence_labels"][i]),
-        })  # fmt: skip
+        rows.append(
+            {
+                "input_ids": data["input_ids"][i],
+                "input_mask": data["input_mask"][i],
+                "segment_ids": data["segment_ids"][i],
+                "length": length,
+                "masked_lm_positions": positions[:index].tolist(),
+                "masked_lm_ids": data["masked_lm_ids"][i][:index].tolist(),
+                "next_sentence_labels": int(data["next_sentence_labels"][i]),
+            }
+        )
     return rows
 
 
@@ -91,7 +116,8 @@ def records(path: Path) -> list[bytes]:
     for record in out:  # the same bytes, the other crc32c implementation
         (length,) = struct.unpack("<Q", data[offset : offset + 8])
         assert data[offset + 8 : offset + 12] == tfrecord("writer").TFRecordWriter.masked_crc(
-            data[offset : offset + 8])  # fmt: skip
+            data[offset : offset + 8]
+        )
         body = data[offset + 12 : offset + 12 + length]
         assert body == record
         end = offset + 12 + length
@@ -136,7 +162,8 @@ def test_hdf5_rows_are_the_arrow_rows_by_nvidias_rule(shards, tmp_path):
     assert manifest["format"] == "nvidia-hdf5"
     assert (manifest["max_seq_length"], manifest["max_predictions_per_seq"]) == (L, P)
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        [f["name"] for f in manifest["files"]] + ["manifest.json", "vocab.txt"])  # fmt: skip
+        [f["name"] for f in manifest["files"]] + ["manifest.json", "vocab.txt"]
+    )
     at_cap = 0
     for entry, arrow in zip(manifest["files"], arrow_shards(shards), strict=True):
         path = out / entry["name"]
@@ -154,9 +181,16 @@ def test_hdf5_rows_are_the_arrow_rows_by_nvidias_rule(shards, tmp_path):
         rows = nvidia_rows(path, P)
         assert len(rows) == entry["rows"] == len(arrow)
         for want, got in zip(arrow, rows, strict=True):
-            assert_same_row(want, got["input_ids"], got["input_mask"], got["segment_ids"],
-                            got["masked_lm_positions"], got["masked_lm_ids"],
-                            got["next_sentence_labels"], L)  # fmt: skip
+            assert_same_row(
+                want,
+                got["input_ids"],
+                got["input_mask"],
+                got["segment_ids"],
+                got["masked_lm_positions"],
+                got["masked_lm_ids"],
+                got["next_sentence_labels"],
+                L,
+            )
             at_cap += len(want["masked_lm_positions"]) == P
     assert at_cap > 50  # rows with exactly max_predictions_per_seq masks survived whole
 
@@ -165,13 +199,26 @@ def test_hdf5_rows_are_the_arrow_rows_by_nvidias_rule(shards, tmp_path):
 def test_tfrecord_rows_are_the_arrow_rows_by_googles_spec(shards, tmp_path, names):
     tfrecord("reader")
     out, pred = tmp_path / names, P if names == "v1" else P + 3  # a larger P pads
-    assert export(shards, out, "--to", "tfrecord", "--tfrecord_names", names,
-                  "--max_predictions_per_seq", str(pred)) == 0  # fmt: skip
+    assert (
+        export(
+            shards,
+            out,
+            "--to",
+            "tfrecord",
+            "--tfrecord_names",
+            names,
+            "--max_predictions_per_seq",
+            str(pred),
+        )
+        == 0
+    )
     manifest = json.loads((out / "manifest.json").read_text())
     spec = dict(GOOGLE_SPEC)
     if names == "v2":  # Model Garden's use_v2_feature_names
-        spec["input_word_ids"], spec["input_type_ids"] = spec.pop("input_ids"), spec.pop(
-            "segment_ids")  # fmt: skip
+        spec["input_word_ids"], spec["input_type_ids"] = (
+            spec.pop("input_ids"),
+            spec.pop("segment_ids"),
+        )
     assert set(manifest["fields"]) == set(spec) and manifest["tfrecord_names"] == names
     for entry, arrow in zip(manifest["files"], arrow_shards(shards), strict=True):
         path = out / entry["name"]
@@ -184,8 +231,16 @@ def test_tfrecord_rows_are_the_arrow_rows_by_googles_spec(shards, tmp_path, name
             assert list(got["masked_lm_weights"]) == [1.0] * k + [0.0] * (pred - k)
             assert not got["masked_lm_positions"][k:].any() and not got["masked_lm_ids"][k:].any()
             label = int(got["next_sentence_labels"][0])
-            assert_same_row(want, ids, got["input_mask"], segments, got["masked_lm_positions"][:k],
-                            got["masked_lm_ids"][:k], label, L)  # fmt: skip
+            assert_same_row(
+                want,
+                ids,
+                got["input_mask"],
+                segments,
+                got["masked_lm_positions"][:k],
+                got["masked_lm_ids"][:k],
+                label,
+                L,
+            )
 
 
 def test_tensorflow_parses_the_records(shards, tmp_path):
@@ -193,10 +248,13 @@ def test_tensorflow_parses_the_records(shards, tmp_path):
     tf = pytest.importorskip("tensorflow", reason="TensorFlow itself, as run_pretraining.py parses")
     out = tmp_path / "tf"
     assert export(shards, out, "--to", "tfrecord") == 0
-    spec = {name: tf.io.FixedLenFeature([1 if name == "next_sentence_labels" else
-                                         P if "masked" in name else L],
-                                        tf.float32 if kind == "float" else tf.int64)
-            for name, kind in GOOGLE_SPEC.items()}  # fmt: skip
+    spec = {
+        name: tf.io.FixedLenFeature(
+            [1 if name == "next_sentence_labels" else P if "masked" in name else L],
+            tf.float32 if kind == "float" else tf.int64,
+        )
+        for name, kind in GOOGLE_SPEC.items()
+    }
     path = out / "shard-00000-of-00003.tfrecord"
     for record, want in zip(records(path), google_examples(path, GOOGLE_SPEC, L, P), strict=True):
         parsed = tf.io.parse_single_example(record, spec)
@@ -280,11 +338,30 @@ def test_the_main_jobs_build_exports_on_its_runner(tmp_path):
     runner = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
     corpus = make_corpus(tmp_path / "corpus", n_docs=60)
     built = tmp_path / "shards"
-    assert main(["build", "--input", corpus, "--output", str(built), "--overwrite",
-                 "--vocab_size", "8000", "--dupe_factor", "2", "--max_seq_length", "128",
-                 *runner]) == 0  # fmt: skip
-    seq, pred = 128, json.loads((built / "manifest.json").read_text())["params"][
-        "max_predictions_per_seq"]  # fmt: skip
+    assert (
+        main(
+            [
+                "build",
+                "--input",
+                corpus,
+                "--output",
+                str(built),
+                "--overwrite",
+                "--vocab_size",
+                "8000",
+                "--dupe_factor",
+                "2",
+                "--max_seq_length",
+                "128",
+                *runner,
+            ]
+        )
+        == 0
+    )
+    seq, pred = (
+        128,
+        json.loads((built / "manifest.json").read_text())["params"]["max_predictions_per_seq"],
+    )
     assert export(built, tmp_path / "h5", "--to", "nvidia-hdf5", *runner) == 0
     assert export(built, tmp_path / "tf", "--to", "tfrecord", *runner) == 0
     assert export(built, tmp_path / "tf-local", "--to", "tfrecord") == 0
@@ -295,13 +372,27 @@ def test_the_main_jobs_build_exports_on_its_runner(tmp_path):
         nvidia = nvidia_rows(tmp_path / "h5" / f"training-part-{name}.hdf5", pred)
         google = google_examples(tmp_path / "tf" / f"shard-{name}.tfrecord", GOOGLE_SPEC, seq, pred)
         for want, a, b in zip(arrow, nvidia, google, strict=True):
-            assert_same_row(want, a["input_ids"], a["input_mask"], a["segment_ids"],
-                            a["masked_lm_positions"], a["masked_lm_ids"],
-                            a["next_sentence_labels"], seq)  # fmt: skip
+            assert_same_row(
+                want,
+                a["input_ids"],
+                a["input_mask"],
+                a["segment_ids"],
+                a["masked_lm_positions"],
+                a["masked_lm_ids"],
+                a["next_sentence_labels"],
+                seq,
+            )
             k = len(want["masked_lm_positions"])
-            assert_same_row(want, b["input_ids"], b["input_mask"], b["segment_ids"],
-                            b["masked_lm_positions"][:k], b["masked_lm_ids"][:k],
-                            int(b["next_sentence_labels"][0]), seq)  # fmt: skip
+            assert_same_row(
+                want,
+                b["input_ids"],
+                b["input_mask"],
+                b["segment_ids"],
+                b["masked_lm_positions"][:k],
+                b["masked_lm_ids"][:k],
+                int(b["next_sentence_labels"][0]),
+                seq,
+            )
 
 
 def test_pad_rows_and_changed_spans_known_answers():
@@ -332,11 +423,15 @@ def test_rows_survive_many_record_batches_and_a_reused_message(tmp_path):
             split = int(rng.integers(2, n - 1))
             k = int(rng.integers(0, pred + 1))
             positions = sorted(rng.choice(np.arange(1, n - 1), size=min(k, n - 2), replace=False))
-            rows.append({"input_ids": rng.integers(5, 50, n).tolist(),
-                         "segment_ids": [0] * (split + 1) + [1] * (n - split - 1),
-                         "masked_lm_positions": [int(p) for p in positions],
-                         "masked_lm_ids": rng.integers(5, 50, len(positions)).tolist(),
-                         "next_sentence_label": int(rng.integers(0, 2))})  # fmt: skip
+            rows.append(
+                {
+                    "input_ids": rng.integers(5, 50, n).tolist(),
+                    "segment_ids": [0] * (split + 1) + [1] * (n - split - 1),
+                    "masked_lm_positions": [int(p) for p in positions],
+                    "masked_lm_ids": rng.integers(5, 50, len(positions)).tolist(),
+                    "next_sentence_label": int(rng.integers(0, 2)),
+                }
+            )
         columns = shard_writer.rows_to_columns(rows)
         data = shard_writer.encode_shard(columns, shard_format.shard_schema(50, seq), batch_size=3)
         table = pa.ipc.open_stream(data).read_all()
@@ -347,20 +442,41 @@ def test_rows_survive_many_record_batches_and_a_reused_message(tmp_path):
         nvidia = nvidia_rows(tmp_path / f"{shard}.hdf5", pred)
         for want, record, a in zip(rows, records(path), nvidia, strict=True):
             example = example_pb2.Example.FromString(record)
-            got = {k: list(getattr(v, v.WhichOneof("kind")).value)
-                   for k, v in example.features.feature.items()}  # fmt: skip
+            got = {
+                k: list(getattr(v, v.WhichOneof("kind")).value)
+                for k, v in example.features.feature.items()
+            }
             k = len(want["masked_lm_positions"])
             assert got["masked_lm_weights"] == [1.0] * k + [0.0] * (pred - k)
             assert got["masked_lm_positions"][k:] == got["masked_lm_ids"][k:] == [0] * (pred - k)
             for ids, mask, segments, positions, targets, label in (
-                (got["input_ids"], got["input_mask"], got["segment_ids"],
-                 got["masked_lm_positions"][:k], got["masked_lm_ids"][:k],
-                 got["next_sentence_labels"][0]),
-                (a["input_ids"], a["input_mask"], a["segment_ids"], a["masked_lm_positions"],
-                 a["masked_lm_ids"], a["next_sentence_labels"]),
-            ):  # fmt: skip
-                assert_same_row(want, np.asarray(ids), mask, np.asarray(segments), positions,
-                                targets, label, seq)  # fmt: skip
+                (
+                    got["input_ids"],
+                    got["input_mask"],
+                    got["segment_ids"],
+                    got["masked_lm_positions"][:k],
+                    got["masked_lm_ids"][:k],
+                    got["next_sentence_labels"][0],
+                ),
+                (
+                    a["input_ids"],
+                    a["input_mask"],
+                    a["segment_ids"],
+                    a["masked_lm_positions"],
+                    a["masked_lm_ids"],
+                    a["next_sentence_labels"],
+                ),
+            ):
+                assert_same_row(
+                    want,
+                    np.asarray(ids),
+                    mask,
+                    np.asarray(segments),
+                    positions,
+                    targets,
+                    label,
+                    seq,
+                )
 
 
 def test_an_empty_shard_exports_to_empty_files(tmp_path):
@@ -372,8 +488,12 @@ def test_an_empty_shard_exports_to_empty_files(tmp_path):
     (tmp_path / "empty.hdf5").write_bytes(export_formats.hdf5_bytes(table, 12, 4))
     with h5py.File(tmp_path / "empty.hdf5", "r") as f:
         assert {k: f[k].shape for k in f} == {
-            "input_ids": (0, 12), "input_mask": (0, 12), "segment_ids": (0, 12),
-            "masked_lm_positions": (0, 4), "masked_lm_ids": (0, 4), "next_sentence_labels": (0,),
-        }  # fmt: skip
+            "input_ids": (0, 12),
+            "input_mask": (0, 12),
+            "segment_ids": (0, 12),
+            "masked_lm_positions": (0, 4),
+            "masked_lm_ids": (0, 4),
+            "next_sentence_labels": (0,),
+        }
     encoder = export_formats.ExampleEncoder(export_formats.TFRECORD_NAMES["v1"], 12, 4)
     assert b"".join(export_formats.tfrecord_chunks(table, encoder, 12, 4)) == b""

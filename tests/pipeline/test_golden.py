@@ -31,16 +31,48 @@ CORPUS = Path(__file__).resolve().parents[1] / "data" / "golden"
 PINNED_WITH = "Python 3.11, numpy 2.4.6, pyarrow 25.0.1, tokenizers 0.23.3, apache-beam 2.77.0"
 BUILDS = {
     # Google's defaults scaled down; a learned vocab; 4 buckets of documents.
-    "google": ["--vocab_size", "120", "--dupe_factor", "2", "--max_seq_length", "32",
-               "--max_predictions_per_seq", "5", "--num_shards", "2", "--bucket_size", "2",
-               "--random_seed", "11"],
+    "google": [
+        "--vocab_size",
+        "120",
+        "--dupe_factor",
+        "2",
+        "--max_seq_length",
+        "32",
+        "--max_predictions_per_seq",
+        "5",
+        "--num_shards",
+        "2",
+        "--bucket_size",
+        "2",
+        "--random_seed",
+        "11",
+    ],
     # Whole-word masking of a cased vocab, more short rows and masks, 3 shards.
-    "whole_word_cased": ["--vocab_size", "150", "--do_lower_case", "false",
-                         "--do_whole_word_mask", "true", "--dupe_factor", "1",
-                         "--max_seq_length", "48", "--max_predictions_per_seq", "7",
-                         "--masked_lm_prob", "0.2", "--short_seq_prob", "0.3",
-                         "--num_shards", "3", "--bucket_size", "3", "--random_seed", "12"],
-}  # fmt: skip
+    "whole_word_cased": [
+        "--vocab_size",
+        "150",
+        "--do_lower_case",
+        "false",
+        "--do_whole_word_mask",
+        "true",
+        "--dupe_factor",
+        "1",
+        "--max_seq_length",
+        "48",
+        "--max_predictions_per_seq",
+        "7",
+        "--masked_lm_prob",
+        "0.2",
+        "--short_seq_prob",
+        "0.3",
+        "--num_shards",
+        "3",
+        "--bucket_size",
+        "3",
+        "--random_seed",
+        "12",
+    ],
+}
 # Made with format_version 1, algorithm_version 3 (pipeline/shards/shard_format.py): documents
 # identified by their content. vocab.txt is unchanged since algorithm_version 1.
 VERSIONS = {"format_version": 1, "algorithm_version": 3}

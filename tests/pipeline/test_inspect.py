@@ -8,8 +8,11 @@ VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "ri", "##ver", "fl
 
 
 def row(ids, positions, targets):
-    return {"input_ids": np.array(ids), "masked_lm_positions": np.array(positions),
-            "masked_lm_ids": np.array(targets)}  # fmt: skip
+    return {
+        "input_ids": np.array(ids),
+        "masked_lm_positions": np.array(positions),
+        "masked_lm_ids": np.array(targets),
+    }
 
 
 def test_wordpieces_by_default_words_on_request():

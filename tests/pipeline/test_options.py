@@ -20,10 +20,22 @@ from pipeline.options import (
 
 @pytest.mark.parametrize(
     "text, value",
-    [("1", True), ("true", True), ("True", True), ("YES", True), ("y", True), ("on", True),
-     (" true ", True), ("0", False), ("false", False), ("False", False), ("no", False),
-     ("N", False), ("off", False)],
-)  # fmt: skip
+    [
+        ("1", True),
+        ("true", True),
+        ("True", True),
+        ("YES", True),
+        ("y", True),
+        ("on", True),
+        (" true ", True),
+        ("0", False),
+        ("false", False),
+        ("False", False),
+        ("no", False),
+        ("N", False),
+        ("off", False),
+    ],
+)
 def test_parse_bool_truth_table(text, value):
     assert parse_bool(text) is value
 
@@ -35,9 +47,13 @@ def test_parse_bool_refuses_the_rest(text):
 
 
 @pytest.mark.parametrize(
-    "path", ["pipeline.beam.config.BuildConfig", "trainer.config.TrainConfig",
-             "finetune.config.FinetuneConfig"],
-)  # fmt: skip
+    "path",
+    [
+        "pipeline.beam.config.BuildConfig",
+        "trainer.config.TrainConfig",
+        "finetune.config.FinetuneConfig",
+    ],
+)
 def test_every_option_has_help(path):
     module, name = path.rsplit(".", 1)
     if not module.startswith("pipeline."):  # trainer/ and finetune/ refuse to load without torch
@@ -119,10 +135,26 @@ def test_missing_file_and_missing_required_option_are_named(tmp_path):
 
 def test_respell_takes_either_spelling_up_to_a_double_dash():
     declared = ["--vocab_size", "--max-steps", "--local_rank", "--local-rank", "--a_b"]
-    argv = ["--vocab-size=9", "x", "--max_steps", "3", "--local_rank=1", "--other-one", "--",
-            "--a-b"]  # fmt: skip
-    assert respell(argv, declared) == ["--vocab_size=9", "x", "--max-steps", "3",
-                                       "--local_rank=1", "--other-one", "--", "--a-b"]  # fmt: skip
+    argv = [
+        "--vocab-size=9",
+        "x",
+        "--max_steps",
+        "3",
+        "--local_rank=1",
+        "--other-one",
+        "--",
+        "--a-b",
+    ]
+    assert respell(argv, declared) == [
+        "--vocab_size=9",
+        "x",
+        "--max-steps",
+        "3",
+        "--local_rank=1",
+        "--other-one",
+        "--",
+        "--a-b",
+    ]
 
 
 def test_did_you_mean_compares_in_one_spelling_and_never_suggests_the_name():

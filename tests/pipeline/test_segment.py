@@ -25,8 +25,20 @@ from pipeline.shards import shard_format
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "chinese" / "sample.jsonl"
 CHINESE_PUNCTUATION = set("，。！？、：；“”")
-BUILD = ["--vocab_size", "800", "--dupe_factor", "8", "--max_seq_length", "64",
-         "--num_shards", "2", "--do_whole_word_mask", "true", "--random_seed", "5"]  # fmt: skip
+BUILD = [
+    "--vocab_size",
+    "800",
+    "--dupe_factor",
+    "8",
+    "--max_seq_length",
+    "64",
+    "--num_shards",
+    "2",
+    "--do_whole_word_mask",
+    "true",
+    "--random_seed",
+    "5",
+]
 
 
 def needs_jieba():
@@ -122,8 +134,16 @@ def test_a_missing_segmenter_names_the_extra(monkeypatch, tmp_path, capfd):
     monkeypatch.setitem(sys.modules, "jieba", None)  # import jieba raises ImportError
     with pytest.raises(ImportError, match=r"bert-pipeline\[cjk\]"):
         segment.load_segmenter("jieba")
-    argv = ["build", "--input", str(SAMPLE), "--output", str(tmp_path / "out"), *BUILD,
-            "--wwm_segmenter", "jieba"]  # fmt: skip
+    argv = [
+        "build",
+        "--input",
+        str(SAMPLE),
+        "--output",
+        str(tmp_path / "out"),
+        *BUILD,
+        "--wwm_segmenter",
+        "jieba",
+    ]
     assert main(argv) == 2
     assert "pip install 'bert-pipeline[cjk]'" in capfd.readouterr().err
     assert not (tmp_path / "out").exists()
@@ -143,8 +163,16 @@ def test_the_segmenter_needs_whole_word_masking():
 def chinese_build(tmp_path_factory):
     needs_jieba()
     out = tmp_path_factory.mktemp("zh") / "shards"
-    argv = ["build", "--input", str(SAMPLE), "--output", str(out), *BUILD,
-            "--wwm_segmenter", "jieba"]  # fmt: skip
+    argv = [
+        "build",
+        "--input",
+        str(SAMPLE),
+        "--output",
+        str(out),
+        *BUILD,
+        "--wwm_segmenter",
+        "jieba",
+    ]
     assert main(argv) == 0
     return out
 
@@ -165,8 +193,9 @@ def test_masks_cover_whole_jieba_words(chinese_build):
     whole = checked = 0
     for row in rows:
         ids = list(row["input_ids"])
-        for position, original in zip(row["masked_lm_positions"], row["masked_lm_ids"],
-                                      strict=True):  # fmt: skip
+        for position, original in zip(
+            row["masked_lm_positions"], row["masked_lm_ids"], strict=True
+        ):
             ids[position] = original
         masked = set(row["masked_lm_positions"])
         text = [vocab[i] for i in ids]
@@ -209,9 +238,23 @@ def test_two_workers_give_the_same_bytes(chinese_build, tmp_path):
     import subprocess
 
     out = tmp_path / "mp"
-    cmd = [sys.executable, "-m", "pipeline", "build", "--input", str(SAMPLE), "--output",
-           str(out), *BUILD, "--wwm_segmenter", "jieba", "--direct_num_workers=2",
-           "--direct_running_mode=multi_processing", "--log_file", str(tmp_path / "mp.log")]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipeline",
+        "build",
+        "--input",
+        str(SAMPLE),
+        "--output",
+        str(out),
+        *BUILD,
+        "--wwm_segmenter",
+        "jieba",
+        "--direct_num_workers=2",
+        "--direct_running_mode=multi_processing",
+        "--log_file",
+        str(tmp_path / "mp.log"),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     for path in sorted(chinese_build.iterdir()):

@@ -517,7 +517,7 @@ def rewrite_rows(directory: Path, manifest: dict, columns: dict) -> Path:
         ("mask", "target", "masks a [MASK] at position"),
         ("sep", "masked slot", "masks position 0"),
     ],
-)  # fmt: skip
+)
 def test_validate_rejects_a_special_token_where_the_format_puts_none(
     tmp_path, token, where, expected
 ):
@@ -554,8 +554,9 @@ def test_validate_allows_unk_anywhere_and_any_id_at_a_masked_position(tmp_path):
 
     manifest = write_output(tmp_path, (9,))
     columns = make_columns(0, 9)
-    for ids, positions, targets in zip(columns["input_ids"], columns["masked_lm_positions"],
-                                       columns["masked_lm_ids"], strict=True):  # fmt: skip
+    for ids, positions, targets in zip(
+        columns["input_ids"], columns["masked_lm_positions"], columns["masked_lm_ids"], strict=True
+    ):
         ids[1] = SPECIAL_IDS["unk"]  # a word not in the vocab
         targets[:] = SPECIAL_IDS["unk"]  # it may be masked
         # The masked input: [MASK] (80%) or a random id, which may be any special (10%).
@@ -714,9 +715,12 @@ def _code_blocks(language: str) -> list[str]:
 
 def test_format_md_manifest_example_is_valid(tmp_path):
     example = _code_blocks("json")[0]  # the shards' manifest (the export's, abridged, follows)
-    assert shard_writer.encode_manifest(json.loads(example)).decode() == example.lstrip("\n")
+    encoded = shard_writer.encode_manifest(json.loads(example)).decode()
+    # The writer's bytes, its keys in its order, but for the doc's wrapping of number lists.
+    assert re.sub(r"\s+", "", encoded) == re.sub(r"\s+", "", example)
     write_manifest(tmp_path, json.loads(example))
-    assert shard_format.read_manifest(tmp_path)["num_rows"] == 2
+    manifest = shard_format.read_manifest(tmp_path)  # consistent: rows, shards, statistics
+    assert manifest["num_rows"] == sum(shard["rows"] for shard in manifest["shards"]) > 0
     assert (
         json.loads(example)["schema"]["columns"]
         == write_output(tmp_path / "real")["schema"]["columns"]
@@ -769,10 +773,15 @@ def test_shard_bodies_join_into_a_readable_shard():
     encode_body, join = shard_writer.encode_shard_body, shard_writer.join_shard_bodies
     to_columns = shard_writer.rows_to_columns
     rows = [
-        {"input_ids": [2, 5 + i, 3], "segment_ids": [0, 0, 1], "masked_lm_positions": [1],
-         "masked_lm_ids": [7], "next_sentence_label": i % 2}
+        {
+            "input_ids": [2, 5 + i, 3],
+            "segment_ids": [0, 0, 1],
+            "masked_lm_positions": [1],
+            "masked_lm_ids": [7],
+            "next_sentence_label": i % 2,
+        }
         for i in range(5)
-    ]  # fmt: skip
+    ]
     parts = [rows[:2], rows[2:]]
     data = join([encode_body(to_columns(p), schema) for p in parts], schema)
     table = pa.ipc.open_stream(data).read_all()

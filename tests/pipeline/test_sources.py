@@ -49,8 +49,11 @@ def test_jsonl_records_and_skips():
     out = items(("\n".join(lines) + "\n").encode(), "jsonl")
     assert out[0] == (["First sentence here.", "Second one follows."], None)
     assert [reason for _, reason in out[1:]] == [
-        "invalid_json", "missing_text_field", "non_string_text", "empty_document",
-    ]  # fmt: skip
+        "invalid_json",
+        "missing_text_field",
+        "non_string_text",
+        "empty_document",
+    ]
 
 
 def test_parquet_column_and_missing_column(tmp_path):
@@ -91,8 +94,11 @@ def test_sniff_format():
 
 
 def test_check_format_refuses_jsonl_read_as_txt_and_names_the_fix():
-    with pytest.raises(ValueError, match=r"docs\.jsonl: read as txt.*JSON object.*"
-                       r"--input_format jsonl \(and --text_field NAME\)"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"docs\.jsonl: read as txt.*JSON object.*"
+        r"--input_format jsonl \(and --text_field NAME\)",
+    ):
         check_format("docs.jsonl", JSONL, "txt", "--input_format txt")
     with pytest.raises(ValueError, match=r"not JSON objects.*--input_format txt"):
         check_format("a.jsonl", TXT, "jsonl", "--input_format jsonl")
@@ -142,8 +148,14 @@ def ranged(data: bytes, fmt: str, size: int, field="text") -> list:
     """Every range's items, in order, as the build reads a file of ``data`` split in ``size``."""
     out = []
     for part in split_ranges([("f", len(data))], size):
-        out += read_documents(io.BytesIO(data), input_format=fmt, text_field=field, path="f",
-                              start=part.start, end=part.end)  # fmt: skip
+        out += read_documents(
+            io.BytesIO(data),
+            input_format=fmt,
+            text_field=field,
+            path="f",
+            start=part.start,
+            end=part.end,
+        )
     return out
 
 
@@ -176,9 +188,12 @@ def test_parquet_ranges_read_each_row_group_once(tmp_path):
 def test_split_ranges_keeps_compressed_files_whole():
     ranges = split_ranges([("a.txt", 5), ("b.txt.gz", 9), ("c.jsonl", 2)], 2)
     assert ranges == [
-        FileRange("a.txt", 0, 2), FileRange("a.txt", 2, 4), FileRange("a.txt", 4, None),
-        FileRange("b.txt.gz"), FileRange("c.jsonl"),
-    ]  # fmt: skip
+        FileRange("a.txt", 0, 2),
+        FileRange("a.txt", 2, 4),
+        FileRange("a.txt", 4, None),
+        FileRange("b.txt.gz"),
+        FileRange("c.jsonl"),
+    ]
     assert range_bytes(15_000_000) == MIN_RANGE_BYTES
     assert range_bytes(20 * 10**9) == 20 * 10**9 // TARGET_RANGES  # 19.5 MB
     assert range_bytes(10**12) == MAX_RANGE_BYTES

@@ -74,8 +74,13 @@ def corpus(tmp_path):
 
 
 def config(tmp_path, **overrides):
-    values = dict(input=(str(tmp_path / "*.txt"),), output=str(tmp_path / "out"),
-                  max_seq_length=16, dupe_factor=2, bucket_size=1)  # fmt: skip
+    values = dict(
+        input=(str(tmp_path / "*.txt"),),
+        output=str(tmp_path / "out"),
+        max_seq_length=16,
+        dupe_factor=2,
+        bucket_size=1,
+    )
     return BuildConfig(**{**values, **overrides})
 
 
@@ -149,15 +154,46 @@ def test_tokenize_as_a_plain_function():
 # text in it, written out by hand: BasicTokenizer lowercases (when uncased), splits on
 # whitespace and makes each punctuation character a word, so "[MASK]" is "[", "mask", "]";
 # WordPiece then finds every word whole in this vocab. No special id comes out of text.
-GOOGLE_VOCAB = [*SPECIAL_TOKENS, "[", "]", ".", "use", "mask", "here", "cls", "sep", "pad",
-                "unk", "x", "Use", "MASK"]  # fmt: skip
+GOOGLE_VOCAB = [
+    *SPECIAL_TOKENS,
+    "[",
+    "]",
+    ".",
+    "use",
+    "mask",
+    "here",
+    "cls",
+    "sep",
+    "pad",
+    "unk",
+    "x",
+    "Use",
+    "MASK",
+]
 GOOGLE_PIECES = {
     ("Use [MASK] here. [CLS][SEP] [PAD]x [UNK]", True): [
-        "use", "[", "mask", "]", "here", ".", "[", "cls", "]", "[", "sep", "]",
-        "[", "pad", "]", "x", "[", "unk", "]",
+        "use",
+        "[",
+        "mask",
+        "]",
+        "here",
+        ".",
+        "[",
+        "cls",
+        "]",
+        "[",
+        "sep",
+        "]",
+        "[",
+        "pad",
+        "]",
+        "x",
+        "[",
+        "unk",
+        "]",
     ],
     ("Use [MASK] here.", False): ["Use", "[", "MASK", "]", "here", "."],
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("text, do_lower_case", list(GOOGLE_PIECES))
@@ -220,8 +256,9 @@ def test_a_bucket_holds_one_pass_of_rows_not_every_dupe_pass(tmp_path, monkeypat
     bucket holds about one pass's working memory, not eight (it held all of them at once)."""
     bucket = tokenized_bucket(n_docs=400, seed=3)
     monkeypatch.setattr(memory, "PENDING_ROW_BYTES", 1)  # send after every pass
-    peaks = {d: held_rows_peak(MakeInstances(config(tmp_path, dupe_factor=d), 2), bucket)
-             for d in (1, 8)}  # fmt: skip
+    peaks = {
+        d: held_rows_peak(MakeInstances(config(tmp_path, dupe_factor=d), 2), bucket) for d in (1, 8)
+    }
     assert peaks[8] < 2 * peaks[1], peaks
     # The rows are the same however they are sent.
     make = MakeInstances(config(tmp_path, dupe_factor=3), 2)
@@ -255,8 +292,7 @@ def test_a_spool_sends_references_and_the_writer_reads_the_same_rows(tmp_path):
 
 
 @pytest.mark.parametrize("ranges", [1, 3, 13, 29])
-def test_a_write_group_is_written_range_by_range_with_the_same_bytes(tmp_path, monkeypatch,
-                                                                     ranges):  # fmt: skip
+def test_a_write_group_is_written_range_by_range_with_the_same_bytes(tmp_path, monkeypatch, ranges):
     """Sorted and encoded one key range at a time (memory.RANGE_BYTES), a shard, or a part
     of one, has the bytes and statistics of all its rows encoded at once:
     the last rows of a range are carried into the next. 13 and 29 ranges broke the bytes when
@@ -270,8 +306,9 @@ def test_a_write_group_is_written_range_by_range_with_the_same_bytes(tmp_path, m
     assert len(list(key_ranges(blocks, 1, 0))) == ranges
     schema = shard_format.shard_schema(len(VOCAB), 16)
     mask_id = VOCAB.index("[MASK]")
-    size, sha256, stats = write_sorted(str(tmp_path / "whole"), key_ranges(blocks, 1, 0), VOCAB,
-                                       cfg, whole=True)  # fmt: skip
+    size, sha256, stats = write_sorted(
+        str(tmp_path / "whole"), key_ranges(blocks, 1, 0), VOCAB, cfg, whole=True
+    )
     whole = (tmp_path / "whole").read_bytes()
     assert whole == shard_writer.encode_shard(rows.columns(), schema)
     assert size == len(whole) and sha256 == hashlib.sha256(whole).hexdigest()
@@ -316,8 +353,17 @@ def test_steps_on_a_test_pipeline(corpus):
         assert_that(doc_ids, equal_to(ids), label="ids")
         assert_that(counts, equal_to([(("skipped", "invalid_utf8_line"), 1)]), label="counts")
         words = documents | CountWords(do_lower_case=True)
-        expected = {"the": 2, "river": 1, "runs": 1, ".": 4, "city": 1, "old": 1, "north": 1,
-                    "a": 1, "b": 1}  # fmt: skip
+        expected = {
+            "the": 2,
+            "river": 1,
+            "runs": 1,
+            ".": 4,
+            "city": 1,
+            "old": 1,
+            "north": 1,
+            "a": 1,
+            "b": 1,
+        }
         assert_that(words, equal_to([expected]), label="words")
 
 
@@ -327,10 +373,7 @@ def test_buckets_and_writers_on_a_test_pipeline(tmp_path):
     num_shards = 2  # fewer than 16: each shard is written in parts, then joined
     batch = tokenized_bucket(n_docs=30)
     with beam_pipeline() as p:
-        groups = (
-            p | beam.Create([batch])
-            | beam.FlatMap(split_into_groups, 30, len(batch.ids), cfg)
-        )  # fmt: skip
+        groups = p | beam.Create([batch]) | beam.FlatMap(split_into_groups, 30, len(batch.ids), cfg)
         sizes = groups | beam.Map(lambda kv: len(kv[1].doc_ids)) | beam.CombineGlobally(sum)
         assert_that(sizes, equal_to([30]), label="all documents bucketed")
         made = (
@@ -340,8 +383,9 @@ def test_buckets_and_writers_on_a_test_pipeline(tmp_path):
                 BUCKET_SIZES, main="rows"
             )
         )
-        assert_that(made[BUCKET_SIZES], equal_to(bucket_sizes_of(batch, 30, cfg)),
-                    label="bucket sizes")  # fmt: skip
+        assert_that(
+            made[BUCKET_SIZES], equal_to(bucket_sizes_of(batch, 30, cfg)), label="bucket sizes"
+        )
         entries = (
             made.rows
             | "GroupShards" >> beam.GroupByKey()
@@ -410,8 +454,9 @@ def test_batches_cross_a_shuffle_compactly_and_unchanged(joins):
     parts one by one, and come back equal, lone surrogates and empty batches included."""
     coder = typecoders.registry.get_coder(object)
     words = " ".join(WORDS * 3)  # documents of ~100 kB in all: compressed (from 64 KiB)
-    documents = [[f"Sentence {i} of document {d}: {words}." for i in range(1 + d % 5)]
-                 for d in range(300)]  # fmt: skip
+    documents = [
+        [f"Sentence {i} of document {d}: {words}." for i in range(1 + d % 5)] for d in range(300)
+    ]
     documents[7] = ["A lone surrogate \ud800 from a JSON escape.", "Tab\tand NUL\x00 stay."]
     batch = DocumentBatch([content_id(d) for d in documents], documents)
     for value in (batch, DocumentBatch([], [])):

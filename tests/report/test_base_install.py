@@ -40,16 +40,30 @@ def test_summary_plots_and_stats_plots_run_without_the_training_stack(small_shar
         }
         for s in (50, 100)
     ]
-    records.append({"step": 100, "split": "eval", "rows": 800, "mlm_accuracy": 0.31,
-                    "nsp_accuracy": 0.7, "mlm_baseline_accuracy": 0.06,
-                    "nsp_baseline_accuracy": 0.6})  # fmt: skip
+    records.append(
+        {
+            "step": 100,
+            "split": "eval",
+            "rows": 800,
+            "mlm_accuracy": 0.31,
+            "nsp_accuracy": 0.7,
+            "mlm_baseline_accuracy": 0.06,
+            "nsp_baseline_accuracy": 0.6,
+        }
+    )
     (tmp_path / "train" / "metrics.jsonl").write_text(
         "".join(json.dumps(r) + "\n" for r in records)
     )
-    (tmp_path / "stages.jsonl").write_text('{"start": 0, "deadline_s": 900}\n'
-                                           '{"stage": "setup", "seconds": 2.0}\n')  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", RUN_REPORTS, str(tmp_path), str(small_shards),
-                           *STACK], cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
+    (tmp_path / "stages.jsonl").write_text(
+        '{"start": 0, "deadline_s": 900}\n{"stage": "setup", "seconds": 2.0}\n'
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", RUN_REPORTS, str(tmp_path), str(small_shards), *STACK],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "loaded: []" in done.stdout
     assert "  MLM accuracy 0.310 (most-frequent-token baseline 0.060, +0.250)" in done.stdout

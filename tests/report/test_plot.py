@@ -22,13 +22,29 @@ BASELINES = {"mlm_baseline_accuracy": 0.06, "nsp_baseline_accuracy": 0.52, "mlm_
 def make_records(steps=20, baselines=True) -> list[dict]:
     records = []
     for s in range(1, steps + 1):
-        records.append({"step": s, "split": "train", "loss": 10 - s * 0.2, "mlm_loss": 9 - s * 0.2,
-                        "nsp_loss": 0.7, "mlm_accuracy": s / 40, "nsp_accuracy": 0.5 + s / 100,
-                        "lr": 1e-4 * s / steps, "sequences_per_s": 30.0, "tokens_per_s": 3000.0,
-                        "mfu": None})  # fmt: skip
+        records.append(
+            {
+                "step": s,
+                "split": "train",
+                "loss": 10 - s * 0.2,
+                "mlm_loss": 9 - s * 0.2,
+                "nsp_loss": 0.7,
+                "mlm_accuracy": s / 40,
+                "nsp_accuracy": 0.5 + s / 100,
+                "lr": 1e-4 * s / steps,
+                "sequences_per_s": 30.0,
+                "tokens_per_s": 3000.0,
+                "mfu": None,
+            }
+        )
         if s % 10 == 0:
-            evaluation = {"step": s, "split": "eval", "mlm_accuracy": s / 50, "nsp_accuracy": 0.6,
-                          "mlm_loss": 8 - s * 0.1}  # fmt: skip
+            evaluation = {
+                "step": s,
+                "split": "eval",
+                "mlm_accuracy": s / 50,
+                "nsp_accuracy": 0.6,
+                "mlm_loss": 8 - s * 0.1,
+            }
             records.append({**evaluation, **(BASELINES if baselines else {})})
     return records
 
@@ -102,13 +118,22 @@ def test_missing_or_empty_metrics_fail_clearly(tmp_path, content, caplog):
 
 def epoch_lines(fig) -> list[float]:
     """Steps of the dotted epoch-end lines over every axes of the figure."""
-    return [line.get_xdata()[0] for ax in fig.axes for line in ax.get_lines()
-            if line.get_linestyle() == ":" and len(set(line.get_xdata())) == 1]  # fmt: skip
+    return [
+        line.get_xdata()[0]
+        for ax in fig.axes
+        for line in ax.get_lines()
+        if line.get_linestyle() == ":" and len(set(line.get_xdata())) == 1
+    ]
 
 
 def test_epoch_ends_are_interpolated_between_records():
-    train = [{"step": 100, "epoch": 0.8}, {"step": 150, "epoch": 1.2}, {"step": 200, "epoch": 1.6},
-             {"step": 300, "epoch": 2.4}, {"step": 400, "epoch": 3.2}]  # fmt: skip
+    train = [
+        {"step": 100, "epoch": 0.8},
+        {"step": 150, "epoch": 1.2},
+        {"step": 200, "epoch": 1.6},
+        {"step": 300, "epoch": 2.4},
+        {"step": 400, "epoch": 3.2},
+    ]
     ends = epoch_ends(train)
     assert [k for k, _ in ends] == [1, 2, 3]
     assert [step for _, step in ends] == pytest.approx([125.0, 250.0, 375.0])
@@ -126,8 +151,9 @@ def test_plots_are_titled_by_what_they_show_and_the_legend_is_off_the_lines():
         assert legend.get_window_extent().x0 >= ax.get_window_extent().x1
 
 
-@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
-                    reason="trains first: needs the train extra")  # fmt: skip
+@pytest.mark.skipif(
+    importlib.util.find_spec("deepspeed") is None, reason="trains first: needs the train extra"
+)
 def test_epoch_markers_sit_where_a_test_runs_epochs_end(small_shards, tmp_path):
     """A real run of several epochs: each marker is at the step whose data position crosses
     a multiple of the shards' rows, on both the loss and the accuracy plot."""

@@ -18,9 +18,14 @@ def write(path, *records, torn=False):
 
 
 def test_a_kept_deadline_lists_each_stage_the_total_and_the_budgets_origin(tmp_path):
-    path = write(tmp_path / "stages.jsonl", {"start": 1000.0, "deadline_s": 900},
-                 {"stage": "setup", "seconds": 2.0}, PLAN, {"stage": "train", "seconds": 600.0},
-                 torn=True)  # fmt: skip
+    path = write(
+        tmp_path / "stages.jsonl",
+        {"start": 1000.0, "deadline_s": 900},
+        {"stage": "setup", "seconds": 2.0},
+        PLAN,
+        {"stage": "train", "seconds": 600.0},
+        torn=True,
+    )
     lines = stage_lines(path, now=1880.0)
     assert lines == [
         f"stage times ({path}):",
@@ -35,8 +40,12 @@ def test_a_kept_deadline_lists_each_stage_the_total_and_the_budgets_origin(tmp_p
 
 def test_a_missed_deadline_is_a_warning_and_train_minutes_is_named(tmp_path):
     plan = {**PLAN, "plan": "TRAIN_MINUTES", "budget_s": 660.0}
-    path = write(tmp_path / "stages.jsonl", {"start": 0.0, "deadline_s": 900}, plan,
-                 {"stage": "train", "seconds": 700.0})  # fmt: skip
+    path = write(
+        tmp_path / "stages.jsonl",
+        {"start": 0.0, "deadline_s": 900},
+        plan,
+        {"stage": "train", "seconds": 700.0},
+    )
     lines = stage_lines(path, now=1000.0)
     assert lines[1] == "  train        700.0 s  budget 660.0 s (TRAIN_MINUTES)"
     assert "WARNING: past the 900 s deadline by 100.0 s" in lines[2]
@@ -45,8 +54,9 @@ def test_a_missed_deadline_is_a_warning_and_train_minutes_is_named(tmp_path):
 def test_no_file_no_lines_and_no_start_one_line(tmp_path):
     assert stage_lines(tmp_path / "stages.jsonl") == []
     path = write(tmp_path / "stages.jsonl", {"stage": "setup", "seconds": 1.0})
-    assert stage_lines(path) == [f"stage times: {path} has no start record (scripts/stage.sh "
-                                 "writes it first)"]  # fmt: skip
+    assert stage_lines(path) == [
+        f"stage times: {path} has no start record (scripts/stage.sh writes it first)"
+    ]
 
 
 def test_stage_sh_writes_what_the_summary_reads(tmp_path):

@@ -7,16 +7,35 @@ import pytest
 
 from report.summary import main, overfitting, summary_lines
 
-TRAIN = [{"step": s, "split": "train", "loss": 9.0 - s / 1000, "mlm_accuracy": 0.1,
-          "nsp_accuracy": 0.6, "sequences_per_s": 40.0 + s / 100, "tokens_per_s": 3000.0}
-         for s in (500, 1000, 1500)]  # fmt: skip
-BASELINES = {"mlm_baseline_accuracy": 0.061, "nsp_baseline_accuracy": 0.512,
-             "mlm_unigram_loss": 6.31}  # fmt: skip
+TRAIN = [
+    {
+        "step": s,
+        "split": "train",
+        "loss": 9.0 - s / 1000,
+        "mlm_accuracy": 0.1,
+        "nsp_accuracy": 0.6,
+        "sequences_per_s": 40.0 + s / 100,
+        "tokens_per_s": 3000.0,
+    }
+    for s in (500, 1000, 1500)
+]
+BASELINES = {
+    "mlm_baseline_accuracy": 0.061,
+    "nsp_baseline_accuracy": 0.512,
+    "mlm_unigram_loss": 6.31,
+}
 
 
 def evaluation(mlm, nsp, **extra):
-    return {"step": 1500, "split": "eval", "mlm_accuracy": mlm, "nsp_accuracy": nsp,
-            "mlm_loss": 4.2, "rows": 800, **extra}  # fmt: skip
+    return {
+        "step": 1500,
+        "split": "eval",
+        "mlm_accuracy": mlm,
+        "nsp_accuracy": nsp,
+        "mlm_loss": 4.2,
+        "rows": 800,
+        **extra,
+    }
 
 
 def test_a_model_that_learned_gets_each_baseline_beside_its_accuracy_and_a_success_line():
@@ -29,8 +48,10 @@ def test_a_model_that_learned_gets_each_baseline_beside_its_accuracy_and_a_succe
     assert lines[0] == "throughput:  52.5 sequences/s, 3000 real tokens/s"  # steps 1000, 1500
 
 
-@pytest.mark.parametrize(("mlm", "nsp", "named"),
-                         [(0.07, 0.7, "MLM"), (0.312, 0.55, "NSP"), (0.061, 0.512, "MLM or NSP")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("mlm", "nsp", "named"),
+    [(0.07, 0.7, "MLM"), (0.312, 0.55, "NSP"), (0.061, 0.512, "MLM or NSP")],
+)
 def test_a_plateau_gives_a_loud_warning_instead_of_success(mlm, nsp, named):
     lines = summary_lines([*TRAIN, evaluation(mlm, nsp, **BASELINES)])
     text = "\n".join(lines)
@@ -66,15 +87,26 @@ def test_main_prints_a_quickstarts_paths_and_metrics(tmp_path, capsys):
     assert main([str(tmp_path / "nothing")]) == 1
 
 
-@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
-                    reason="trains first: needs the train extra")  # fmt: skip
+@pytest.mark.skipif(
+    importlib.util.find_spec("deepspeed") is None, reason="trains first: needs the train extra"
+)
 def test_a_plain_trainer_output_dir_is_summarised(small_shards, tmp_path, capsys):
     """``trainer/run.py --output-dir OUT`` writes OUT/metrics.jsonl (no train/ below it)."""
     from tests.helpers import args
     from trainer.run import main as train
 
-    extra = ["--max-steps", "2", "--log-every", "1", "--save-every", "0",
-             "--eval-data", str(small_shards), "--eval-every", "2"]  # fmt: skip
+    extra = [
+        "--max-steps",
+        "2",
+        "--log-every",
+        "1",
+        "--save-every",
+        "0",
+        "--eval-data",
+        str(small_shards),
+        "--eval-every",
+        "2",
+    ]
     assert train(args(tmp_path, small_shards, *extra)) == 0
     out = tmp_path / "out"
     capsys.readouterr()
@@ -92,9 +124,20 @@ def test_a_plain_trainer_output_dir_is_summarised(small_shards, tmp_path, capsys
 
 def losses(mlm, nsp, **accuracies):
     """Eval records at steps 500, 1000, ... with these held-out losses."""
-    return [{"step": 500 * (i + 1), "split": "eval", "mlm_accuracy": 0.3, "nsp_accuracy": 0.8,
-             "mlm_loss": m, "nsp_loss": n, "rows": 800, **BASELINES, **accuracies}
-            for i, (m, n) in enumerate(zip(mlm, nsp, strict=True))]  # fmt: skip
+    return [
+        {
+            "step": 500 * (i + 1),
+            "split": "eval",
+            "mlm_accuracy": 0.3,
+            "nsp_accuracy": 0.8,
+            "mlm_loss": m,
+            "nsp_loss": n,
+            "rows": 800,
+            **BASELINES,
+            **accuracies,
+        }
+        for i, (m, n) in enumerate(zip(mlm, nsp, strict=True))
+    ]
 
 
 def test_a_rising_held_out_loss_is_called_overfitting_with_what_to_do():
@@ -144,9 +187,14 @@ def test_the_corpus_and_a_second_held_out_set_are_printed(tmp_path, capsys):
     (tmp_path / "train" / "metrics.jsonl").write_text(lines)
     second = evaluation(0.35, 0.75, **BASELINES)
     (tmp_path / "eval2" / "metrics.jsonl").write_text(json.dumps(second) + "\n")
-    manifest = {"bytes": 17_500_000, "sha256": "ab" * 32,
-                "sources": [{"name": "python-docstrings", "version": "3.11.7"},
-                            {"name": "numpy", "version": "2.4.6"}]}  # fmt: skip
+    manifest = {
+        "bytes": 17_500_000,
+        "sha256": "ab" * 32,
+        "sources": [
+            {"name": "python-docstrings", "version": "3.11.7"},
+            {"name": "numpy", "version": "2.4.6"},
+        ],
+    }
     (tmp_path / "corpus" / "corpus.json").write_text(json.dumps(manifest))
     assert main([str(tmp_path)]) == 0
     out = capsys.readouterr().out

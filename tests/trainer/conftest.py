@@ -27,7 +27,8 @@ def zero2_files(tmp_path_factory):
 def straight_run(zero2_files, small_shards):
     """Two ranks, 14 steps, a checkpoint every 4, without interruption; returns the launch
     result (its output: ``zero2_files / "straight"``)."""
-    done = launch(zero2_files, small_shards, zero2_files / "straight", steps=STRAIGHT_STEPS,
-                  save_every=4)  # fmt: skip
+    done = launch(
+        zero2_files, small_shards, zero2_files / "straight", steps=STRAIGHT_STEPS, save_every=4
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return done

@@ -25,8 +25,10 @@ def test_saves_cut_short_are_removed_and_complete_ones_kept(tmp_path):
     (checkpoints / checkpoint.LATEST).write_text("step00000002")
     assert checkpoint.remove_incomplete(str(tmp_path)) == ["step00000004"]
     assert sorted(p.name for p in checkpoints.iterdir()) == [
-        "latest", "step00000002", "step00000002_universal",
-    ]  # fmt: skip
+        "latest",
+        "step00000002",
+        "step00000002_universal",
+    ]
     assert checkpoint.remove_incomplete(str(tmp_path / "elsewhere")) == []
 
 
@@ -38,7 +40,9 @@ def test_a_resume_without_room_for_its_next_checkpoint_is_refused(tmp_path, monk
     with pytest.raises(OSError) as raised:
         checkpoint.check_free_space(str(checkpoints), "step00000002", str(tmp_path))
     assert raised.value.errno == errno.ENOSPC
-    assert f"{checkpoints} has 1.0 MiB free, less than the 3.0 MiB of the checkpoint " \
-        "step00000002" in str(raised.value)  # fmt: skip
+    assert (
+        f"{checkpoints} has 1.0 MiB free, less than the 3.0 MiB of the checkpoint "
+        "step00000002" in str(raised.value)
+    )
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(0, 0, 4 * 2**20))
     checkpoint.check_free_space(str(checkpoints), "step00000002", str(tmp_path))

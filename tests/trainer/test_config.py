@@ -23,11 +23,18 @@ def test_defaults_json_file_then_flags(tmp_path):
     assert parse_args([*REQUIRED, "--skip-corrupt"]).skip_corrupt  # a bare bool flag is true
     assert not parse_args([*REQUIRED, "--unpad", "off"]).unpad
     # Everything, the required options and bools included, can come from the file.
-    config_file.write_text(json.dumps({"ds_config": "ds.json", "data": "d", "output_dir": "o",
-                                       "unpad": False, "max_steps": 7}))  # fmt: skip
+    config_file.write_text(
+        json.dumps(
+            {"ds_config": "ds.json", "data": "d", "output_dir": "o", "unpad": False, "max_steps": 7}
+        )
+    )
     config = parse_args(["--config", str(config_file), "--data", "shards"])
-    assert (config.data, config.output_dir, config.unpad, config.max_steps) == ("shards", "o",
-                                                                                False, 7)  # fmt: skip
+    assert (config.data, config.output_dir, config.unpad, config.max_steps) == (
+        "shards",
+        "o",
+        False,
+        7,
+    )
 
 
 def test_bad_flag_values_exit_2_naming_the_flag(capsys):
@@ -41,8 +48,11 @@ def test_bad_flag_values_exit_2_naming_the_flag(capsys):
 def test_unknown_key_missing_option_and_bad_value_are_named(tmp_path):
     config_file = tmp_path / "run.json"
     config_file.write_text(json.dumps({"max_stpes": 200}))
-    with pytest.raises(ValueError, match=r"run.json: unknown key\(s\) \['max_stpes'\] "
-                       r"\(did you mean 'max_steps'\?\)"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"run.json: unknown key\(s\) \['max_stpes'\] "
+        r"\(did you mean 'max_steps'\?\)",
+    ):
         parse_args([*REQUIRED, "--config", str(config_file)])
     config_file.write_text('{"max_steps": 200,}')
     with pytest.raises(ValueError, match=r"--config .*run.json: not valid JSON"):
@@ -88,8 +98,11 @@ def test_batch_sizes_that_do_not_fit_the_world_are_refused(ds, world):
 
 
 def test_warmup_decay_length_defaults_to_max_steps():
-    ds = {"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True},
-          "scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": "auto"}}}  # fmt: skip
+    ds = {
+        "train_micro_batch_size_per_gpu": 2,
+        "bf16": {"enabled": True},
+        "scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": "auto"}},
+    }
     resolved, _ = resolve_ds_config(ds, 1, 77, where="x")
     assert resolved["scheduler"]["params"]["total_num_steps"] == 77
     assert ds["scheduler"]["params"]["total_num_steps"] == "auto"  # the input is not modified
@@ -143,8 +156,10 @@ def test_resume_in_another_precision_is_refused(tmp_path):
     )
 
 
-@pytest.mark.parametrize("flag, value", [("--dropout", "1.0"), ("--dropout", "-0.1"),
-                                         ("--max-minutes", "0"), ("--max-steps", "0")])  # fmt: skip
+@pytest.mark.parametrize(
+    "flag, value",
+    [("--dropout", "1.0"), ("--dropout", "-0.1"), ("--max-minutes", "0"), ("--max-steps", "0")],
+)
 def test_out_of_range_run_options_are_refused(flag, value):
     with pytest.raises(ValueError, match=flag):
         parse_args([*REQUIRED, flag, value])

@@ -21,16 +21,34 @@ def stream(path, **spec) -> PretrainingStream:
 
 def test_collate_pads_to_a_multiple_of_8_and_max_predictions():
     rows = [
-        ({"input_ids": np.array([2, 9, 4, 3, 7, 3], np.uint16), "segment_ids": np.array([0, 0, 0, 0, 1, 1], np.uint8),
-          "masked_lm_positions": np.array([2], np.uint8), "masked_lm_ids": np.array([11], np.uint16)}, 1),
-        ({"input_ids": np.arange(2, 13, dtype=np.uint16), "segment_ids": np.zeros(11, np.uint8),
-          "masked_lm_positions": np.array([1, 5], np.uint8), "masked_lm_ids": np.array([8, 9], np.uint16)}, 0),
-    ]  # fmt: skip
+        (
+            {
+                "input_ids": np.array([2, 9, 4, 3, 7, 3], np.uint16),
+                "segment_ids": np.array([0, 0, 0, 0, 1, 1], np.uint8),
+                "masked_lm_positions": np.array([2], np.uint8),
+                "masked_lm_ids": np.array([11], np.uint16),
+            },
+            1,
+        ),
+        (
+            {
+                "input_ids": np.arange(2, 13, dtype=np.uint16),
+                "segment_ids": np.zeros(11, np.uint8),
+                "masked_lm_positions": np.array([1, 5], np.uint8),
+                "masked_lm_ids": np.array([8, 9], np.uint16),
+            },
+            0,
+        ),
+    ]
     batch = collate(rows, max_predictions=4, pad_id=0)
     assert {k: tuple(v.shape) for k, v in batch.items()} == {
-        "input_ids": (2, 16), "segment_ids": (2, 16), "attention_mask": (2, 16),
-        "masked_lm_positions": (2, 4), "masked_lm_ids": (2, 4), "next_sentence_label": (2,),
-    }  # fmt: skip
+        "input_ids": (2, 16),
+        "segment_ids": (2, 16),
+        "attention_mask": (2, 16),
+        "masked_lm_positions": (2, 4),
+        "masked_lm_ids": (2, 4),
+        "next_sentence_label": (2,),
+    }
     assert all(v.dtype == torch.int64 for v in batch.values())
     assert batch["input_ids"][0].tolist() == [2, 9, 4, 3, 7, 3] + [0] * 10
     assert batch["attention_mask"].sum(1).tolist() == [6, 11]
@@ -44,10 +62,12 @@ def test_collate_pads_to_a_multiple_of_8_and_max_predictions():
 
 
 def good_row(**changes):
-    row = {"input_ids": np.array([2, 9, 4, 3, 7, 3], np.uint16),
-           "segment_ids": np.array([0, 0, 0, 0, 1, 1], np.uint8),
-           "masked_lm_positions": np.array([2], np.uint8),
-           "masked_lm_ids": np.array([11], np.uint16)}  # fmt: skip
+    row = {
+        "input_ids": np.array([2, 9, 4, 3, 7, 3], np.uint16),
+        "segment_ids": np.array([0, 0, 0, 0, 1, 1], np.uint8),
+        "masked_lm_positions": np.array([2], np.uint8),
+        "masked_lm_ids": np.array([11], np.uint16),
+    }
     label = changes.pop("label", 0)
     return {**row, **{k: np.array(v) for k, v in changes.items()}}, label
 
@@ -55,13 +75,25 @@ def good_row(**changes):
 @pytest.mark.parametrize(
     ("row", "match"),
     [
-        (good_row(input_ids=[2, 9, 200, 3, 7, 3]), r"input_ids values must be in \[0, 200\), got 200 in row 1"),
-        (good_row(segment_ids=[0, 0, 2, 0, 1, 1]), r"segment_ids values must be in \[0, 2\), got 2 in row 1"),
-        (good_row(masked_lm_positions=[6]), r"masked_lm_positions values must be in \[0, 6 \(the row's length\)\), got 6"),
-        (good_row(masked_lm_ids=[250]), r"masked_lm_ids values must be in \[0, 200\), got 250 in row 1"),
+        (
+            good_row(input_ids=[2, 9, 200, 3, 7, 3]),
+            r"input_ids values must be in \[0, 200\), got 200 in row 1",
+        ),
+        (
+            good_row(segment_ids=[0, 0, 2, 0, 1, 1]),
+            r"segment_ids values must be in \[0, 2\), got 2 in row 1",
+        ),
+        (
+            good_row(masked_lm_positions=[6]),
+            r"masked_lm_positions values must be in \[0, 6 \(the row's length\)\), got 6",
+        ),
+        (
+            good_row(masked_lm_ids=[250]),
+            r"masked_lm_ids values must be in \[0, 200\), got 250 in row 1",
+        ),
         (good_row(label=2), r"next_sentence_label values must be in \[0, 2\), got 2 in row 1"),
     ],
-)  # fmt: skip
+)
 def test_collate_names_a_value_out_of_range(row, match):
     """The values the model no longer checks on the device (model/bert.py) are checked here."""
     with pytest.raises(ValueError, match=match):

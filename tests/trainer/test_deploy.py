@@ -21,8 +21,14 @@ from trainer.run import main
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-TINY = BertConfig(vocab_size=200, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                  intermediate_size=64, max_position_embeddings=64)  # fmt: skip
+TINY = BertConfig(
+    vocab_size=200,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=64,
+    max_position_embeddings=64,
+)
 
 
 @pytest.mark.parametrize("name", ["zero2.json", "zero2_phase2.json", "zero3.json"])
@@ -52,9 +58,24 @@ def test_gpu_configs_run_on_cpu_with_small_batches(name, tiny_shards, tmp_path):
     ds.update(train_batch_size=4, train_micro_batch_size_per_gpu=2)
     (tmp_path / "ds.json").write_text(json.dumps(ds))
     TINY.to_json(tmp_path / "model.json")
-    argv = ["--ds-config", str(tmp_path / "ds.json"), "--data", str(tiny_shards),
-            "--model", str(tmp_path / "model.json"), "--output-dir", str(tmp_path / "out"),
-            "--max-steps", "2", "--log-every", "1", "--num-workers", "0", "--export-hf", "false"]  # fmt: skip
+    argv = [
+        "--ds-config",
+        str(tmp_path / "ds.json"),
+        "--data",
+        str(tiny_shards),
+        "--model",
+        str(tmp_path / "model.json"),
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--max-steps",
+        "2",
+        "--log-every",
+        "1",
+        "--num-workers",
+        "0",
+        "--export-hf",
+        "false",
+    ]
     assert main(argv) == 0
     records = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2] and records[-1]["samples"] == 8
@@ -76,14 +97,23 @@ def test_gpu_bench_runs_every_stage_on_cpu(tmp_path):
     bare model steps); each stage's line is written, and the results table."""
     env = {k: v for k, v in os.environ.items() if k not in ("WORK", "STAGES", "NUM_GPUS")}
     env.update(DEVICE="cpu", OUT=str(tmp_path), OMP_NUM_THREADS="1")
-    done = subprocess.run(["bash", str(DEPLOY / "gpu_bench.sh")], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        ["bash", str(DEPLOY / "gpu_bench.sh")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     res = tmp_path / "gpu_bench"
     stages = [json.loads(line) for line in (res / "stages.jsonl").read_text().splitlines()]
     assert [(s["stage"], s["ok"]) for s in stages] == [
-        ("import", True), ("smoke", True), ("correctness", True), ("speed", True)
-    ]  # fmt: skip
+        ("import", True),
+        ("smoke", True),
+        ("correctness", True),
+        ("speed", True),
+    ]
     checks = [json.loads(line) for line in (res / "correctness.jsonl").read_text().splitlines()]
     assert [c["ok"] for c in checks] == [True] and checks[0]["steps"] >= 6
     runs = [json.loads(line) for line in (res / "results.jsonl").read_text().splitlines()]
@@ -133,14 +163,32 @@ def test_gpu_bench_shards_are_google_like(tmp_path):
 
 def test_gpu_bench_summary_drops_the_first_window_and_table_has_the_ratio(tmp_path):
     records = [
-        {"step": 25, "loss": 9.0, "sequences_per_s": 10.0, "tokens_per_s": 1280.0,
-         "tflops_per_s": 1.0, "mfu": 0.1},
-        {"step": 50, "loss": 8.0, "sequences_per_s": 100.0, "tokens_per_s": 12800.0,
-         "tflops_per_s": 50.0, "mfu": 0.4},
+        {
+            "step": 25,
+            "loss": 9.0,
+            "sequences_per_s": 10.0,
+            "tokens_per_s": 1280.0,
+            "tflops_per_s": 1.0,
+            "mfu": 0.1,
+        },
+        {
+            "step": 50,
+            "loss": 8.0,
+            "sequences_per_s": 100.0,
+            "tokens_per_s": 12800.0,
+            "tflops_per_s": 50.0,
+            "mfu": 0.4,
+        },
         {"step": 50, "split": "eval", "mlm_loss": 7.0},
-        {"step": 75, "loss": 7.5, "sequences_per_s": 120.0, "tokens_per_s": 15360.0,
-         "tflops_per_s": 60.0, "mfu": 0.5},
-    ]  # fmt: skip
+        {
+            "step": 75,
+            "loss": 7.5,
+            "sequences_per_s": 120.0,
+            "tokens_per_s": 15360.0,
+            "tflops_per_s": 60.0,
+            "mfu": 0.5,
+        },
+    ]
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     meta = {"preset": "base", "seq": 128, "micro": 128, "gpus": 1}
@@ -172,8 +220,14 @@ def test_slurm_script_starts_one_no_ssh_launcher_per_node_from_one_hostfile(tmp_
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "activate").write_text("")
     out = tmp_path / "run"
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "VENV": str(venv), "OUT": str(out),
-           "SLURM_JOB_NODELIST": "gpu-a,gpu-b", "SLURM_NNODES": "2", "SLURM_JOB_ID": "77"}  # fmt: skip
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "VENV": str(venv),
+        "OUT": str(out),
+        "SLURM_JOB_NODELIST": "gpu-a,gpu-b",
+        "SLURM_NNODES": "2",
+        "SLURM_JOB_ID": "77",
+    }
     subprocess.run(["bash", str(DEPLOY / "slurm.sbatch")], env=env, check=True, timeout=30)
     hostfile = out / "hostfile-77"
     assert hostfile.read_text() == "gpu-a slots=8\ngpu-b slots=8\n"
@@ -196,15 +250,23 @@ def test_wheelhouse_for_this_machine_holds_deepspeed_and_its_needs_but_not_torch
     from importlib.metadata import requires
 
     out = tmp_path / "wheels"
-    done = subprocess.run(["bash", str(DEPLOY / "wheelhouse.sh"), str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        ["bash", str(DEPLOY / "wheelhouse.sh"), str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     wheels = {
         re.sub(r"[-_.]+", "-", w.name.split("-")[0]).lower(): w.name for w in out.glob("*.whl")
     }
     assert wheels["deepspeed"].endswith("-py3-none-any.whl")
-    needed = {re.split(r"[<>=!~;\[ ]", r, maxsplit=1)[0].lower().replace("_", "-")
-              for r in requires("deepspeed") if "extra ==" not in r}  # fmt: skip
+    needed = {
+        re.split(r"[<>=!~;\[ ]", r, maxsplit=1)[0].lower().replace("_", "-")
+        for r in requires("deepspeed")
+        if "extra ==" not in r
+    }
     assert needed - {"torch"} <= set(wheels), needed - set(wheels)
     assert not {"torch", "triton"} & set(wheels)
     assert not [name for name in wheels if name.startswith("nvidia-")]

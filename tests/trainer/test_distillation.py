@@ -25,8 +25,14 @@ from trainer.distillation import (
 )
 from trainer.run import main
 
-TINY = {"vocab_size": 200, "hidden_size": 32, "num_hidden_layers": 4, "num_attention_heads": 2,
-        "intermediate_size": 64, "max_position_embeddings": 64}  # fmt: skip
+TINY = {
+    "vocab_size": 200,
+    "hidden_size": 32,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+    "max_position_embeddings": 64,
+}
 
 
 def tiny_batch(seed=0, rows=4, width=12):
@@ -36,15 +42,23 @@ def tiny_batch(seed=0, rows=4, width=12):
     input_ids = torch.randint(5, 200, (rows, width), generator=g) * mask
     positions = torch.tensor([[1, 3, 0], [2, 4, 5], [1, 0, 0], [3, 4, 0]])[:rows]
     ids = torch.randint(5, 200, positions.shape, generator=g).masked_fill(positions == 0, -100)
-    return {"input_ids": input_ids, "segment_ids": torch.zeros_like(input_ids),
-            "attention_mask": mask, "masked_lm_positions": positions, "masked_lm_ids": ids,
-            "next_sentence_label": torch.tensor([0, 1, 1, 0])[:rows]}  # fmt: skip
+    return {
+        "input_ids": input_ids,
+        "segment_ids": torch.zeros_like(input_ids),
+        "attention_mask": mask,
+        "masked_lm_positions": positions,
+        "masked_lm_ids": ids,
+        "next_sentence_label": torch.tensor([0, 1, 1, 0])[:rows],
+    }
 
 
 def model(seed, **overrides) -> BertForPreTraining:
     torch.manual_seed(seed)
-    return BertForPreTraining(BertConfig(**{**TINY, "hidden_dropout_prob": 0.0,
-                                            "attention_probs_dropout_prob": 0.0, **overrides}))  # fmt: skip
+    return BertForPreTraining(
+        BertConfig(
+            **{**TINY, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, **overrides}
+        )
+    )
 
 
 def test_soft_target_kl_matches_a_hand_computation():
@@ -161,8 +175,9 @@ def test_student_init_copies_embeddings_the_chosen_layers_and_heads():
     for key, value in s.items():
         source = key.replace("encoder.layer.1.", "encoder.layer.3.")
         assert torch.equal(value, t[source]), key
-    assert not torch.equal(s["bert.encoder.layer.1.output.dense.weight"],
-                           t["bert.encoder.layer.1.output.dense.weight"])  # fmt: skip
+    assert not torch.equal(
+        s["bert.encoder.layer.1.output.dense.weight"], t["bert.encoder.layer.1.output.dense.weight"]
+    )
     with pytest.raises(ValueError, match=r"hidden_size 32 \(teacher\) != 64 \(student\)"):
         init_from_teacher(model(3, hidden_size=64, intermediate_size=64), teacher)
 
@@ -172,12 +187,15 @@ def test_distillation_flags_need_a_teacher():
     with pytest.raises(ValueError, match="--distill-temperature only apply with --teacher"):
         parse_args([*required, "--distill-temperature", "4"])
     with pytest.raises(ValueError, match="both 0"):
-        parse_args([*required, "--teacher", "t", "--distill-kl-weight", "0",
-                    "--distill-hard-weight", "0"])  # fmt: skip
+        parse_args(
+            [*required, "--teacher", "t", "--distill-kl-weight", "0", "--distill-hard-weight", "0"]
+        )
     config = parse_args([*required, "--teacher", "t", "--distill-nsp", "false"])
     assert (config.distill_nsp, config.distill_kl_weight, config.distill_cos_weight) == (
-        False, 5.0, None,
-    )  # fmt: skip
+        False,
+        5.0,
+        None,
+    )
 
 
 # --- trainer/run.py --teacher: one rank in this process ------------------------------------
@@ -195,10 +213,27 @@ def run_args(tmp: Path, shards: Path, teacher: Path, out: str, steps: int, *extr
     ds = ds_json(tmp, scheduler={"type": "WarmupLR", "params": constant})
     student = BertConfig(**{**TINY, "num_hidden_layers": 2, "hidden_dropout_prob": 0.1})
     (tmp / "student.json").write_text(json.dumps(student.to_dict()))
-    return ["--ds-config", ds, "--data", str(shards), "--model",
-            str(tmp / "student.json"), "--teacher", str(teacher), "--output-dir", str(tmp / out),
-            "--max-steps", str(steps), "--save-every", "3", "--log-every", "3",
-            "--num-workers", "0", *extra]  # fmt: skip
+    return [
+        "--ds-config",
+        ds,
+        "--data",
+        str(shards),
+        "--model",
+        str(tmp / "student.json"),
+        "--teacher",
+        str(teacher),
+        "--output-dir",
+        str(tmp / out),
+        "--max-steps",
+        str(steps),
+        "--save-every",
+        "3",
+        "--log-every",
+        "3",
+        "--num-workers",
+        "0",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -252,8 +287,11 @@ def test_the_teacher_stays_frozen_and_outside_deepspeed(distilled):
     for key, value in teacher.state_dict().items():
         assert torch.equal(value, reference[key]), key  # bit-identical after 6 steps
     # The checkpoint holds the student only: its weights, and its optimizer state.
-    ckpt = torch.load(tmp / "straight/checkpoints/step00000006/mp_rank_00_model_states.pt",
-                      map_location="cpu", weights_only=False)  # fmt: skip
+    ckpt = torch.load(
+        tmp / "straight/checkpoints/step00000006/mp_rank_00_model_states.pt",
+        map_location="cpu",
+        weights_only=False,
+    )
     student_keys = set(model(0, num_hidden_layers=2).state_dict())
     assert set(ckpt["module"]) == student_keys
     optimizer_params = sum(len(g["params"]) for g in ckpt["optimizer"]["param_groups"])

@@ -35,21 +35,34 @@ def test_valid_keys_outside_deploy_pass():
     ds = json.loads(ZERO3.read_text())
     del ds["zero_optimization"]["stage3_prefetch_bucket_size"]  # the alias of prefetch_bucket_size
     ds["zero_optimization"].update(  # a field's name and its alias, a nested model
-        prefetch_bucket_size=10, stage3_param_persistence_threshold=10,
+        prefetch_bucket_size=10,
+        stage3_param_persistence_threshold=10,
         offload_optimizer={"device": "cpu", "pin_memory": True},
-    )  # fmt: skip
+    )
     ds.update(
         bfloat16={"enabled": True},  # DeepSpeed's old name of bf16
         tensorboard={"enabled": True, "output_path": "tb", "job_name": "run"},
         checkpoint={"load_universal": True, "tag_validation": "Warn"},  # resume's key
         # CPU Adam (offloaded), with the keys the engine consumes itself
-        optimizer={"type": "adam", "params": {"lr": 1e-3, "adam_w_mode": False,
-                                               "fp32_optimizer_states": False, "adamw_mode": True}},
-        scheduler={"type": "WarmupCosineLR", "params": {"total_num_steps": 9, "cos_min_ratio": 0.1}},
-    )  # fmt: skip
+        optimizer={
+            "type": "adam",
+            "params": {
+                "lr": 1e-3,
+                "adam_w_mode": False,
+                "fp32_optimizer_states": False,
+                "adamw_mode": True,
+            },
+        },
+        scheduler={
+            "type": "WarmupCosineLR",
+            "params": {"total_num_steps": 9, "cos_min_ratio": 0.1},
+        },
+    )
     check_keys(ds, where="x.json")
-    torch_types = {"optimizer": {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}},
-                   "scheduler": {"type": "StepLR", "params": {"step_size": 10}}}  # fmt: skip
+    torch_types = {
+        "optimizer": {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}},
+        "scheduler": {"type": "StepLR", "params": {"step_size": 10}},
+    }
     check_keys({**ds, **torch_types}, where="x.json")
 
 
@@ -57,39 +70,76 @@ def test_valid_keys_outside_deploy_pass():
     ("path", "value", "message"),
     [
         ("gradient_cliping", 1.0, "unknown key gradient_cliping (did you mean gradient_clipping?)"),
-        ("zero_optimization.stage3_max_live_paramters", 1,
-         "unknown key zero_optimization.stage3_max_live_paramters "
-         "(did you mean stage3_max_live_parameters?)"),
-        ("zero_optimization.offload_optimizer", {"device": "cpu", "pin_memroy": True},
-         "unknown key zero_optimization.offload_optimizer.pin_memroy (did you mean pin_memory?)"),
-        ("zero_optimization.prefetch_bucket_size", 1,  # zero3.json has its alias: DeepSpeed refuses both
-         "zero_optimization.prefetch_bucket_size is also given as stage3_prefetch_bucket_size "
-         "(keep one)"),
+        (
+            "zero_optimization.stage3_max_live_paramters",
+            1,
+            "unknown key zero_optimization.stage3_max_live_paramters "
+            "(did you mean stage3_max_live_parameters?)",
+        ),
+        (
+            "zero_optimization.offload_optimizer",
+            {"device": "cpu", "pin_memroy": True},
+            "unknown key zero_optimization.offload_optimizer.pin_memroy (did you mean pin_memory?)",
+        ),
+        (
+            "zero_optimization.prefetch_bucket_size",
+            1,  # zero3.json has its alias: DeepSpeed refuses both
+            "zero_optimization.prefetch_bucket_size is also given as stage3_prefetch_bucket_size "
+            "(keep one)",
+        ),
         ("bf16.enable", True, "unknown key bf16.enable (did you mean enabled?)"),
-        ("zero_optimization.reduce_bucket_sise", "auto",  # "auto": DeepSpeed drops it unseen
-         "unknown key zero_optimization.reduce_bucket_sise (did you mean reduce_bucket_size?)"),
-        ("zero_optimization.offload_optimizer", {"device": "cpu", "buffer_cont": "auto"},
-         "unknown key zero_optimization.offload_optimizer.buffer_cont "
-         "(did you mean buffer_count?)"),
+        (
+            "zero_optimization.reduce_bucket_sise",
+            "auto",  # "auto": DeepSpeed drops it unseen
+            "unknown key zero_optimization.reduce_bucket_sise (did you mean reduce_bucket_size?)",
+        ),
+        (
+            "zero_optimization.offload_optimizer",
+            {"device": "cpu", "buffer_cont": "auto"},
+            "unknown key zero_optimization.offload_optimizer.buffer_cont "
+            "(did you mean buffer_count?)",
+        ),
         ("optimizer.typ", "AdamW", "unknown key optimizer.typ (did you mean type?)"),
-        ("optimizer.params.weight_decy", 0.1,
-         "unknown key optimizer.params.weight_decy "
-         "(FusedAdam takes no such argument; did you mean weight_decay?)"),
-        ("scheduler.params.warmup_num_step", 5,
-         "unknown key scheduler.params.warmup_num_step "
-         "(WarmupDecayLR takes no such argument; did you mean warmup_num_steps?)"),
-        ("optimizer.type", "AdamWW", "optimizer.type 'AdamWW' is not one DeepSpeed can build "
-                                     "(did you mean AdamW?)"),
-        ("scheduler.type", "WarmupDecay", "scheduler.type 'WarmupDecay' is not one DeepSpeed can "
-                                          "build (did you mean WarmupDecayLR?)"),
-        ("checkpoint.load_universl", True,
-         "unknown key checkpoint.load_universl (did you mean load_universal?)"),
-        ("load_universal_checkpoint", True,  # DeepSpeed's engine method, not a key
-         "unknown key load_universal_checkpoint (did you mean checkpoint.load_universal?)"),
-        ("optimizer.params.max_grad_norm", 1.0,
-         "optimizer.params.max_grad_norm: use the top-level gradient_clipping"),
+        (
+            "optimizer.params.weight_decy",
+            0.1,
+            "unknown key optimizer.params.weight_decy "
+            "(FusedAdam takes no such argument; did you mean weight_decay?)",
+        ),
+        (
+            "scheduler.params.warmup_num_step",
+            5,
+            "unknown key scheduler.params.warmup_num_step "
+            "(WarmupDecayLR takes no such argument; did you mean warmup_num_steps?)",
+        ),
+        (
+            "optimizer.type",
+            "AdamWW",
+            "optimizer.type 'AdamWW' is not one DeepSpeed can build (did you mean AdamW?)",
+        ),
+        (
+            "scheduler.type",
+            "WarmupDecay",
+            "scheduler.type 'WarmupDecay' is not one DeepSpeed can "
+            "build (did you mean WarmupDecayLR?)",
+        ),
+        (
+            "checkpoint.load_universl",
+            True,
+            "unknown key checkpoint.load_universl (did you mean load_universal?)",
+        ),
+        (
+            "load_universal_checkpoint",
+            True,  # DeepSpeed's engine method, not a key
+            "unknown key load_universal_checkpoint (did you mean checkpoint.load_universal?)",
+        ),
+        (
+            "optimizer.params.max_grad_norm",
+            1.0,
+            "optimizer.params.max_grad_norm: use the top-level gradient_clipping",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_typo_is_named_with_its_path_and_the_closest_key(path, value, message):
     with pytest.raises(ValueError, match=re.escape(message)) as err:
         check_keys(edited(path, value), where="--ds-config x.json")
@@ -123,9 +173,20 @@ def test_a_typo_stops_the_run_before_deepspeed_starts(tiny_shards, tmp_path, cap
     ds = cpu_ds(gradient_cliping=1.0, train_micro_batch_size_per_gpu=8)
     del ds["gradient_clipping"]
     (tmp_path / "ds.json").write_text(json.dumps(ds))
-    argv = ["--ds-config", str(tmp_path / "ds.json"), "--data", str(tiny_shards),
-            "--model", "tiny", "--output-dir", str(tmp_path / "out"), "--max-steps", "1",
-            "--num-workers", "0"]  # fmt: skip
+    argv = [
+        "--ds-config",
+        str(tmp_path / "ds.json"),
+        "--data",
+        str(tiny_shards),
+        "--model",
+        "tiny",
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--max-steps",
+        "1",
+        "--num-workers",
+        "0",
+    ]
     assert main(argv) == 2
     assert f"--ds-config {tmp_path / 'ds.json'}: unknown key gradient_cliping" in caplog.text
     assert "did you mean gradient_clipping?" in caplog.text

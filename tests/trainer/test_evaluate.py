@@ -18,8 +18,14 @@ from model import BertConfig, BertForPreTraining
 from model.bert import BertPreTrainingOutput
 from trainer.evaluate import baselines, evaluate
 
-TINY = BertConfig(vocab_size=200, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                  intermediate_size=64, max_position_embeddings=64)  # fmt: skip
+TINY = BertConfig(
+    vocab_size=200,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=64,
+    max_position_embeddings=64,
+)
 P = 5  # masked_lm_positions per row: 4 of 5 entries of each real row are padding
 UNIGRAM = -(0.75 * math.log(0.75) + 0.25 * math.log(0.25))  # entropy of {7: 3, 9: 1}
 
@@ -97,11 +103,16 @@ class Uniform(nn.Module):
     def forward(self, input_ids, segment_ids, attention_mask, masked_lm_positions):
         b, p = masked_lm_positions.shape
         return BertPreTrainingOutput(
-            loss=None, mlm_loss=None, nsp_loss=None,
+            loss=None,
+            mlm_loss=None,
+            nsp_loss=None,
             prediction_logits=torch.zeros(b * p, self.config.vocab_size),
-            nsp_logits=torch.zeros(b, 2), hidden=None, pooled_output=None,
-            prediction_index=torch.arange(b * p), prediction_shape=(b, p),
-        )  # fmt: skip
+            nsp_logits=torch.zeros(b, 2),
+            hidden=None,
+            pooled_output=None,
+            prediction_index=torch.arange(b * p),
+            prediction_shape=(b, p),
+        )
 
 
 def test_evaluate_counts_only_real_targets_and_labels():

@@ -128,11 +128,17 @@ def test_shard_dir_of_accepts_the_directory_or_its_vocab():
 def test_stage0_16bit_checkpoint_exports_the_fp32_master_weights(layout):
     """bf16/fp16 without ZeRO: the module holds 16-bit copies; the optimizer's fp32 groups
     (per tensor: torch's optimizers; flat: DeepSpeed's fused ones) are the weights."""
-    masters = {"a.weight": torch.randn(3, 2), "a.bias": torch.randn(3),
-               "b.LayerNorm.weight": torch.randn(3), "b.weight": torch.randn(4, 3)}  # fmt: skip
+    masters = {
+        "a.weight": torch.randn(3, 2),
+        "a.bias": torch.randn(3),
+        "b.LayerNorm.weight": torch.randn(3),
+        "b.weight": torch.randn(4, 3),
+    }
     module = {k: v.bfloat16() for k, v in masters.items()}
-    groups = [[masters["a.weight"], masters["b.weight"]],  # decayed, then not (prepare.py)
-              [masters["a.bias"], masters["b.LayerNorm.weight"]]]  # fmt: skip
+    groups = [
+        [masters["a.weight"], masters["b.weight"]],  # decayed, then not (prepare.py)
+        [masters["a.bias"], masters["b.LayerNorm.weight"]],
+    ]
     if layout == "fp32_groups_flat":  # DeepSpeed pads a flat group for alignment
         groups = [torch.cat([*(t.flatten() for t in g), torch.zeros(2)]) for g in groups]
     states = {"module": module, "optimizer": {layout: groups}}

@@ -81,7 +81,9 @@ def test_one_process_failure_says_one_line_and_returns_the_code(tmp_path, caplog
         "step 7 failed on rank 0: ShardFormatError: /s/a.arrow: bad row 3; no complete checkpoint "
         "yet. Resume with:\n  python -m trainer.run --data s --resume auto"
     )
-    usage = RunWatch(rank=0, world_size=1, stop=stop).fail(ValueError("--data x: no manifest"), usage=True)  # fmt: skip
+    usage = RunWatch(rank=0, world_size=1, stop=stop).fail(
+        ValueError("--data x: no manifest"), usage=True
+    )
     assert usage == 2 and caplog.records[-1].getMessage() == "--data x: no manifest"
 
 
@@ -90,7 +92,16 @@ def test_a_first_stop_signal_asks_whether_a_rank_has_died_first(tmp_path):
     asked = []
     stop.check_peers = lambda: asked.append(stop.signum)
     stop.training = True
-    stop._next(signal.SIGTERM)()  # the launcher's SIGTERM after one of its ranks died
+    read, write = os.pipe()  # the pipe the interpreter writes signal numbers to (__enter__)
+    os.set_blocking(read, False)
+    stop._pipe = (read, write)
+    try:
+        os.write(write, bytes([signal.SIGTERM]))  # the launcher's SIGTERM after a rank died
+        assert stop._read_pipe()
+    finally:
+        stop._pipe = None
+        os.close(read)
+        os.close(write)
     assert asked == [signal.SIGTERM]
 
 

@@ -47,7 +47,7 @@ from tests.helpers import (
     rank_env,
     sample_lines,
     trainer_argv,
-)  # fmt: skip
+)
 from tests.trainer.conftest import STRAIGHT_STEPS
 from trainer.checkpoint import tag_for
 
@@ -81,11 +81,18 @@ def run(files: Path, data: Path, out: Path, *extra: str, fault=None, ranks=2) ->
     sizes = [f.stat().st_size if f.exists() else 0 for f in log_files]
     faults = Path(f"{out}.faults")
     faults.unlink(missing_ok=True)
-    argv = trainer_argv(files, data, out, "--resume", "auto", *extra, steps=STEPS,
-                        save_every=SAVE_EVERY)  # fmt: skip
+    argv = trainer_argv(
+        files, data, out, "--resume", "auto", *extra, steps=STEPS, save_every=SAVE_EVERY
+    )
     if ranks > 1:
-        cmd = [shutil.which("deepspeed"), "--num_gpus", str(ranks), "--master_port",
-               str(free_port()), *argv]  # fmt: skip
+        cmd = [
+            shutil.which("deepspeed"),
+            "--num_gpus",
+            str(ranks),
+            "--master_port",
+            str(free_port()),
+            *argv,
+        ]
     else:
         cmd = [sys.executable, *argv]
     env = rank_env(fault, BERT_TEST_FAULT_LOG=str(faults))
@@ -98,13 +105,19 @@ def run(files: Path, data: Path, out: Path, *extra: str, fault=None, ranks=2) ->
             logs.append(stream.read())
     struck = _fault_time(faults, logs)
     latest = out / "checkpoints" / "latest"
-    incomplete = [p.name for p in sorted((out / "checkpoints").glob("step*"))
-                  if not (p / "trainer_state.json").exists() and not p.name.endswith("_universal")]  # fmt: skip
+    incomplete = [
+        p.name
+        for p in sorted((out / "checkpoints").glob("step*"))
+        if not (p / "trainer_state.json").exists() and not p.name.endswith("_universal")
+    ]
     return Outcome(
-        code=done.returncode, console=done.stdout + done.stderr,
-        seconds=exited - struck if struck is not None else float("nan"), logs=logs,
-        latest=latest.read_text() if latest.exists() else None, incomplete=incomplete,
-    )  # fmt: skip
+        code=done.returncode,
+        console=done.stdout + done.stderr,
+        seconds=exited - struck if struck is not None else float("nan"),
+        logs=logs,
+        latest=latest.read_text() if latest.exists() else None,
+        incomplete=incomplete,
+    )
 
 
 def _fault_time(faults: Path, logs: list[str]) -> float | None:
@@ -203,8 +216,12 @@ def small_tmpfs(where: Path, size: int):
     if mount is None or os.geteuid() != 0:
         yield False
         return
-    ok = subprocess.run([mount, "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-                        capture_output=True).returncode == 0  # fmt: skip
+    ok = (
+        subprocess.run(
+            [mount, "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True
+        ).returncode
+        == 0
+    )
     try:
         yield ok
     finally:
@@ -263,7 +280,12 @@ def test_disk_full_during_a_checkpoint_ends_every_rank(two_rank_chain):
 
 
 def test_an_exception_in_one_ranks_step_ends_every_rank(two_rank_chain):
-    check_failed(two_rank_chain["raise"], 1, r"step 7 failed on rank 1: RuntimeError: injected fault", ranks=2)  # fmt: skip
+    check_failed(
+        two_rank_chain["raise"],
+        1,
+        r"step 7 failed on rank 1: RuntimeError: injected fault",
+        ranks=2,
+    )
     assert two_rank_chain["raise"].latest == "step00000006"
 
 
@@ -313,7 +335,12 @@ def one_rank_chain(zero2_files, small_shards, tmp_path_factory):
 
 
 def test_one_process_exception_in_a_step(one_rank_chain):
-    check_failed(one_rank_chain["raise"], 1, r"step 3 failed on rank 0: RuntimeError: injected fault", ranks=1)  # fmt: skip
+    check_failed(
+        one_rank_chain["raise"],
+        1,
+        r"step 3 failed on rank 0: RuntimeError: injected fault",
+        ranks=1,
+    )
     assert one_rank_chain["raise"].latest == "step00000002"
 
 

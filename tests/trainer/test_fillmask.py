@@ -40,9 +40,11 @@ def export_dir(small_shards, tmp_path_factory):
 
 
 def test_restore_masked_puts_back_the_original_ids():
-    row = {"input_ids": np.array([2, 4, 9, 4, 3], dtype=np.uint16),
-           "masked_lm_positions": np.array([1, 3], dtype=np.uint8),
-           "masked_lm_ids": np.array([7, 8], dtype=np.uint16)}  # fmt: skip
+    row = {
+        "input_ids": np.array([2, 4, 9, 4, 3], dtype=np.uint16),
+        "masked_lm_positions": np.array([1, 3], dtype=np.uint8),
+        "masked_lm_ids": np.array([7, 8], dtype=np.uint16),
+    }
     assert fillmask.restore_masked(row).tolist() == [2, 7, 9, 8, 3]
     assert row["input_ids"].tolist() == [2, 4, 9, 4, 3]  # the row itself is untouched
 
@@ -80,8 +82,10 @@ def test_mask_one_word_masks_a_whole_single_token_word(export_dir):
 
 
 def test_fill_mask_on_a_tiny_model_reports_a_rank(export_dir):
-    examples = [("the ancient [MASK] founded a school .", "king"),
-                ("a [MASK] by the river", "city")]  # fmt: skip
+    examples = [
+        ("the ancient [MASK] founded a school .", "king"),
+        ("a [MASK] by the river", "city"),
+    ]
     results = fillmask.fill_mask_examples(export_dir, examples, top_k=5)
     for result, (text, word) in zip(results, examples, strict=True):
         assert (result["text"], result["true_word"]) == (text, word)

@@ -45,10 +45,30 @@ def runs(tiny_shards, tmp_path_factory):
     out = {}
     for precision in ("fp32", "bf16"):
         out[precision] = tmp / precision
-        argv = ["--ds-config", ds_path, "--precision", precision, "--data", str(tiny_shards),
-                "--model", "tiny", "--dropout", "0", "--output-dir", str(out[precision]),
-                "--max-steps", str(STEPS), "--log-every", str(WINDOW), "--save-every", "0",
-                "--num-workers", "0", "--export-hf", str(precision == "bf16").lower()]  # fmt: skip
+        argv = [
+            "--ds-config",
+            ds_path,
+            "--precision",
+            precision,
+            "--data",
+            str(tiny_shards),
+            "--model",
+            "tiny",
+            "--dropout",
+            "0",
+            "--output-dir",
+            str(out[precision]),
+            "--max-steps",
+            str(STEPS),
+            "--log-every",
+            str(WINDOW),
+            "--save-every",
+            "0",
+            "--num-workers",
+            "0",
+            "--export-hf",
+            str(precision == "bf16").lower(),
+        ]
         assert main(argv) == 0
     return out
 
@@ -85,8 +105,7 @@ def test_bf16_run_exports_its_fp32_master_weights_for_transformers(runs, tiny_sh
 
 
 def test_killed_and_resumed_bf16_run_ends_with_the_same_weights(small_shards, tmp_path):
-    write_launch_files(tmp_path, "bf16.json", gradient_accumulation_steps=2,
-                       bf16={"enabled": True})  # fmt: skip
+    write_launch_files(tmp_path, "bf16.json", gradient_accumulation_steps=2, bf16={"enabled": True})
     run = {"steps": 10, "save_every": 4, "ranks": 1, "ds": "bf16.json"}
     straight = launch(tmp_path, small_shards, tmp_path / "straight", **run)
     assert straight.returncode == 0, straight.stderr[-3000:]

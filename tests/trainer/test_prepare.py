@@ -52,8 +52,9 @@ def test_resuming_into_another_model_size_names_the_fields_and_the_flag(tmp_path
 
 
 def test_a_custom_model_is_named_by_its_config_json_and_vocab_by_the_data(tmp_path):
-    custom = BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=64, **VOCAB)  # fmt: skip
+    custom = BertConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, **VOCAB
+    )
     resume = checkpoint_of(tmp_path, custom)
     with pytest.raises(ValueError, match=r"\(--model base, the default\)\. Resume with --model "):
         check_resumed_model(train_config(resume="runs/x"), BertConfig(**VOCAB), *resume)

@@ -39,7 +39,7 @@ from tests.helpers import (
     rank_env,
     sample_lines,
     trainer_argv,
-)  # fmt: skip
+)
 from trainer.checkpoint import tag_for
 
 STEPS, SAVE_EVERY, KILL_AFTER = 14, 4, 6  # resumes at step 4, repeats steps 5 and 6
@@ -64,8 +64,9 @@ def across_the_kill(first_attempt, both_attempts, saved_at: int) -> list[list[in
 def runs(small_shards, zero2_files, straight_run):
     files, port = zero2_files, free_port()
     start = time.time()
-    killed = launch(files, small_shards, files / "killed", fault=f"sigkill@{KILL_AFTER}:1",
-                    port=port, **RUN)  # fmt: skip
+    killed = launch(
+        files, small_shards, files / "killed", fault=f"sigkill@{KILL_AFTER}:1", port=port, **RUN
+    )
     exited = time.time()
     # One rank killed: the other and the launcher exit at once, the survivor saying why. The
     # launcher exits with the status of the first failed rank it sees: the survivor's 1 or
@@ -172,19 +173,42 @@ def launch_nodes(files: Path, data: Path, out: Path, *extra: str, fault=None) ->
     (audit / "site").mkdir(parents=True, exist_ok=True)
     (audit / "site" / "sitecustomize.py").write_text(WRITE_AUDIT)
     path = os.pathsep.join([str(audit / "site"), os.environ.get("PYTHONPATH", "")])
-    env = rank_env(fault, PYTHONPATH=path, WRITE_AUDIT_UNDER=str(out), WRITE_AUDIT_LOG=str(audit),
-                   BERT_TEST_FAULT_LOG=f"{out}.faults")  # fmt: skip
+    env = rank_env(
+        fault,
+        PYTHONPATH=path,
+        WRITE_AUDIT_UNDER=str(out),
+        WRITE_AUDIT_LOG=str(audit),
+        BERT_TEST_FAULT_LOG=f"{out}.faults",
+    )
     port = str(free_port())
     out.mkdir(parents=True, exist_ok=True)
     procs = []
     try:
         for node in (0, 1):
-            cmd = [shutil.which("deepspeed") or "deepspeed", "--hostfile", str(hostfile),
-                   "--no_ssh", "--node_rank", str(node), "--master_addr", "127.0.0.1",
-                   "--master_port", port, *trainer_argv(files, data, out, *extra, **RUN)]  # fmt: skip
+            cmd = [
+                shutil.which("deepspeed") or "deepspeed",
+                "--hostfile",
+                str(hostfile),
+                "--no_ssh",
+                "--node_rank",
+                str(node),
+                "--master_addr",
+                "127.0.0.1",
+                "--master_port",
+                port,
+                *trainer_argv(files, data, out, *extra, **RUN),
+            ]
             with open(out / f"node{node}.txt", "a") as log:
-                procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log,
-                                              stderr=subprocess.STDOUT, start_new_session=True))  # fmt: skip
+                procs.append(
+                    subprocess.Popen(
+                        cmd,
+                        cwd=REPO,
+                        env=env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
         return [p.wait(timeout=300) for p in procs]
     finally:
         for p in procs:

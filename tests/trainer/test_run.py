@@ -26,8 +26,18 @@ from trainer.shards import ShardSet
 @pytest.fixture(scope="module")
 def finished_run(tiny_shards, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("run")
-    extra = ["--max-steps", "6", "--log-every", "3", "--save-every", "3",
-             "--eval-data", str(tiny_shards), "--eval-every", "3"]  # fmt: skip
+    extra = [
+        "--max-steps",
+        "6",
+        "--log-every",
+        "3",
+        "--save-every",
+        "3",
+        "--eval-data",
+        str(tiny_shards),
+        "--eval-every",
+        "3",
+    ]
     old_umask = os.umask(0o022)  # so that files written as usual are 0644
     try:
         assert main(args(tmp, tiny_shards, *extra)) == 0
@@ -39,9 +49,23 @@ def finished_run(tiny_shards, tmp_path_factory):
 def test_metrics_are_logged_to_jsonl_and_tensorboard(finished_run, tiny_shards):
     train = records(finished_run)
     assert [r["step"] for r in train] == [3, 6]
-    keys = {"loss", "mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy", "lr", "grad_norm",
-            "sequences_per_s", "tokens_per_s", "tflops_per_s", "mfu", "epoch", "samples",
-            "mlm_baseline_accuracy", "nsp_baseline_accuracy"}  # fmt: skip
+    keys = {
+        "loss",
+        "mlm_loss",
+        "mlm_accuracy",
+        "nsp_loss",
+        "nsp_accuracy",
+        "lr",
+        "grad_norm",
+        "sequences_per_s",
+        "tokens_per_s",
+        "tflops_per_s",
+        "mfu",
+        "epoch",
+        "samples",
+        "mlm_baseline_accuracy",
+        "nsp_baseline_accuracy",
+    }
     assert keys <= set(train[0])
     for r in train:  # the same rows' trivial baselines: a share, never all the targets here
         assert 0 < r["mlm_baseline_accuracy"] < 1 and 0.5 <= r["nsp_baseline_accuracy"] <= 1
@@ -56,11 +80,22 @@ def test_metrics_are_logged_to_jsonl_and_tensorboard(finished_run, tiny_shards):
     assert list((finished_run / "tensorboard").glob("events.out.tfevents.*"))
 
 
-def test_console_shows_our_lines_and_the_log_file_everything(tiny_shards, tmp_path, capfd,
-                                                             monkeypatch):  # fmt: skip
+def test_console_shows_our_lines_and_the_log_file_everything(
+    tiny_shards, tmp_path, capfd, monkeypatch
+):
     monkeypatch.delenv("BERT_VERBOSE", raising=False)
-    argv = args(tmp_path, tiny_shards / "manifest.json", "--max-steps", "2", "--log-every", "1",
-                "--export-hf", "false", "--save-every", "0")  # fmt: skip
+    argv = args(
+        tmp_path,
+        tiny_shards / "manifest.json",
+        "--max-steps",
+        "2",
+        "--log-every",
+        "1",
+        "--export-hf",
+        "false",
+        "--save-every",
+        "0",
+    )
     assert main(argv) == 0
     console = capfd.readouterr()
     log = (tmp_path / "out" / "logs" / "train-rank0.log").read_text()
@@ -106,10 +141,17 @@ def test_hf_export_gives_transformers_the_same_mlm_logits(finished_run, tiny_sha
             ShardSet(str(tiny_shards)), StreamSpec(micro=16, world_size=1, rank=0, seed=0)
         ).batch(0)
         with torch.no_grad():
-            out = ours(batch["input_ids"], batch["segment_ids"], batch["attention_mask"],
-                       batch["masked_lm_positions"])  # fmt: skip
-            ref = theirs(input_ids=batch["input_ids"], token_type_ids=batch["segment_ids"],
-                         attention_mask=batch["attention_mask"])  # fmt: skip
+            out = ours(
+                batch["input_ids"],
+                batch["segment_ids"],
+                batch["attention_mask"],
+                batch["masked_lm_positions"],
+            )
+            ref = theirs(
+                input_ids=batch["input_ids"],
+                token_type_ids=batch["segment_ids"],
+                attention_mask=batch["attention_mask"],
+            )
         index = batch["masked_lm_positions"][..., None].expand(-1, -1, 200)
         expected = ref.prediction_logits.gather(1, index)
         real = batch["masked_lm_positions"] != 0  # the head runs on real predictions only
@@ -124,12 +166,34 @@ def test_hf_export_gives_transformers_the_same_mlm_logits(finished_run, tiny_sha
 @pytest.mark.slow  # 60 training steps: the longest in-process run of the fast tier
 def test_loss_falls_on_a_small_repeated_dataset(small_shards, tmp_path):
     model = model_json(tmp_path, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    ds = ds_json(tmp_path, optimizer={"type": "AdamW", "params": {"lr": 3e-3, "torch_adam": True}},
-                 scheduler={"type": "WarmupLR", "params": {"warmup_num_steps": 5, "warmup_max_lr": 3e-3,
-                                                           "warmup_type": "linear"}})  # fmt: skip
-    argv = ["--ds-config", ds, "--data", str(small_shards), "--model", model, "--num-workers", "0",
-            "--output-dir", str(tmp_path / "out"), "--max-steps", "60", "--log-every", "10",
-            "--export-hf", "false", "--save-every", "0"]  # fmt: skip
+    ds = ds_json(
+        tmp_path,
+        optimizer={"type": "AdamW", "params": {"lr": 3e-3, "torch_adam": True}},
+        scheduler={
+            "type": "WarmupLR",
+            "params": {"warmup_num_steps": 5, "warmup_max_lr": 3e-3, "warmup_type": "linear"},
+        },
+    )
+    argv = [
+        "--ds-config",
+        ds,
+        "--data",
+        str(small_shards),
+        "--model",
+        model,
+        "--num-workers",
+        "0",
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--max-steps",
+        "60",
+        "--log-every",
+        "10",
+        "--export-hf",
+        "false",
+        "--save-every",
+        "0",
+    ]
     assert main(argv) == 0
     train = records(tmp_path / "out")
     assert train[-1]["epoch"] > 2.5  # 161 rows seen three times
@@ -162,8 +226,13 @@ def test_held_out_shards_of_another_vocab_or_casing_are_refused(
     assert f"--vocab_file {tiny_shards}/vocab.txt --do_lower_case true" in refusal
     assert not (tmp_path / "out" / "checkpoints").exists()
     # The training shards' vocab, cased: the same ids for other text.
-    cased = build_shards(tmp_path / "cased", n_docs=20, dupe_factor=1,
-                         vocab_file=tiny_shards / "vocab.txt", do_lower_case="false")  # fmt: skip
+    cased = build_shards(
+        tmp_path / "cased",
+        n_docs=20,
+        dupe_factor=1,
+        vocab_file=tiny_shards / "vocab.txt",
+        do_lower_case="false",
+    )
     caplog.clear()
     assert main([*argv[:-1], str(cased)]) == 2
     assert "casing (do_lower_case): False in --eval-data, True in --data" in caplog.text
@@ -177,8 +246,14 @@ def test_a_log_file_that_cannot_be_written_at_start_stops_with_one_line(tiny_sha
     (logs / "train-rank0.log").symlink_to("/dev/full")
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(REPO)}
     argv = args(tmp_path, tiny_shards, "--max-steps", "2", "--save-every", "0")
-    done = subprocess.run([sys.executable, "trainer/run.py", *argv], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "trainer/run.py", *argv],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 1, done.stderr[-3000:]
     assert "Logging error" not in done.stderr and "Traceback" not in done.stderr, done.stderr
     errors = [line for line in done.stderr.splitlines() if "ERROR" in line]
@@ -200,12 +275,13 @@ class _FillingDisk(io.StringIO):
         return super().write(text)
 
 
-def test_a_log_file_that_fills_mid_run_stops_it_with_one_line(tiny_shards, tmp_path, capfd,
-                                                              monkeypatch):  # fmt: skip
+def test_a_log_file_that_fills_mid_run_stops_it_with_one_line(
+    tiny_shards, tmp_path, capfd, monkeypatch
+):
     setup = run_module._setup_logging
 
-    def filling(rank, output_dir=None):
-        handlers = setup(rank, output_dir)
+    def filling(rank, output_dir=None, **kwargs):
+        handlers = setup(rank, output_dir, **kwargs)
         for handler in handlers:
             if isinstance(handler, logging.FileHandler):
                 handler.stream = _FillingDisk(room=12)  # past start-up, before the end
@@ -234,14 +310,23 @@ def test_bad_batch_sizes_and_missing_data_fail_before_training(tiny_shards, tmp_
     assert not (tmp_path / "out" / "checkpoints").exists()
 
 
-def test_resume_with_another_schedule_length_says_so(finished_run, tiny_shards, tmp_path,
-                                                     caplog):  # fmt: skip
+def test_resume_with_another_schedule_length_says_so(finished_run, tiny_shards, tmp_path, caplog):
     shutil.copytree(finished_run, tmp_path / "out")  # a checkpoint of --max-steps 6 at step 6
 
     def resume(steps: int) -> str:
         caplog.clear()
-        argv = args(tmp_path, tiny_shards, "--max-steps", str(steps), "--resume", "auto",
-                    "--save-every", "0", "--export-hf", "false")  # fmt: skip
+        argv = args(
+            tmp_path,
+            tiny_shards,
+            "--max-steps",
+            str(steps),
+            "--resume",
+            "auto",
+            "--save-every",
+            "0",
+            "--export-hf",
+            "false",
+        )
         assert main(argv) == 0
         return caplog.text
 
@@ -329,8 +414,16 @@ def test_continued_pretraining_from_an_hf_directory(finished_run, tiny_shards, t
         start.cls.predictions.bias.zero_()
         start.cls.predictions.bias[7] = 20.0
     start.save_hf(tmp_path / "init")
-    extra = ["--max-steps", "3", "--log-every", "1", "--save-every", "0",
-             "--init-from-hf", str(tmp_path / "init")]  # fmt: skip
+    extra = [
+        "--max-steps",
+        "3",
+        "--log-every",
+        "1",
+        "--save-every",
+        "0",
+        "--init-from-hf",
+        str(tmp_path / "init"),
+    ]
     run = args(tmp_path, tiny_shards, *extra)
     run[run.index("--model") + 1] = str(tmp_path / "init" / "config.json")
     assert main(run) == 0

@@ -13,8 +13,12 @@ from trainer.schedule import TimeBudgetLR, time_budget_scheduler
 
 def scheduler(budget_s=100.0, warmup=4):
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    params = {"warmup_min_lr": 0.0, "warmup_max_lr": 1e-3, "warmup_num_steps": warmup,
-              "warmup_type": "linear"}  # fmt: skip
+    params = {
+        "warmup_min_lr": 0.0,
+        "warmup_max_lr": 1e-3,
+        "warmup_num_steps": warmup,
+        "warmup_type": "linear",
+    }
     return TimeBudgetLR(opt, budget_s=budget_s, **params)
 
 
@@ -106,5 +110,13 @@ def test_run_stops_at_the_budget_and_resumes_with_its_clock(tiny_shards, tmp_pat
 
 
 def warmup_decay(warmup: int) -> dict:
-    return {"type": "WarmupDecayLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 1e-3,
-            "warmup_num_steps": warmup, "warmup_type": "linear", "total_num_steps": "auto"}}  # fmt: skip
+    return {
+        "type": "WarmupDecayLR",
+        "params": {
+            "warmup_min_lr": 0.0,
+            "warmup_max_lr": 1e-3,
+            "warmup_num_steps": warmup,
+            "warmup_type": "linear",
+            "total_num_steps": "auto",
+        },
+    }

@@ -57,14 +57,24 @@ def test_resume_command_drops_resume_and_local_rank_and_quotes():
 def test_launch_prefix_is_the_launcher_as_typed():
     args = ["--data", "s"]
     rank = ["python3", "-u", "trainer/run.py", "--local_rank=0", *args]
-    node = ["python3", "-u", "-m", "deepspeed.launcher.launch", "--world_info=e30=",
-            "trainer/run.py", *args]  # fmt: skip
+    node = [
+        "python3",
+        "-u",
+        "-m",
+        "deepspeed.launcher.launch",
+        "--world_info=e30=",
+        "trainer/run.py",
+        *args,
+    ]
     runner = ["/venv/bin/python3", "/venv/bin/deepspeed", "--num_gpus", "2", "trainer/run.py"]
     shell = ["bash", "-c", shlex.join([*runner, *args])]
     chain = [rank, node, [*runner, *args], shell]
     assert launch_prefix(chain, args, "trainer/run.py") == [
-        "deepspeed", "--num_gpus", "2", "trainer/run.py",
-    ]  # fmt: skip
+        "deepspeed",
+        "--num_gpus",
+        "2",
+        "trainer/run.py",
+    ]
     module = ["/usr/bin/python", "-m", "trainer.run", *args]
     assert launch_prefix([module, shell], args, "/repo/trainer/run.py") == module[:3]
     assert launch_prefix([rank, node], args, "trainer/run.py") is None  # no typed command
@@ -100,8 +110,9 @@ with StopRequest(resume="python -m trainer.run --resume auto", output_dir=sys.ar
 
 def start_handler(tmp_path, phase: str, *peers: str) -> subprocess.Popen:
     cmd = [sys.executable, "-c", HANDLER, str(tmp_path), phase, *peers]
-    p = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)  # fmt: skip
+    p = subprocess.Popen(
+        cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     assert p.stdout.readline() == "ready\n"
     return p
 
@@ -145,16 +156,42 @@ def test_a_signal_after_another_ranks_failure_exits_with_that_failure(tmp_path, 
 
 def launch(files: Path, data: Path, out: Path, *, ranks: int) -> subprocess.Popen:
     ds = files / ("ds.json" if ranks == 2 else "ds1.json")  # the same rows per step
-    argv = ["trainer/run.py", "--ds-config", str(ds), "--data", str(data),
-            "--model", str(files / "model.json"), "--output-dir", str(out),
-            "--max-steps", str(STEPS), "--save-every", str(SAVE_EVERY), "--log-every", "1",
-            "--num-workers", "1", "--record-samples", "true", "--export-hf", "false"]  # fmt: skip
+    argv = [
+        "trainer/run.py",
+        "--ds-config",
+        str(ds),
+        "--data",
+        str(data),
+        "--model",
+        str(files / "model.json"),
+        "--output-dir",
+        str(out),
+        "--max-steps",
+        str(STEPS),
+        "--save-every",
+        str(SAVE_EVERY),
+        "--log-every",
+        "1",
+        "--num-workers",
+        "1",
+        "--record-samples",
+        "true",
+        "--export-hf",
+        "false",
+    ]
     if ranks == 2:
         argv = ["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), *argv]
     else:
         argv = [sys.executable, *argv]
-    return subprocess.Popen(argv, cwd=REPO, env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        argv,
+        cwd=REPO,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def wait_for_step(p: subprocess.Popen, out: Path, step: int) -> None:
@@ -190,8 +227,9 @@ def stop_and_resume(p: subprocess.Popen, out: Path, code: int) -> tuple[int, str
     assert f"checkpoint {out / 'checkpoints' / tag}. Resume with:\n  " in err
     command = err.split("Resume with:\n  ")[1].splitlines()[0]
     assert command.endswith(" --resume auto")
-    done = subprocess.run(shlex.split(command), cwd=REPO, env=ENV, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        shlex.split(command), cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert (
         f"resumed from {out / 'checkpoints'}/{tag} at step {stopped_at}"

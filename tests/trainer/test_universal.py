@@ -69,8 +69,11 @@ def test_conversion_is_made_once_beside_the_checkpoint_with_our_files(tmp_path, 
     assert universal.is_universal(*resumed) and universal.saved_world_size(*resumed) is None
     target = Path(directory, f"{TAG}_universal")
     assert {p.name for p in target.iterdir()} == {
-        "zero", "mp_rank_00_model_states.pt", "config.json", "trainer_state.json"
-    }  # fmt: skip
+        "zero",
+        "mp_rank_00_model_states.pt",
+        "config.json",
+        "trainer_state.json",
+    }
     # Nothing else beside it: no .partial folder, no latest_universal of DeepSpeed's.
     assert sorted(p.name for p in Path(directory).iterdir()) == [TAG, f"{TAG}_universal"]
     assert universal.for_world_size(directory, TAG, 1, is_main=True, device=CPU) == resumed

@@ -33,7 +33,7 @@ from tests.helpers import (
     max_weight_difference,
     sample_lines,
     write_launch_files,
-)  # fmt: skip
+)
 from trainer.checkpoint import tag_for
 from trainer.run import main
 
@@ -45,8 +45,18 @@ pytestmark = pytest.mark.slow
 
 
 def segment(files: Path, data: Path, out: Path, ranks: int, *extra: str, fault=None):
-    return launch(files, data, out, *NO_DROPOUT, *extra, ranks=ranks, fault=fault,
-                  ds=f"ds{ranks}.json", steps=STEPS, save_every=SAVE_EVERY)  # fmt: skip
+    return launch(
+        files,
+        data,
+        out,
+        *NO_DROPOUT,
+        *extra,
+        ranks=ranks,
+        fault=fault,
+        ds=f"ds{ranks}.json",
+        steps=STEPS,
+        save_every=SAVE_EVERY,
+    )
 
 
 def copy_checkpoint(source: Path, out: Path, step: int) -> None:
@@ -62,8 +72,12 @@ def runs(small_shards, tmp_path_factory):
         pytest.skip("the deepspeed launcher is not on PATH")
     files = tmp_path_factory.mktemp("world_size")
     for ranks, accumulation in ACCUMULATION.items():
-        write_launch_files(files, f"ds{ranks}.json", zero_optimization={"stage": 2},
-                           gradient_accumulation_steps=accumulation)  # fmt: skip
+        write_launch_files(
+            files,
+            f"ds{ranks}.json",
+            zero_optimization={"stage": 2},
+            gradient_accumulation_steps=accumulation,
+        )
     reference = segment(files, small_shards, files / "reference", 2)
     assert reference.returncode == 0, reference.stderr[-3000:]
     out = files / "resumed"
@@ -112,8 +126,14 @@ def test_each_checkpoint_is_converted_once_beside_it(runs):
     files, one, three = runs
     checkpoints = files / "resumed" / "checkpoints"
     names = sorted(p.name for p in checkpoints.iterdir() if p.name.startswith(("step", ".")))
-    assert names == ["step00000002", "step00000002_universal", "step00000004",
-                     "step00000004_universal", "step00000006", "step00000008"]  # fmt: skip
+    assert names == [
+        "step00000002",
+        "step00000002_universal",
+        "step00000004",
+        "step00000004_universal",
+        "step00000006",
+        "step00000008",
+    ]
     for tag, saved, now in (("step00000002", 2, "1 rank"), ("step00000004", 1, "3 ranks")):
         universal = checkpoints / f"{tag}_universal"
         assert (universal / "zero").is_dir() and (universal / "config.json").is_file()
@@ -126,8 +146,9 @@ def test_each_checkpoint_is_converted_once_beside_it(runs):
 
 @pytest.fixture(scope="module")
 def other_vocab(tmp_path_factory) -> Path:
-    return build_shards(tmp_path_factory.mktemp("vocab150"), n_docs=40, dupe_factor=1,
-                        vocab_size=150)  # fmt: skip
+    return build_shards(
+        tmp_path_factory.mktemp("vocab150"), n_docs=40, dupe_factor=1, vocab_size=150
+    )
 
 
 @pytest.mark.parametrize("change", ["data", "model", "vocab"])
@@ -145,9 +166,22 @@ def test_other_data_model_or_vocab_is_refused_before_converting(
     else:
         data, model = other_vocab, {**TINY, "vocab_size": 150}
     (tmp_path / "model.json").write_text(json.dumps(BertConfig(**model).to_dict()))
-    argv = ["--ds-config", str(files / "ds1.json"), "--data", str(data),
-            "--model", str(tmp_path / "model.json"), "--output-dir", str(tmp_path / "out"),
-            "--max-steps", str(STEPS), "--num-workers", "0", "--resume", "auto"]  # fmt: skip
+    argv = [
+        "--ds-config",
+        str(files / "ds1.json"),
+        "--data",
+        str(data),
+        "--model",
+        str(tmp_path / "model.json"),
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--max-steps",
+        str(STEPS),
+        "--num-workers",
+        "0",
+        "--resume",
+        "auto",
+    ]
     assert main(argv) == 2
     expected = {
         "data": f"trained on other data than --data {tiny_shards}",
@@ -158,5 +192,6 @@ def test_other_data_model_or_vocab_is_refused_before_converting(
     }[change]
     assert expected in caplog.text and "Traceback" not in caplog.text
     assert sorted(p.name for p in (tmp_path / "out" / "checkpoints").iterdir()) == [
-        "latest", "step00000002"
-    ]  # fmt: skip
+        "latest",
+        "step00000002",
+    ]
