@@ -58,6 +58,13 @@ STEPS, SAVE_EVERY = STRAIGHT_STEPS, 2
 # A DataLoader worker sends 8 micro-batches at once (trainer/data.py): 4 steps of 2; a bad row
 # fails its whole group, up to 4 steps before the step that would train on it.
 GROUP_STEPS = 4
+# A killed DataLoader worker as torch reports it, which of two ways it sees the death first:
+# its SIGCHLD handler ("is killed by signal"), or a queue read that times out and finds the
+# worker gone ("exited unexpectedly"). Both name the worker and its pid.
+WORKER_KILLED = (
+    r"RuntimeError: DataLoader worker \(pid(?:\(s\))? \d+\) "
+    r"(?:exited unexpectedly|is killed by signal: Killed)"
+)
 LOGGED_ERROR = r"ERROR (?:\[rank \d+\] )?trainer\.failure"  # a rank's log file, its tag
 
 
@@ -290,9 +297,7 @@ def test_an_exception_in_one_ranks_step_ends_every_rank(two_rank_chain):
 
 
 def test_a_killed_dataloader_worker_ends_every_rank(two_rank_chain):
-    cause = (
-        r"failed on rank 1: RuntimeError: DataLoader worker \(pid\(s\) \d+\) exited unexpectedly"
-    )
+    cause = r"failed on rank 1: " + WORKER_KILLED
     check_failed(two_rank_chain["worker"], 1, cause, ranks=2)
 
 
@@ -352,7 +357,7 @@ def test_one_process_disk_full(one_rank_chain):
 
 
 def test_one_process_killed_worker(one_rank_chain):
-    cause = r"RuntimeError: DataLoader worker \(pid\(s\) \d+\) exited unexpectedly"
+    cause = WORKER_KILLED
     check_failed(one_rank_chain["worker"], 1, cause, ranks=1)
 
 
