@@ -161,9 +161,10 @@ class Trainer:
         (trainer/universal.py)."""
         prepare.check_resumed_model(self.config, self.model_config, directory, tag)
         prepare.check_resumed_precision(self.config, self.ds, directory, tag)
-        if self.info.is_main:
+        if self.info.local_rank == 0:  # one process per node: its disk, shared or its own
+            # Removed first, then measured: a partial save may be what filled the disk.
             checkpoint.remove_incomplete(self.config.output_dir)
-        checkpoint.check_free_space(directory, tag, self.config.output_dir)
+            checkpoint.check_free_space(directory, tag, self.config.output_dir)
         saved = checkpoint.read_state(directory, tag)
         if saved is not None:  # trainer_state.json: the data and batch, readable before loading
             prepare.check_resumed_data(self.config, self.fingerprint, saved, f"{directory}/{tag}")
