@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, free_port, sample_lines, write_launch_files
+from tests.helpers import REPO, free_port, sample_lines, trainer_argv, write_launch_files
 from trainer import export
 from trainer.checkpoint import tag_for
 from trainer.signals import grace_warning, launch_prefix, resume_command, script_args
@@ -155,30 +155,10 @@ def test_a_signal_after_another_ranks_failure_exits_with_that_failure(tmp_path, 
 
 
 def launch(files: Path, data: Path, out: Path, *, ranks: int) -> subprocess.Popen:
-    ds = files / ("ds.json" if ranks == 2 else "ds1.json")  # the same rows per step
-    argv = [
-        "trainer/run.py",
-        "--ds-config",
-        str(ds),
-        "--data",
-        str(data),
-        "--model",
-        str(files / "model.json"),
-        "--output-dir",
-        str(out),
-        "--max-steps",
-        str(STEPS),
-        "--save-every",
-        str(SAVE_EVERY),
-        "--log-every",
-        "1",
-        "--num-workers",
-        "1",
-        "--record-samples",
-        "true",
-        "--export-hf",
-        "false",
-    ]
+    ds = "ds.json" if ranks == 2 else "ds1.json"  # the same rows per step
+    argv = trainer_argv(
+        files, data, out, "--log-every", "1", steps=STEPS, save_every=SAVE_EVERY, ds=ds
+    )  # a step's metrics line at once: the signal waits for step 2
     if ranks == 2:
         argv = ["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), *argv]
     else:
