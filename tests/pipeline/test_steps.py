@@ -2,8 +2,10 @@
 
 import hashlib
 import logging
+import os
 import pickle
-import tracemalloc
+import subprocess
+import sys
 
 import apache_beam as beam
 import numpy as np
@@ -52,6 +54,7 @@ from pipeline.core.sources import FileRange, content_id, split_ranges
 from pipeline.core.text import basic_tokenize
 from pipeline.core.vocab import SPECIAL_TOKENS
 from pipeline.shards import shard_format, shard_writer, validate
+from tests.helpers import REPO
 
 # The FnApiRunner directly: Beam's DirectRunner would first try to download Prism.
 RUNNER = ["--runner=apache_beam.runners.portability.fn_api_runner.FnApiRunner"]
@@ -239,31 +242,28 @@ def test_make_instances_rows_are_framed_and_masked(tmp_path):
     assert groups <= set(range(2 * parts_per_shard(2)))
 
 
-def held_rows_peak(make: MakeInstances, bucket: TokenizedBatch) -> int:
-    """tracemalloc's peak while MakeInstances makes a bucket's rows, each sent element
-    dropped at once (as the runner takes it). One untraced run first: what a first call
-    allocates once (lazy imports, caches) is not a pass's working memory."""
-    for _ in make.process((0, [bucket]), VOCAB, len(bucket.doc_ids)):
-        pass
-    tracemalloc.start()
-    try:
-        for _ in make.process((0, [bucket]), VOCAB, len(bucket.doc_ids)):
-            pass
-        return tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+def traced(*case: str) -> list[int]:
+    """tests/pipeline/peaks.py's measurement of ``case``, in a fresh interpreter."""
+    run = subprocess.run(
+        [sys.executable, "-m", "tests.pipeline.peaks", *case],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    return [int(x) for x in run.stdout.split()]
 
 
 def test_a_bucket_holds_one_pass_of_rows_not_every_dupe_pass(tmp_path, monkeypatch):
     """Rows are sent whenever those held reach PENDING_ROW_BYTES, so at dupe factor 8 a
     bucket holds about one pass's working memory, not eight (it held all of them at once)."""
     bucket = tokenized_bucket(n_docs=400, seed=3)
-    monkeypatch.setattr(memory, "PENDING_ROW_BYTES", 1)  # send after every pass
-    peaks = {
-        d: held_rows_peak(MakeInstances(config(tmp_path, dupe_factor=d), 2), bucket) for d in (1, 8)
-    }
+    peaks = {d: traced("held_rows", str(d))[0] for d in (1, 8)}
     assert peaks[8] < 2 * peaks[1], peaks
     # The rows are the same however they are sent.
+    monkeypatch.setattr(memory, "PENDING_ROW_BYTES", 1)
     make = MakeInstances(config(tmp_path, dupe_factor=3), 2)
     small = RowBlock.concat([RowBlock.from_bytes(b) for _, b in made(make, [bucket])])
     monkeypatch.setattr(memory, "PENDING_ROW_BYTES", 1 << 40)
@@ -324,22 +324,12 @@ def test_a_write_group_is_written_range_by_range_with_the_same_bytes(tmp_path, m
     )
 
 
-def test_a_write_group_holds_one_range_at_a_time(tmp_path, monkeypatch):
+def test_a_write_group_holds_one_range_at_a_time():
     """Writing a group of ~47,000 rows in 8 key ranges, tracemalloc's peak stays under
     1.5x the rows' bytes; sorted and encoded at once, a group held several times them
     (pyarrow's own buffers, not traced, come on top; memory.RANGE_BYTES says why)."""
-    cfg = config(tmp_path, dupe_factor=8, max_seq_length=64)
-    (tmp_path / "out").mkdir()
-    blocks = [data for _, data in made(MakeInstances(cfg, 1), [tokenized_bucket(4000, seed=1)])]
-    row_bytes = sum(RowBlock.from_bytes(b).nbytes for b in blocks)
-    monkeypatch.setattr(memory, "RANGE_BYTES", -(-sum(map(len, blocks)) // 8))
-    tracemalloc.start()
-    try:
-        (written,) = WriteShard(cfg, 16).process((0, blocks), VOCAB)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert written["stats"]["rows"] > 40_000
+    peak, row_bytes, rows = traced("write_group")
+    assert rows > 40_000
     assert peak < 1.5 * row_bytes, (peak, row_bytes)
 
 
