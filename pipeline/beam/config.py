@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipeline.beam import memory
+from pipeline.core.packing import PACKINGS
 from pipeline.core.segment import SEGMENTERS
 from pipeline.options import CommandParser, add_options, option, parse_options
 
 INPUT_FORMATS = ("auto", "txt", "jsonl", "parquet")
+OBJECTIVES = ("nsp", "mlm")
 ROW_SPOOL = ("auto", "yes", "no")
 # Shards aim at this many bytes when --num_shards is not given (64-256 MB window): a
 # default of the output, for the trainer's reads (a few files per rank, each read in
@@ -40,13 +43,48 @@ class BuildConfig:
         metavar="PATTERN",
     )
     output: str = option(help="output directory (local or a URI)")
-    max_seq_length: int = option(128, "tokens per row, [CLS] and both [SEP] included")
-    max_predictions_per_seq: int = option(20, "cap on masked positions per row")
-    masked_lm_prob: float = option(0.15, "share of a row's tokens to predict")
-    short_seq_prob: float = option(
-        0.1, "probability, per document and pass, of a random shorter target length"
+    # nsp: Google's recipe; mlm: packed sentences for MLM-only training (core/packing.py).
+    objective: str = option(
+        "nsp",
+        "nsp: Google's sentence pairs with a next-sentence label and static masks; mlm: "
+        "contiguous sentences packed to --max_seq_length, no NSP, unmasked (the trainer "
+        "masks them at its --mask-rate) unless --static_masks true",
+        choices=OBJECTIVES,
     )
-    dupe_factor: int = option(10, "passes over the data, each with fresh randomness")
+    # full_sentences by default: 0.96-0.98 of a row's slots are real tokens against
+    # doc_sentences' 0.7-0.9 (docs/results.md, bench/packing.py), so a step trains on more
+    # tokens; RoBERTa's own comparison found the two within 0.3 points of each other.
+    mlm_packing: str = option(
+        "full_sentences",
+        "--objective mlm: full_sentences: rows fill up across documents, a [SEP] between "
+        "two; doc_sentences: a row never crosses a document boundary",
+        choices=PACKINGS,
+    )
+    static_masks: bool = option(
+        False,
+        "--objective mlm: also mask the rows here, at --masked_lm_prob, --dupe_factor "
+        "passes with fresh masks (NSP rows are always masked statically)",
+    )
+    max_seq_length: int = option(128, "tokens per row, [CLS] and every [SEP] included")
+    # None: follows the rate, ceil(masked_lm_prob * max_seq_length), which no row reaches
+    # (a row of n tokens gets round(n * p) predictions), so the rate is the rate: 20 at
+    # Google's 128 and 0.15. A cap set lower lowers the rate (the build warns).
+    max_predictions_per_seq: int | None = option(
+        None,
+        "cap on masked positions per row (default: ceil(masked_lm_prob * max_seq_length), "
+        "which never lowers the rate: 20 at 128 tokens and 0.15)",
+    )
+    masked_lm_prob: float | None = option(
+        None, "share of a row's tokens to predict (default 0.15; static masks only)"
+    )
+    short_seq_prob: float = option(
+        0.1, "NSP rows: probability, per document and pass, of a random shorter target length"
+    )
+    dupe_factor: int | None = option(
+        None,
+        "passes over the data, each with fresh masks (default 10 with static masks, as "
+        "Google; 1 for unmasked MLM rows, which hold each sentence once)",
+    )
     random_seed: int = option(12345, "seed of all randomness")
     do_lower_case: bool = option(True, "lowercase and strip accents (uncased model)")
     do_whole_word_mask: bool = option(False, "mask all WordPieces of a word together")
@@ -120,24 +158,86 @@ class BuildConfig:
     def __post_init__(self) -> None:
         if not self.input:
             raise ValueError("input: give at least one path or glob")
+        self._resolve_masking()
         for name, (ok, allowed) in self._checks().items():
             if not ok:
                 raise ValueError(f"--{name}: invalid value {getattr(self, name)!r}: {allowed}")
-        if self.wwm_segmenter != "none" and not self.do_whole_word_mask:
+        if self.wwm_segmenter != "none" and self.masked and not self.do_whole_word_mask:
             raise ValueError(
                 f"--wwm_segmenter {self.wwm_segmenter} finds words for whole-word masking: "
                 "add --do_whole_word_mask true"
             )
 
+    @property
+    def kind(self) -> str:
+        """The row kind the build writes (``pipeline.shards.shard_format.KINDS``)."""
+        if self.objective == "nsp":
+            return "nsp"
+        return "mlm_masked" if self.static_masks else "mlm"
+
+    @property
+    def masked(self) -> bool:
+        """Whether the build masks its rows (NSP rows, or MLM rows with static masks)."""
+        return self.kind != "mlm"
+
+    @property
+    def capped_rate(self) -> bool:
+        """A --max_predictions_per_seq that lowers the rate of full-length rows."""
+        if not self.masked:
+            return False
+        wanted = round(self.max_seq_length * self.masked_lm_prob)
+        return self.max_predictions_per_seq < wanted
+
+    def _resolve_masking(self) -> None:
+        """Fill the masking options left unset: static masks at 0.15, a cap that follows
+        the rate, 10 passes; unmasked MLM rows take none of them (one pass).
+
+        Raises:
+            ValueError: a masking option given for unmasked MLM rows.
+        """
+        if not self.masked:
+            given = {
+                "masked_lm_prob": self.masked_lm_prob is not None,
+                "max_predictions_per_seq": self.max_predictions_per_seq is not None,
+                "dupe_factor": self.dupe_factor not in (None, 1),
+                "do_whole_word_mask": self.do_whole_word_mask,
+            }
+            for name, set_ in given.items():
+                if set_:
+                    raise ValueError(
+                        f"--{name} shapes static masks, and --objective mlm rows are unmasked "
+                        "by default (the trainer masks them, at its --mask-rate, whole words "
+                        "from the rows' continues_word column): add --static_masks true, or "
+                        f"leave --{name} out"
+                    )
+            object.__setattr__(self, "dupe_factor", 1)
+            return
+        if self.masked_lm_prob is None:
+            object.__setattr__(self, "masked_lm_prob", 0.15)
+        if self.dupe_factor is None:
+            object.__setattr__(self, "dupe_factor", 10)
+        if self.max_predictions_per_seq is None and 0.0 < self.masked_lm_prob <= 1.0:
+            cap = max(1, math.ceil(self.masked_lm_prob * self.max_seq_length - 1e-9))
+            object.__setattr__(self, "max_predictions_per_seq", cap)
+
     def _checks(self) -> dict[str, tuple[bool, str]]:
         """Each bounded option: (whether its value is allowed, what is allowed)."""
+        masked = self.masked
         return {
             # [CLS] A [SEP] B [SEP] with a token on each side.
             "max_seq_length": (self.max_seq_length >= 5, "must be at least 5"),
-            "max_predictions_per_seq": (self.max_predictions_per_seq >= 1, "must be at least 1"),
-            "masked_lm_prob": (0.0 < self.masked_lm_prob <= 1.0, "must be in (0, 1]"),
+            "max_predictions_per_seq": (
+                not masked or (self.max_predictions_per_seq or 1) >= 1,
+                "must be at least 1",
+            ),
+            "masked_lm_prob": (
+                not masked or 0.0 < self.masked_lm_prob <= 1.0,
+                "must be in (0, 1]",
+            ),
             "short_seq_prob": (0.0 <= self.short_seq_prob <= 1.0, "must be in [0, 1]"),
             "dupe_factor": (self.dupe_factor >= 1, "must be at least 1"),
+            "objective": (self.objective in OBJECTIVES, f"one of {OBJECTIVES}"),
+            "mlm_packing": (self.mlm_packing in PACKINGS, f"one of {PACKINGS}"),
             "random_seed": (self.random_seed >= 0, "must be 0 or more"),
             # The five special tokens and one more; a learned vocab also holds the corpus's
             # alphabet, checked once the words are counted (vocab_steps.learn_vocab).
@@ -160,7 +260,10 @@ class BuildConfig:
 
         The output location is left out so the same build into two directories gives
         byte-identical manifests. ``wwm_segmenter`` is there only when one is used (the
-        build adds its version), so builds without one keep the manifests they had.
+        build adds its version), so builds without one keep the manifests they had; NSP
+        builds likewise record no ``objective`` (absent: nsp) nor the MLM options. MLM
+        builds leave out the NSP option (``short_seq_prob``) and, unmasked, the masking
+        options (the trainer masks their rows).
         """
         values = dataclasses.asdict(self)
         for key in (
@@ -174,6 +277,14 @@ class BuildConfig:
             values.pop(key)
         if self.wwm_segmenter == "none":
             values.pop("wwm_segmenter")
+        if self.objective == "nsp":
+            for key in ("objective", "mlm_packing", "static_masks"):
+                values.pop(key)
+        else:
+            values.pop("short_seq_prob")
+        if not self.masked:
+            for key in ("masked_lm_prob", "max_predictions_per_seq", "do_whole_word_mask"):
+                values.pop(key)
         values["input"] = list(self.input)
         return values
 
@@ -182,7 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
     """``--config FILE`` and one flag per BuildConfig field, Google's names (underscores)."""
     p = CommandParser(
         prog="python -m pipeline build",
-        description="Raw text -> WordPiece vocab -> NSP pairs -> static masks -> Arrow shards. "
+        description="Raw text -> WordPiece vocab -> NSP pairs and static masks (or, with "
+        "--objective mlm, packed sentences) -> Arrow shards. "
         "Unrecognised options (--runner, --direct_num_workers, ...) are passed to Apache Beam.",
         epilog="Console: our progress lines only; Beam's logs go to --log_file PATH (default: "
         "OUTPUT.build.log beside the output directory). --verbose or BERT_VERBOSE=1 shows "

@@ -9,6 +9,7 @@ Part of ``python -m pipeline build`` (see ``pipeline/beam/build.py``).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from collections.abc import Iterator
@@ -32,6 +33,7 @@ from pipeline.core.nsp import (
     assemble_rows,
     plan_document,
 )
+from pipeline.core.packing import assemble_packed_rows, continues_word, plan_packed_rows
 from pipeline.core.rng import derive_seed_grid, derive_seeds, keys_from_bases
 from pipeline.core.rows import RowBlock
 from pipeline.core.sources import number_duplicates
@@ -192,9 +194,11 @@ class MakeInstances(beam.DoFn):
         self._num_shards = num_shards
         self._spool_dir = spool
         self._nsp = NspConfig(config.max_seq_length, config.short_seq_prob)
-        self._masking = MaskingConfig(
-            config.masked_lm_prob, config.max_predictions_per_seq, config.do_whole_word_mask
-        )
+        self._masking = None
+        if config.masked:
+            self._masking = MaskingConfig(
+                config.masked_lm_prob, config.max_predictions_per_seq, config.do_whole_word_mask
+            )
         self._vocab = None
         self._spool: RowSpool | None = None
         self._pending: dict[int, list[RowBlock]] = {}  # write group -> rows not yet sent
@@ -220,17 +224,89 @@ class MakeInstances(beam.DoFn):
         self._pending, self._pending_bytes = {}, 0
         for _, bucket in split_into_buckets(group, num_docs, self._config):
             yield TaggedOutput(BUCKET_SIZES, len(bucket.doc_ids))
-            yield from self._bucket(bucket)
+            if self._config.objective == "mlm":
+                yield from self._packed_bucket(bucket)
+            else:
+                yield from self._bucket(bucket)
         yield from self._send(self._pending)
         self._pending = {}
 
-    def _bucket(self, bucket: TokenizedBatch) -> Iterator:
+    def _in_order(self, bucket: TokenizedBatch) -> Iterator:
+        """The bucket's documents in id order, copies numbered (its last element), after
+        the count of copies (a tagged output)."""
         order = sorted(range(len(bucket.doc_ids)), key=bucket.doc_ids.__getitem__)
         bucket = bucket.take(np.array(order, dtype=np.int64))
         # Copies of a document share its content id, and its bucket: number them here.
         ids = number_duplicates(bucket.doc_ids)
-        bucket = bucket._replace(doc_ids=ids)
         yield from noted("duplicate_documents", sum(not i.endswith(":0") for i in ids))
+        yield bucket._replace(doc_ids=ids)
+
+    def _hold(self, rows: RowBlock) -> Iterator:
+        """Keep ``rows`` until those held reach ``memory.PENDING_ROW_BYTES``, then send."""
+        self._instances.inc(len(rows))
+        for group, part in by_write_group(rows, self._num_shards):
+            self._pending.setdefault(group, []).append(part)
+        self._pending_bytes += rows.nbytes
+        if self._pending_bytes >= memory.PENDING_ROW_BYTES:
+            yield from self._send(self._pending)
+            self._pending, self._pending_bytes = {}, 0
+
+    def _packed_bucket(self, bucket: TokenizedBatch) -> Iterator:
+        """MLM rows: the bucket's documents in id order, their sentences packed
+        (pipeline/core/packing.py); each row's key from (seed, the id of the document it
+        starts in, pass, its index among that document's rows); with static masks,
+        ``dupe_factor`` passes of the same rows, each masked from its own keys."""
+        *notes, bucket = self._in_order(bucket)
+        yield from notes
+        cross = self._config.mlm_packing == "full_sentences"
+        capacity = self._config.max_seq_length - 2
+        pieces, row_docs = plan_packed_rows(bucket.lengths, bucket.counts, capacity, cross)
+        if not len(row_docs):
+            return
+        special = self._special
+        flat, source, offsets = assemble_packed_rows(
+            bucket.ids, pieces, len(row_docs), special.cls_id, special.sep_id
+        )
+        words = continues_word(flat, source, self._vocab.is_continuation, bucket.joins)
+        lengths = np.diff(offsets)
+        counts = np.bincount(row_docs, minlength=len(bucket.doc_ids))
+        passes = range(self._config.dupe_factor)
+        key_bases = derive_seed_grid(("mlm_key", self._config.random_seed), bucket.doc_ids, passes)
+        for dupe in passes:
+            keys = keys_from_bases(np.array([row[dupe] for row in key_bases], np.uint64), counts)
+            rows = RowBlock(
+                keys=keys,
+                input_ids=flat,
+                b_starts=lengths.astype(np.uint16),  # one segment
+                row_offsets=offsets,
+                masked_lm_positions=np.zeros(0, np.uint16),
+                masked_lm_ids=np.zeros(0, flat.dtype),
+                mlm_offsets=np.zeros(len(keys) + 1, np.int64),
+                next_sentence_label=np.zeros(len(keys), np.uint8),
+                continues_word=words,
+            )
+            if self._masking is not None:
+                joins = words if self._masking.do_whole_word_mask else None
+                rows = self._masked(rows, joins)
+            yield from self._hold(rows)
+
+    def _masked(self, rows: RowBlock, joins: np.ndarray | None) -> RowBlock:
+        """``rows`` with static masks from their keys (Google's rules, ``mask_flat``)."""
+        flat, offsets = rows.input_ids, rows.row_offsets
+        masked, selected = mask_flat(flat, offsets, rows.keys, self._masking, self._vocab, joins)
+        row_of = np.searchsorted(offsets, selected, side="right") - 1
+        return dataclasses.replace(
+            rows,
+            input_ids=masked.astype(flat.dtype),
+            masked_lm_positions=(selected - offsets[row_of]).astype(np.uint16),
+            masked_lm_ids=flat[selected],
+            mlm_offsets=np.searchsorted(selected, offsets).astype(np.int64),
+        )
+
+    def _bucket(self, bucket: TokenizedBatch) -> Iterator:
+        *notes, bucket = self._in_order(bucket)
+        yield from notes
+        ids = bucket.doc_ids
         layout = BucketLayout(bucket.lengths, bucket.counts)
         seed, passes = self._config.random_seed, range(self._config.dupe_factor)
         # Grid row i, column d == derive_seed(*prefix, doc_ids[i], d).
@@ -247,14 +323,9 @@ class MakeInstances(beam.DoFn):
             bases = np.array([row[dupe] for row in key_bases], dtype=np.uint64)
             keys = keys_from_bases(bases, np.array(counts))  # == shard_keys(seed, id, dupe, n)
             rows = self._masked_block(bucket, np.array(plans, dtype=np.int64), keys)
-            self._instances.inc(len(rows))
-            for group, part in by_write_group(rows, self._num_shards):
-                self._pending.setdefault(group, []).append(part)
-            self._pending_bytes += rows.nbytes
-            del plans, rows
-            if self._pending_bytes >= memory.PENDING_ROW_BYTES:
-                yield from self._send(self._pending)
-                self._pending, self._pending_bytes = {}, 0
+            del plans
+            yield from self._hold(rows)
+            del rows
 
     def _send(self, pending: dict[int, list[RowBlock]]) -> Iterator:
         """Each write group's rows, as bytes (the runner then groups opaque bytes instead

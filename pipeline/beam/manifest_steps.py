@@ -9,6 +9,7 @@ or noted on the way. Part of ``python -m pipeline build`` (``WriteVocab`` and
 
 from __future__ import annotations
 
+import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline.beam.config import BuildConfig
@@ -19,15 +20,22 @@ from pipeline.core.vocab import build_tokenizer, special_ids, vocab_text
 from pipeline.shards import shard_format, shard_writer
 
 
-def summary_stats(stats: dict, documents: int) -> dict:
+def summary_stats(stats: dict, documents: int, max_seq_length: int) -> dict:
     """Totals plus the shares a practitioner checks against Google's: random-next about 0.5,
-    short rows about short_seq_prob, masks about masked_lm_prob of the real tokens, 80% [MASK]."""
+    short rows about short_seq_prob, masks about masked_lm_prob of the real tokens, 80% [MASK].
+    MLM rows (their stats count ``special_tokens``) have no random-next share but a packing
+    efficiency: the share of their rows' slots (``rows * max_seq_length``) holding a token."""
     rows, masked = max(stats.get("rows", 0), 1), max(stats.get("masked", 0), 1)
-    real = max(stats.get("tokens", 0) - 3 * stats.get("rows", 0), 1)
+    if "special_tokens" in stats:
+        real = max(stats.get("tokens", 0) - stats["special_tokens"], 1)
+        extra = {"packing_efficiency": round(stats.get("tokens", 0) / (rows * max_seq_length), 6)}
+    else:
+        real = max(stats.get("tokens", 0) - 3 * stats.get("rows", 0), 1)
+        extra = {"random_next_share": round(stats.get("random_next", 0) / rows, 6)}
     return {
         **stats,
+        **extra,
         "documents": documents,
-        "random_next_share": round(stats.get("random_next", 0) / rows, 6),
         "short_row_share": round(1 - stats.get("full_length_rows", 0) / rows, 6),
         "masks_per_row": round(stats.get("masked", 0) / rows, 6),
         "masked_share_of_real_tokens": round(stats.get("masked", 0) / real, 6),
@@ -79,10 +87,15 @@ def write_manifest(
     skipped = {kind: n for (group, kind), n in counts.items() if group == "skipped"}
     noticed = {kind: n for (group, kind), n in counts.items() if group == "input"}
     stats = {
-        **summary_stats(merge_stats(s["stats"] for s in shards), documents),
+        **summary_stats(merge_stats(s["stats"] for s in shards), documents, config.max_seq_length),
         "buckets": buckets,
         "input": dict(sorted(noticed.items())),
     }
+    if config.capped_rate:  # rows whose prediction count the cap lowered (by their length)
+        lengths = np.arange(config.max_seq_length + 1)
+        wanted = np.maximum(1, np.rint(lengths * config.masked_lm_prob))
+        histogram = np.asarray(stats["length_histogram"])
+        stats["rows_capped"] = int(histogram[wanted > config.max_predictions_per_seq].sum())
     params = {**config.params(), "num_shards": num_shards}
     if config.wwm_segmenter != "none":  # the words, so the masks, depend on its version
         params["wwm_segmenter_version"] = segmenter_version(config.wwm_segmenter)

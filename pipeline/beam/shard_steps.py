@@ -148,7 +148,11 @@ def key_ranges(blocks: list[bytes], parts: int, part: int) -> Iterator[RowBlock]
 
 
 def encoded_bodies(
-    ranges: Iterable[RowBlock], schema, mask_id: int, max_seq_length: int, stats: list[dict]
+    ranges: Iterable[RowBlock],
+    schema,
+    special: tuple[int, int],
+    max_seq_length: int,
+    stats: list[dict],
 ) -> Iterator[bytes]:
     """The record-batch messages of rows coming in key order, range after range: the bytes
     :func:`shard_writer.encode_shard_body` gives for all of them at once. Each range's
@@ -156,21 +160,22 @@ def encoded_bodies(
     into the next range (so the batches fall where they would, and each message has 64
     rows after it as it would: see ``encode_shard_body``); the last range writes the rest.
     Nothing at all gives the one empty batch an empty shard holds. Each written piece's
-    statistics are appended to ``stats``."""
+    statistics are appended to ``stats``; ``special`` is the ([MASK], [SEP]) ids."""
     batch = shard_format.DEFAULT_BATCH_SIZE
+    kind = shard_format.schema_kind(schema)
     carry = RowBlock.empty()
     for rows in ranges:
         rows = RowBlock.concat([carry, rows])
         stop = max(0, len(rows) - memory.HELD_ROWS) // batch * batch
         if stop:
-            stats.append(block_stats(rows.take(np.arange(stop)), mask_id, max_seq_length))
-            yield shard_writer.encode_shard_body(rows.columns(), schema, stop=stop)
+            stats.append(block_stats(rows.take(np.arange(stop)), *special, max_seq_length, kind))
+            yield shard_writer.encode_shard_body(rows.columns(kind), schema, stop=stop)
             carry = rows.take(np.arange(stop, len(rows)))
         else:
             carry = rows
         del rows
-    stats.append(block_stats(carry, mask_id, max_seq_length))
-    yield shard_writer.encode_shard_body(carry.columns(), schema)
+    stats.append(block_stats(carry, *special, max_seq_length, kind))
+    yield shard_writer.encode_shard_body(carry.columns(kind), schema)
 
 
 class WriteShard(beam.DoFn):
@@ -239,7 +244,9 @@ class JoinParts(beam.DoFn):
     def process(self, element, vocab: list[str]) -> Iterator[dict]:
         shard, parts = element
         parts = sorted(parts, key=lambda p: p["part"])
-        schema = shard_format.shard_schema(len(vocab), self._config.max_seq_length)
+        schema = shard_format.shard_schema(
+            len(vocab), self._config.max_seq_length, self._config.kind
+        )
         name = shard_format.shard_name(shard, self._num_shards)
         # One part in memory at a time: header, the parts' bodies in key order, end marker.
         chunks = shard_writer.shard_chunks(map(_read, (p["path"] for p in parts)), schema)
@@ -275,19 +282,36 @@ def write_sorted(
     """Write rows coming in key order, range after range (:func:`key_ranges`), atomically:
     a whole shard, or (``whole`` False) the body of one part. Returns size, sha256 and the
     rows' statistics."""
-    schema = shard_format.shard_schema(len(vocab), config.max_seq_length)
+    schema = shard_format.shard_schema(len(vocab), config.max_seq_length, config.kind)
     stats: list[dict] = []
-    bodies = encoded_bodies(ranges, schema, vocab.index("[MASK]"), config.max_seq_length, stats)
+    special = (vocab.index("[MASK]"), vocab.index("[SEP]"))
+    bodies = encoded_bodies(ranges, schema, special, config.max_seq_length, stats)
     chunks = shard_writer.shard_chunks(bodies, schema) if whole else bodies
     size, sha256 = write_atomic(path, chunks)
     return size, sha256, merge_stats(stats)
 
 
-def block_stats(block: RowBlock, mask_id: int, max_seq_length: int) -> dict[str, int | list[int]]:
-    """Integer sums (so merging shards is exact and order-free) for the manifest."""
+def block_stats(
+    block: RowBlock, mask_id: int, sep_id: int, max_seq_length: int, kind: str = "nsp"
+) -> dict[str, int | list[int]]:
+    """Integer sums (so merging shards is exact and order-free) for the manifest. MLM rows
+    also count their special tokens (``[CLS]``, ``[SEP]`` ends and separators): a masked
+    position is never one, whatever random id it now holds."""
     lengths = np.diff(block.row_offsets)
     at_positions = block.row_offsets[:-1].repeat(np.diff(block.mlm_offsets))
     values = block.input_ids[at_positions + block.masked_lm_positions]
+    if kind != "nsp":
+        separators = int((block.input_ids == sep_id).sum()) - int((values == sep_id).sum())
+        return {
+            "rows": len(block),
+            "tokens": int(lengths.sum()),
+            "special_tokens": len(block) + separators,
+            "full_length_rows": int((lengths == max_seq_length).sum()),
+            "masked": len(block.masked_lm_ids),
+            "masked_as_mask": int((values == mask_id).sum()),
+            "masked_kept": int((values == block.masked_lm_ids).sum()),
+            "length_histogram": np.bincount(lengths, minlength=max_seq_length + 1).tolist(),
+        }
     return {
         "rows": len(block),
         "tokens": int(lengths.sum()),

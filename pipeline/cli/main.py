@@ -153,6 +153,20 @@ def _build(
     )
     if not verbose:
         logger.info("Beam's log: %s (--verbose or BERT_VERBOSE=1 shows it here)", log_file)
+    if config.capped_rate:
+        logger.warning(
+            "--max_predictions_per_seq %d lowers the masking rate: a row of %d tokens gets "
+            "%d predictions at --masked_lm_prob %g, not %d (%.1f%% instead of %.1f%%); the "
+            "manifest's stats.rows_capped counts the rows it lowers. Leave it out to let "
+            "the cap follow the rate",
+            config.max_predictions_per_seq,
+            config.max_seq_length,
+            config.max_predictions_per_seq,
+            config.masked_lm_prob,
+            round(config.max_seq_length * config.masked_lm_prob),
+            100 * config.max_predictions_per_seq / config.max_seq_length,
+            100 * config.masked_lm_prob,
+        )
     failed = run_pipeline(
         options,
         lambda p: build.build_graph(p, config, plan),
@@ -174,14 +188,18 @@ def _build(
         return 2
     elapsed = time.perf_counter() - start
     stats, skipped = manifest["stats"], manifest["skipped"]
+    if "random_next_share" in stats:
+        shape = f"random-next {100 * stats['random_next_share']:.1f}%"
+    else:
+        shape = f"{config.kind} rows, {100 * stats['packing_efficiency']:.1f}% of slots filled"
     logger.info(
-        "done in %.1f s: %d documents -> %d rows in %d shards; random-next %.1f%%, "
+        "done in %.1f s: %d documents -> %d rows in %d shards; %s, "
         "%.1f masks/row, %.1f%% of rows shorter than %d; skipped %s",
         elapsed,
         stats["documents"],
         manifest["num_rows"],
         len(manifest["shards"]),
-        100 * stats["random_next_share"],
+        shape,
         stats["masks_per_row"],
         100 * stats["short_row_share"],
         config.max_seq_length,

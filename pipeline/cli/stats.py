@@ -35,12 +35,22 @@ def compute_stats(directory: str) -> dict:
         ValueError: a shard does not match the manifest (names the file).
     """
     manifest = shard_format.read_manifest(directory)
+    nsp = shard_format.manifest_kind(manifest) == "nsp"
     mask_id = manifest["vocab"]["special_ids"]["mask"]
+    sep_id = manifest["vocab"]["special_ids"]["sep"]
     max_len = manifest["schema"]["max_seq_length"]
     lengths_hist = np.zeros(max_len + 1, dtype=np.int64)
     masks_hist = np.zeros(max_len + 1, dtype=np.int64)
     totals = dict(
-        rows=0, tokens=0, masked=0, as_mask=0, kept=0, random_next=0, full_rows=0, full_row_masks=0
+        rows=0,
+        tokens=0,
+        specials=0,
+        masked=0,
+        as_mask=0,
+        kept=0,
+        random_next=0,
+        full_rows=0,
+        full_row_masks=0,
     )
     for entry in manifest["shards"]:
         path = directory.rstrip("/") + "/" + entry["name"]
@@ -48,14 +58,25 @@ def compute_stats(directory: str) -> dict:
         if table.num_rows == 0:
             continue
         lengths = pc.list_value_length(table["input_ids"]).to_numpy()
-        n_masks = pc.list_value_length(table["masked_lm_positions"]).to_numpy()
-        lengths_hist += np.bincount(lengths, minlength=max_len + 1)
-        masks_hist += np.bincount(n_masks, minlength=max_len + 1)
         ids = pc.list_flatten(table["input_ids"]).to_numpy().astype(np.int64)
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-        positions = pc.list_flatten(table["masked_lm_positions"]).to_numpy().astype(np.int64)
-        original = pc.list_flatten(table["masked_lm_ids"]).to_numpy().astype(np.int64)
+        if "masked_lm_positions" in table.column_names:
+            n_masks = pc.list_value_length(table["masked_lm_positions"]).to_numpy()
+            positions = pc.list_flatten(table["masked_lm_positions"]).to_numpy().astype(np.int64)
+            original = pc.list_flatten(table["masked_lm_ids"]).to_numpy().astype(np.int64)
+        else:  # unmasked MLM rows
+            n_masks = np.zeros(len(lengths), dtype=np.int64)
+            positions = original = np.zeros(0, dtype=np.int64)
+        lengths_hist += np.bincount(lengths, minlength=max_len + 1)
+        masks_hist += np.bincount(n_masks, minlength=max_len + 1)
         shown = ids[np.repeat(starts, n_masks) + positions]
+        # [CLS] and every [SEP] (NSP rows: one [CLS], two [SEP]; a masked position is text).
+        if nsp:
+            totals["specials"] += 3 * table.num_rows
+            totals["random_next"] += int(pc.sum(table["next_sentence_label"]).as_py() or 0)
+        else:
+            totals["specials"] += table.num_rows + int((ids == sep_id).sum())
+            totals["specials"] -= int((shown == sep_id).sum())
         full = lengths == max_len
         totals["full_rows"] += int(full.sum())
         totals["full_row_masks"] += int(n_masks[full].sum())
@@ -64,26 +85,25 @@ def compute_stats(directory: str) -> dict:
         totals["masked"] += len(positions)
         totals["as_mask"] += int((shown == mask_id).sum())
         totals["kept"] += int((shown == original).sum())
-        totals["random_next"] += int(pc.sum(table["next_sentence_label"]).as_py() or 0)
     rows, masked = max(totals["rows"], 1), max(totals["masked"], 1)
+    real = totals["tokens"] - totals["specials"]
     max_predictions = manifest["params"].get("max_predictions_per_seq", max_len)
     return {
         "rows": totals["rows"],
         "tokens": totals["tokens"],
-        "real_tokens": totals["tokens"] - 3 * totals["rows"],  # [CLS] and two [SEP] left out
+        "real_tokens": real,  # [CLS] and every [SEP] left out
         "mean_length": round(totals["tokens"] / rows, 3),
         "length_percentiles": histogram_percentiles(lengths_hist, (5, 25, 50, 75, 95, 99)),
         "short_row_share": round(1 - totals["full_rows"] / rows, 4),
         "masks_per_row": round(totals["masked"] / rows, 3),
         "masks_per_full_row": round(totals["full_row_masks"] / max(totals["full_rows"], 1), 3),
         "rows_at_max_predictions_share": round(int(masks_hist[max_predictions:].sum()) / rows, 4),
-        "masked_share_of_real_tokens": round(
-            totals["masked"] / max(totals["tokens"] - 3 * rows, 1), 4
-        ),
+        "masked_share_of_real_tokens": round(totals["masked"] / max(real, 1), 4),
         "mask_token_share": round(totals["as_mask"] / masked, 4),
         "kept_share": round(totals["kept"] / masked, 4),
         "random_id_share": round(1 - (totals["as_mask"] + totals["kept"]) / masked, 4),
-        "random_next_share": round(totals["random_next"] / rows, 4),
+        **({"random_next_share": round(totals["random_next"] / rows, 4)} if nsp else {}),
+        "packing_efficiency": round(totals["tokens"] / (rows * max_len), 4),
         "length_histogram": lengths_hist.tolist(),
         "masks_histogram": masks_hist.tolist(),
         "skipped": manifest["skipped"],
@@ -141,7 +161,10 @@ def plot(stats: dict, out_dir: str) -> list[str]:
     right.bar(["[MASK]", "random", "kept"], shares)
     right.axhline(0.8, ls="--", c="gray")
     right.axhline(0.1, ls="--", c="gray")
-    right.set_title(f"Predictions; random-next {100 * stats['random_next_share']:.1f}%")
+    if "random_next_share" in stats:
+        right.set_title(f"Predictions; random-next {100 * stats['random_next_share']:.1f}%")
+    else:
+        right.set_title("Predictions (MLM rows: no next-sentence label)")
     paths.append(os.path.join(out_dir, "masking.png"))
     fig.tight_layout()
     save_png(fig, paths[-1])

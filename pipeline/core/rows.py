@@ -1,4 +1,4 @@
-"""``RowBlock``: masked NSP rows in flat numpy arrays, the unit moved between Beam steps.
+"""``RowBlock``: rows in flat numpy arrays, the unit moved between Beam steps.
 
 Rows travel from instance creation to the shard writers grouped by shard. A block
 stores each ragged column as one flat array plus row offsets, so pickling a block
@@ -8,6 +8,7 @@ row costs microseconds each).
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from pipeline.shards.shard_format import KIND_COLUMNS
 from pipeline.shards.shard_writer import Ragged
 
 # Rows per step of take_rows (about 300k values at BERT's lengths).
@@ -108,7 +110,11 @@ class RowBlock:
     ``masked_lm_positions``/``masked_lm_ids`` share ``mlm_offsets``. Segment ids are
     not stored: ``b_starts`` [R] holds each row's position of B's first token (the
     segment ids are 0 before it, 1 from it on). Ids and positions use narrow integer
-    types (uint16 where they fit): blocks cross the shuffle."""
+    types (uint16 where they fit): blocks cross the shuffle.
+
+    MLM rows (packed sentences) use the same arrays: ``b_starts`` is the row's length
+    (one segment), ``next_sentence_label`` 0 (not written), the masks empty unless
+    static, and ``continues_word`` bool, flat like ``input_ids`` (empty for NSP rows)."""
 
     keys: np.ndarray
     input_ids: np.ndarray
@@ -118,6 +124,7 @@ class RowBlock:
     masked_lm_ids: np.ndarray
     mlm_offsets: np.ndarray
     next_sentence_label: np.ndarray
+    continues_word: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, bool))
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -197,6 +204,7 @@ class RowBlock:
             "next_sentence_label",
         )
         values = {name: np.concatenate([getattr(b, name) for b in blocks]) for name in flat}
+        values["continues_word"] = np.concatenate([b.continues_word for b in blocks])
         return cls(row_offsets=offsets("row_offsets"), mlm_offsets=offsets("mlm_offsets"), **values)
 
     @classmethod
@@ -220,7 +228,9 @@ class RowBlock:
 
     def take(self, order: np.ndarray) -> RowBlock:
         """The rows at indices ``order`` (int [K]), in that order."""
-        (input_ids,), row_offsets = take_rows([self.input_ids], self.row_offsets, order)
+        packed = len(self.continues_word) == len(self.input_ids) > 0
+        flat = [self.input_ids, self.continues_word] if packed else [self.input_ids]
+        (input_ids, *words), row_offsets = take_rows(flat, self.row_offsets, order)
         masks, mlm_offsets = take_rows(
             [self.masked_lm_positions, self.masked_lm_ids], self.mlm_offsets, order
         )
@@ -232,6 +242,7 @@ class RowBlock:
             *masks,
             mlm_offsets,
             self.next_sentence_label[order],
+            words[0] if packed else self.continues_word[:0],
         )
 
     def segment_ids(self) -> np.ndarray:
@@ -245,12 +256,15 @@ class RowBlock:
         steps[self.row_offsets[1:]] -= 1
         return np.cumsum(steps[:-1], dtype=np.int8)
 
-    def columns(self) -> dict[str, Ragged | np.ndarray]:
-        """The mapping :func:`pipeline.shards.shard_writer.encode_shard` takes."""
-        return {
+    def columns(self, kind: str = "nsp") -> dict[str, Ragged | np.ndarray]:
+        """The mapping :func:`pipeline.shards.shard_writer.encode_shard` takes, for the
+        row kind's columns (``pipeline.shards.shard_format.KIND_COLUMNS``)."""
+        columns = {
             "input_ids": Ragged(self.input_ids, self.row_offsets),
             "segment_ids": Ragged(self.segment_ids(), self.row_offsets),
+            "continues_word": Ragged(self.continues_word, self.row_offsets),
             "masked_lm_positions": Ragged(self.masked_lm_positions, self.mlm_offsets),
             "masked_lm_ids": Ragged(self.masked_lm_ids, self.mlm_offsets),
             "next_sentence_label": self.next_sentence_label,
         }
+        return {name: columns[name] for name in KIND_COLUMNS[kind]}

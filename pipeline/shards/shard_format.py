@@ -42,6 +42,8 @@ __all__ = [
     "COLUMNS",
     "DEFAULT_BATCH_SIZE",
     "FORMAT_VERSION",
+    "KINDS",
+    "KIND_COLUMNS",
     "LIST_COLUMNS",
     "MANIFEST_NAME",
     "SPECIAL_ID_NAMES",
@@ -53,12 +55,15 @@ __all__ = [
     "is_remote",
     "iter_rows",
     "join_path",
+    "kind_columns",
+    "manifest_kind",
     "open_shard",
     "parse_shard_name",
     "read_bytes",
     "read_manifest",
     "resolve",
     "row_to_numpy",
+    "schema_kind",
     "schema_params",
     "sha256_file",
     "shard_name",
@@ -79,6 +84,14 @@ TOKENIZER_NAME = "tokenizer.json"
 DEFAULT_BATCH_SIZE = 1024  # rows per Arrow record batch
 LIST_COLUMNS = ("input_ids", "segment_ids", "masked_lm_positions", "masked_lm_ids")
 COLUMNS = (*LIST_COLUMNS, "next_sentence_label")
+# Row kinds (FORMAT.md, "Row kinds"): Google's NSP rows with static masks; MLM-only rows of
+# packed sentences, unmasked (the trainer masks them) or with static masks.
+KINDS = ("nsp", "mlm", "mlm_masked")
+KIND_COLUMNS = {
+    "nsp": COLUMNS,
+    "mlm": ("input_ids", "continues_word"),
+    "mlm_masked": ("input_ids", "continues_word", "masked_lm_positions", "masked_lm_ids"),
+}
 # The keys of the manifest's vocab.special_ids, in Google's order (ids 0..4 in our vocabs);
 # the tokens themselves are "[PAD]", ... (pipeline/core/wordpiece.py SPECIAL_TOKENS).
 SPECIAL_ID_NAMES = ("pad", "unk", "cls", "sep", "mask")
@@ -86,6 +99,7 @@ SPECIAL_ID_NAMES = ("pad", "unk", "cls", "sep", "mask")
 _VERSION_KEY = b"bert_shard_format_version"
 _VOCAB_KEY = b"bert_shard_vocab_size"
 _SEQ_KEY = b"bert_shard_max_seq_length"
+_KIND_KEY = b"bert_shard_kind"  # absent: nsp (every shard written before the MLM kinds)
 _MAX_LIST_VALUES = 2**31 - 1  # list offsets are int32
 _EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # Arrow IPC end-of-stream marker
 _SHARD_RE = re.compile(r"shard-(\d{5})-of-(\d{5})\.arrow")
@@ -122,32 +136,67 @@ def parse_shard_name(name: str) -> tuple[int, int]:
     return int(match[1]), int(match[2])
 
 
-def shard_schema(vocab_size: int, max_seq_length: int) -> pa.Schema:
-    """The Arrow schema of every shard written for this vocab size and sequence length.
+def kind_columns(kind: str) -> tuple[str, ...]:
+    """The columns of a row kind, in schema order.
+
+    Raises:
+        ShardFormatError: a kind this reader does not know (naming the ones it knows).
+    """
+    if kind not in KIND_COLUMNS:
+        raise ShardFormatError(
+            f"row kind {kind!r} is unknown to this reader, which knows {list(KINDS)} — "
+            "upgrade bert-pipeline (or regenerate the shards with this version)"
+        )
+    return KIND_COLUMNS[kind]
+
+
+def manifest_kind(manifest: Mapping) -> str:
+    """The row kind a manifest describes: ``schema.kind``, absent (``nsp``) in manifests
+    written before the MLM kinds, which NSP builds still write byte for byte."""
+    return manifest["schema"].get("kind", "nsp")
+
+
+def shard_schema(vocab_size: int, max_seq_length: int, kind: str = "nsp") -> pa.Schema:
+    """The Arrow schema of every shard written for this vocab size, sequence length and row
+    kind. NSP schemas carry no kind in their metadata (their bytes are those of every NSP
+    shard before the MLM kinds); MLM schemas carry ``bert_shard_kind``.
 
     Raises:
         ValueError: vocab_size not an int in [1, 2**32] or max_seq_length not in [1, 65536].
+        ShardFormatError: an unknown kind.
     """
     _check_int("vocab_size", vocab_size, 1, 2**32)
     _check_int("max_seq_length", max_seq_length, 1, 2**16)
     token = pa.uint16() if vocab_size <= 2**16 else pa.uint32()
     position = pa.uint8() if max_seq_length <= 2**8 else pa.uint16()
-    fields = [
-        pa.field("input_ids", pa.list_(token)),
-        pa.field("segment_ids", pa.list_(pa.uint8())),
-        pa.field("masked_lm_positions", pa.list_(position)),
-        pa.field("masked_lm_ids", pa.list_(token)),
-        pa.field("next_sentence_label", pa.uint8()),
-    ]
+    types = {
+        "input_ids": pa.list_(token),
+        "segment_ids": pa.list_(pa.uint8()),
+        "continues_word": pa.list_(pa.bool_()),
+        "masked_lm_positions": pa.list_(position),
+        "masked_lm_ids": pa.list_(token),
+        "next_sentence_label": pa.uint8(),
+    }
+    fields = [pa.field(name, types[name]) for name in kind_columns(kind)]
     meta = {_VERSION_KEY: str(FORMAT_VERSION).encode(), _VOCAB_KEY: str(vocab_size).encode()}
-    return pa.schema(fields, metadata={**meta, _SEQ_KEY: str(max_seq_length).encode()})
+    meta[_SEQ_KEY] = str(max_seq_length).encode()
+    if kind != "nsp":
+        meta[_KIND_KEY] = kind.encode()
+    return pa.schema(fields, metadata=meta)
+
+
+def schema_kind(schema: pa.Schema) -> str:
+    """The row kind of a shard schema (``bert_shard_kind``; absent: ``nsp``)."""
+    return (schema.metadata or {}).get(_KIND_KEY, b"nsp").decode(errors="replace")
 
 
 def schema_params(schema: pa.Schema, *, where: str = "schema") -> tuple[int, int]:
-    """(vocab_size, max_seq_length) of a shard schema, checking it is exactly a version-1 schema.
+    """(vocab_size, max_seq_length) of a shard schema, checking it is exactly a version-1
+    schema of a known row kind (:func:`schema_kind` gives the kind).
 
     Raises:
-        ShardFormatError: another format version, or not a schema shard_schema() produces.
+        ShardFormatError: another format version, an unknown kind, or not a schema
+            shard_schema() produces.
     """
     meta = schema.metadata or {}
     version = meta.get(_VERSION_KEY, b"<missing>").decode(errors="replace")
@@ -156,9 +205,14 @@ def schema_params(schema: pa.Schema, *, where: str = "schema") -> tuple[int, int
             f"{where} has shard format version {version}; this reader supports {FORMAT_VERSION} "
             "— upgrade bert-pipeline (or regenerate the shards with this version)"
         )
+    kind = schema_kind(schema)
+    try:
+        kind_columns(kind)
+    except ShardFormatError as err:
+        raise ShardFormatError(f"{where}: {err}") from None
     try:
         params = int(meta[_VOCAB_KEY]), int(meta[_SEQ_KEY])
-        expected = shard_schema(*params)
+        expected = shard_schema(*params, kind)
     except (KeyError, ValueError) as err:
         raise ShardFormatError(f"{where} has bad schema metadata {meta!r}: {err}") from err
     if not schema.equals(expected, check_metadata=True):
@@ -240,23 +294,33 @@ def open_shard(path_or_uri: str | os.PathLike) -> pa.Table:
 
 
 def iter_rows(table: pa.Table) -> Iterator[dict[str, np.ndarray]]:
-    """Yield each row as {column: np.int64 array}: lists of shape (n,), the label of shape ()."""
+    """Yield each row as {column: np.int64 array}: lists of shape (n,), the label of shape ()
+    (``continues_word`` as bool)."""
+    names = table.column_names
+    list_names = [name for name in names if name != "next_sentence_label"]
     for batch in table.to_batches():
-        lists = {name: _list_to_numpy(batch.column(name)) for name in LIST_COLUMNS}
-        labels = batch.column("next_sentence_label").to_numpy().astype(np.int64)
+        lists = {name: _list_to_numpy(batch.column(name)) for name in list_names}
+        labels = None
+        if "next_sentence_label" in names:
+            labels = batch.column("next_sentence_label").to_numpy().astype(np.int64)
         for i in range(batch.num_rows):
             row = {
                 name: values[offsets[i] : offsets[i + 1]]
                 for name, (offsets, values) in lists.items()
             }
-            row["next_sentence_label"] = labels[i].reshape(())
+            if labels is not None:
+                row["next_sentence_label"] = labels[i].reshape(())
             yield row
 
 
 def _list_to_numpy(column: pa.ListArray) -> tuple[np.ndarray, np.ndarray]:
-    """(offsets from 0, int64 values) of a possibly sliced list array, converting only its rows."""
+    """(offsets from 0, values) of a possibly sliced list array, converting only its rows:
+    int64 values, or bool for a list of bools."""
     offsets = column.offsets.to_numpy()
-    return offsets - offsets[0], column.flatten().to_numpy().astype(np.int64)
+    values = column.flatten()
+    if pa.types.is_boolean(values.type):
+        return offsets - offsets[0], values.to_numpy(zero_copy_only=False)
+    return offsets - offsets[0], values.to_numpy().astype(np.int64)
 
 
 def row_to_numpy(table: pa.Table, index: int) -> dict[str, np.ndarray]:
@@ -327,7 +391,8 @@ def verify_directory(directory: str | os.PathLike) -> dict:
             sha256 differs, or a shard's schema disagrees with the manifest's.
     """
     manifest = read_manifest(directory)
-    expected = shard_schema(manifest["schema"]["vocab_size"], manifest["schema"]["max_seq_length"])
+    schema = manifest["schema"]
+    expected = shard_schema(schema["vocab_size"], schema["max_seq_length"], manifest_kind(manifest))
     for entry in manifest["shards"]:
         path = join_path(directory, entry["name"])
         if not verify_shard(path, entry).schema.equals(expected, check_metadata=True):
@@ -433,7 +498,14 @@ def _check_manifest(manifest, where: str) -> None:
     _check_fields(manifest["skipped"], dict.fromkeys(manifest["skipped"], int), f"{where}: skipped")
     for i, entry in enumerate(shards):
         _check_fields(entry, _SHARD_SPEC, f"{where}: shards[{i}]")
-    expected = shard_schema(schema["vocab_size"], schema["max_seq_length"])
+    if "kind" in schema and not isinstance(schema["kind"], str):
+        raise ValueError(f"{where}: schema.kind must be a JSON str, got {schema['kind']!r}")
+    try:
+        expected = shard_schema(
+            schema["vocab_size"], schema["max_seq_length"], manifest_kind(manifest)
+        )
+    except ShardFormatError as err:
+        raise ValueError(f"{where}: {err}") from None
     if schema["columns"] != {field.name: str(field.type) for field in expected}:
         raise ValueError(f"{where}: schema.columns {schema['columns']} do not match\n{expected}")
     if schema["vocab_size"] != vocab["size"]:

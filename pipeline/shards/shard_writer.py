@@ -37,15 +37,15 @@ from pipeline.shards.shard_format import (
     _VOCAB_OPTIONAL,
     _VOCAB_SPEC,
     ALGORITHM_VERSION,
-    COLUMNS,
     DEFAULT_BATCH_SIZE,
     FORMAT_VERSION,
-    LIST_COLUMNS,
     _check_int,
     _check_manifest,
     _reject_unknown,
     is_remote,
+    kind_columns,
     resolve,
+    schema_kind,
     schema_params,
     shard_schema,
 )
@@ -64,12 +64,12 @@ def encode_shard(
     pyarrow's, so runners that must agree byte for byte should pin the same pyarrow.
 
     Args:
-        columns: one entry per name in COLUMNS. The four list columns are sequences with one
-            1-D integer array (any int dtype, e.g. np.int32, or a list of ints) per row, or a
-            ``Ragged`` (flat values + offsets);
-            ``next_sentence_label`` is a sequence of bools/ints, one per row. Row i of the shard
-            is element i of each column.
-        schema: from shard_schema(); its metadata gives vocab_size and max_seq_length.
+        columns: one entry per column of the schema's row kind (``KIND_COLUMNS``; NSP rows:
+            COLUMNS). The list columns are sequences with one 1-D integer array (any int
+            dtype, e.g. np.int32, or a list of ints; bools for ``continues_word``) per row,
+            or a ``Ragged`` (flat values + offsets); ``next_sentence_label`` is a sequence
+            of bools/ints, one per row. Row i of the shard is element i of each column.
+        schema: from shard_schema(); its metadata gives vocab_size, max_seq_length and kind.
         batch_size: rows per record batch (the last one may be shorter).
         stop: write only the record batches of the first ``stop`` rows (a multiple of
             ``batch_size``; none when 0), sliced from all the rows: the batches are then
@@ -83,19 +83,29 @@ def encode_shard(
             more than 2**31 - 1 values in one list column. Messages name the column and row.
     """
     vocab_size, max_seq_length = schema_params(schema)
+    kind = schema_kind(schema)
+    names = kind_columns(kind)
     _check_int("batch_size", batch_size, 1, None)
-    if set(columns) != set(COLUMNS):
-        raise ValueError(f"columns must be exactly {list(COLUMNS)}, got {sorted(columns)}")
-    counts = {name: _num_rows(columns[name]) for name in COLUMNS}
+    if set(columns) != set(names):
+        raise ValueError(
+            f"{kind} rows have exactly the columns {list(names)}, got {sorted(columns)}"
+        )
+    counts = {name: _num_rows(columns[name]) for name in names}
     if len(set(counts.values())) != 1:
         raise ValueError(f"all columns must have the same number of rows, got {counts}")
-    flat = {name: _flatten(name, columns[name]) for name in LIST_COLUMNS}
-    labels = _as_int64(columns["next_sentence_label"], "next_sentence_label", "iub")
-    if labels.ndim != 1:
-        raise ValueError("next_sentence_label must be a 1-D sequence with one value per row")
-    validate.check_rows(flat, labels, vocab_size=vocab_size, max_seq_length=max_seq_length)
-    arrays = [_list_array(*flat[name], schema.field(name).type) for name in LIST_COLUMNS]
-    arrays.append(_from_numpy(labels.astype(np.uint8), pa.uint8()))
+    list_names = [name for name in names if name != "next_sentence_label"]
+    flat = {name: _flatten(name, columns[name]) for name in list_names}
+    labels = None
+    if "next_sentence_label" in names:
+        labels = _as_int64(columns["next_sentence_label"], "next_sentence_label", "iub")
+        if labels.ndim != 1:
+            raise ValueError("next_sentence_label must be a 1-D sequence with one value per row")
+    validate.check_rows(
+        flat, labels, vocab_size=vocab_size, max_seq_length=max_seq_length, kind=kind
+    )
+    arrays = [_list_array(*flat[name], schema.field(name).type) for name in list_names]
+    if labels is not None:
+        arrays.append(_from_numpy(labels.astype(np.uint8), pa.uint8()))
     rows = pa.RecordBatch.from_arrays(arrays, schema=schema)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, schema, options=_IPC_OPTIONS) as writer:
@@ -145,7 +155,7 @@ def encode_shard_body(
 def join_shard_bodies(bodies: Sequence[bytes], schema: pa.Schema) -> bytes:
     """One shard stream from the bodies of its parts, in order (none: an empty shard)."""
     if not any(bodies):
-        return encode_shard({name: [] for name in COLUMNS}, schema)
+        return encode_shard({name: [] for name in kind_columns(schema_kind(schema))}, schema)
     return b"".join(shard_chunks(bodies, schema))
 
 
@@ -161,19 +171,20 @@ def _num_rows(column) -> int:
     return len(column.offsets) - 1 if isinstance(column, Ragged) else len(column)
 
 
-def rows_to_columns(rows: Sequence[Mapping]) -> dict[str, list]:
+def rows_to_columns(rows: Sequence[Mapping], kind: str = "nsp") -> dict[str, list]:
     """Transpose row dicts into the column mapping encode_shard takes.
 
     ``[{"input_ids": a0, ...}, {"input_ids": a1, ...}] -> {"input_ids": [a0, a1], ...}``
 
     Raises:
-        ValueError: a row lacks one of COLUMNS (extra keys are ignored).
+        ValueError: a row lacks one of ``kind``'s columns (extra keys are ignored).
     """
+    names = kind_columns(kind)
     for i, row in enumerate(rows):
-        missing = [name for name in COLUMNS if name not in row]
+        missing = [name for name in names if name not in row]
         if missing:
             raise ValueError(f"row {i} lacks column(s) {missing}")
-    return {name: [row[name] for row in rows] for name in COLUMNS}
+    return {name: [row[name] for row in rows] for name in names}
 
 
 def _as_int64(values, name: str, kinds: str) -> np.ndarray:
@@ -201,7 +212,7 @@ def _flatten(name: str, rows: Sequence | Ragged) -> tuple[np.ndarray, np.ndarray
     Values are int64, except that a Ragged's values keep their integer dtype."""
     if isinstance(rows, Ragged):
         values, offsets = np.asarray(rows.values), np.asarray(rows.offsets, dtype=np.int64)
-        if values.ndim != 1 or (values.size and values.dtype.kind not in "iu"):
+        if values.ndim != 1 or (values.size and values.dtype.kind not in "iub"):
             raise ValueError(f"{name}: values must be a 1-D integer array")
         if (
             offsets.ndim != 1
@@ -219,7 +230,7 @@ def _flatten(name: str, rows: Sequence | Ragged) -> tuple[np.ndarray, np.ndarray
     for i, array in enumerate(arrays):
         if array.ndim != 1:
             raise ValueError(f"{name}: row {i} must be 1-D, got shape {array.shape}")
-        if array.size and array.dtype.kind not in "iu":
+        if array.size and array.dtype.kind not in "iub":
             raise ValueError(f"{name}: row {i} must hold integers, got dtype {array.dtype}")
     offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
     np.cumsum([array.size for array in arrays], out=offsets[1:])
@@ -234,6 +245,15 @@ def _flatten(name: str, rows: Sequence | Ragged) -> tuple[np.ndarray, np.ndarray
 
 
 def _list_array(values: np.ndarray, offsets: np.ndarray, list_type: pa.DataType) -> pa.Array:
+    if pa.types.is_boolean(list_type.value_type):
+        flags = pa.Array.from_buffers(
+            pa.bool_(),
+            len(values),
+            [None, pa.py_buffer(np.packbits(values != 0, bitorder="little"))],
+        )
+        return pa.ListArray.from_arrays(
+            _from_numpy(offsets.astype(np.int32), pa.int32()), flags, type=list_type
+        )
     target = np.dtype(str(list_type.value_type))
     narrow = _from_numpy(values.astype(target, copy=False), list_type.value_type)
     return pa.ListArray.from_arrays(
@@ -397,16 +417,20 @@ def build_manifest(
         _reject_unknown(entry, _SHARD_SPEC, f"shards[{i}]")
     if "max_seq_length" not in params or "size" not in vocab:
         raise ValueError("params.max_seq_length and vocab.size are required: they fix the schema")
-    schema = shard_schema(int(vocab["size"]), int(params["max_seq_length"]))
+    kind = params_kind(params)
+    schema = shard_schema(int(vocab["size"]), int(params["max_seq_length"]), kind)
+    described = {
+        "vocab_size": vocab["size"],
+        "max_seq_length": params["max_seq_length"],
+        "columns": {field.name: str(field.type) for field in schema},
+    }
+    if kind != "nsp":  # NSP manifests keep the bytes they had before the MLM kinds
+        described["kind"] = kind
     draft = {
         "format_version": FORMAT_VERSION,
         "algorithm_version": ALGORITHM_VERSION,
         "created_by": created_by(),
-        "schema": {
-            "vocab_size": vocab["size"],
-            "max_seq_length": params["max_seq_length"],
-            "columns": {field.name: str(field.type) for field in schema},
-        },
+        "schema": described,
         "num_rows": sum(int(entry.get("rows", 0)) for entry in shards),
         "shards": sorted(
             (dict(entry) for entry in shards), key=lambda entry: str(entry.get("name"))
@@ -419,6 +443,17 @@ def build_manifest(
     manifest = json.loads(encode_manifest(draft))  # plain JSON types from here on
     _check_manifest(manifest, "build_manifest")
     return manifest
+
+
+def params_kind(params: Mapping) -> str:
+    """The row kind a build's parameters make: ``objective`` (absent: nsp) and, for MLM
+    rows, ``static_masks``."""
+    objective = params.get("objective", "nsp")
+    if objective == "nsp":
+        return "nsp"
+    if objective != "mlm":
+        raise ValueError(f"params.objective must be nsp or mlm, got {objective!r}")
+    return "mlm_masked" if params.get("static_masks") else "mlm"
 
 
 def encode_manifest(manifest: Mapping) -> bytes:

@@ -24,28 +24,35 @@ from pipeline.shards import shard_format
 
 def check_rows(
     flat: Mapping[str, tuple[np.ndarray, np.ndarray]],
-    labels: np.ndarray,
+    labels: np.ndarray | None,
     *,
     vocab_size: int,
     max_seq_length: int,
     max_predictions: int | None = None,
     special_ids: Mapping[str, int] | None = None,
+    kind: str = "nsp",
 ) -> None:
     """Check rows given flat against the format's rules (module docstring).
 
     Args:
         flat: ``{list column: (values (total,) any int dtype, offsets int64 (R + 1,))}``,
-            row ``r`` of a column being ``values[offsets[r]:offsets[r + 1]]``.
-        labels: int (R,), next_sentence_label.
+            row ``r`` of a column being ``values[offsets[r]:offsets[r + 1]]``: the list
+            columns of ``kind`` (``shard_format.KIND_COLUMNS``).
+        labels: int (R,), next_sentence_label; None for the MLM kinds, which have none.
         vocab_size: the schema's; ids must be below it.
         max_seq_length: the schema's; the longest row allowed.
         max_predictions: the manifest's ``max_predictions_per_seq``; None skips the count.
         special_ids: the manifest's ``vocab.special_ids`` (``pad unk cls sep mask``): also
             check the layout; None (the writer, which knows no vocab) skips it.
+        kind: the row kind. MLM rows have segment ids 0 throughout (not stored), no label,
+            ``[SEP]`` between the documents a row packs, and ``continues_word`` (one flag
+            per id, False at ``[CLS]``/``[SEP]``).
 
     Raises:
         ValueError: the first bad row, naming the column and the row.
     """
+    words = flat.get("continues_word")
+    flat, labels = _as_nsp_columns(flat, labels, kind)
     offsets = flat["input_ids"][1]
     lengths = np.diff(offsets)
     _require(lengths >= 1, offsets, "input_ids", "is empty")
@@ -75,7 +82,43 @@ def check_rows(
             f"masked_lm_positions: row {row} has value {positions[bad[0]]} not increasing"
         )
     if special_ids is not None and len(lengths):
-        _check_layout(flat, special_ids)
+        _check_layout(flat, special_ids, packed=kind != "nsp")
+        if words is not None:
+            ids = flat["input_ids"][0]
+            special = ids == special_ids["sep"]
+            positions, mlm_offsets = flat["masked_lm_positions"]
+            rows = np.repeat(np.arange(len(lengths)), np.diff(mlm_offsets))
+            special[offsets[rows] + positions.astype(np.int64)] = False  # any id, masked
+            special[offsets[:-1]] = special[offsets[1:] - 1] = True
+            _first_bad_value(
+                words[0].astype(bool) & special,
+                np.arange(len(ids)),
+                offsets,
+                "has continues_word true at position {p}, a [CLS]/[SEP]",
+            )
+
+
+def _as_nsp_columns(flat: Mapping, labels: np.ndarray | None, kind: str) -> tuple[dict, np.ndarray]:
+    """An MLM kind's columns with the NSP columns it lacks filled in as the format defines
+    them (segment ids 0, no masks, label 0), so one rule checks every kind; for NSP rows,
+    ``flat`` and ``labels`` as they are."""
+    names = set(shard_format.kind_columns(kind)) - {"next_sentence_label"}
+    if set(flat) != names:
+        raise ValueError(f"{kind} rows have the columns {sorted(names)}, got {sorted(flat)}")
+    if kind == "nsp":
+        return dict(flat), labels
+    ids, offsets = flat["input_ids"]
+    word_offsets = flat["continues_word"][1]
+    bad = np.flatnonzero(np.diff(word_offsets) != np.diff(offsets))
+    if bad.size:
+        raise ValueError(f"continues_word: row {bad[0]} has a different length than its input_ids")
+    out = dict(flat)
+    out.pop("continues_word")
+    out["segment_ids"] = (np.zeros(len(ids), dtype=np.uint8), offsets)
+    none = (np.zeros(0, dtype=np.int64), np.zeros(len(offsets), dtype=np.int64))
+    out.setdefault("masked_lm_positions", none)
+    out.setdefault("masked_lm_ids", none)
+    return out, np.zeros(len(offsets) - 1, dtype=np.int64)
 
 
 def check_values(
@@ -167,16 +210,24 @@ def _require(ok: np.ndarray, offsets: np.ndarray, name: str, what: str) -> None:
         )
 
 
-def table_columns(table: pa.Table) -> tuple[dict, np.ndarray]:
+def table_columns(table: pa.Table) -> tuple[dict, np.ndarray | None]:
     """A shard table as :func:`check_rows` takes it: ``({list column: (values, offsets
-    int64)}, labels int64)``."""
+    int64)}, labels int64, or None for the MLM kinds)``."""
     flat = {}
-    for name in shard_format.LIST_COLUMNS:
+    for name in table.column_names:
+        if name == "next_sentence_label":
+            continue
         column = table.column(name).combine_chunks()
         offsets = column.offsets.to_numpy()
-        values = column.flatten().to_numpy().astype(np.int64)
+        values = column.flatten()
+        if pa.types.is_boolean(values.type):
+            values = values.to_numpy(zero_copy_only=False)
+        else:
+            values = values.to_numpy().astype(np.int64)
         flat[name] = (values, (offsets - offsets[0]).astype(np.int64))
-    labels = table.column("next_sentence_label").to_numpy().astype(np.int64)
+    labels = None
+    if "next_sentence_label" in table.column_names:
+        labels = table.column("next_sentence_label").to_numpy().astype(np.int64)
     return flat, labels
 
 
@@ -195,12 +246,13 @@ def check_shard_rows(table: pa.Table, manifest: Mapping, where: str) -> None:
             max_seq_length=manifest["schema"]["max_seq_length"],
             max_predictions=manifest["params"].get("max_predictions_per_seq"),
             special_ids=manifest["vocab"]["special_ids"],
+            kind=shard_format.manifest_kind(manifest),
         )
     except ValueError as err:
         raise shard_format.ShardFormatError(f"{where}: {err}") from None
 
 
-def _check_layout(flat: Mapping, special: Mapping[str, int]) -> None:
+def _check_layout(flat: Mapping, special: Mapping[str, int], packed: bool = False) -> None:
     """Segment ids 0 then 1, and special ids only where the format puts them
     (pipeline/shards/FORMAT.md, "Special tokens").
 
@@ -216,6 +268,8 @@ def _check_layout(flat: Mapping, special: Mapping[str, int]) -> None:
         flat: ``{list column: (values, offsets int64 [R + 1])}`` of rows whose values
             and lengths are checked (at least one row).
         special: the manifest's ``vocab.special_ids`` (``pad unk cls sep mask``).
+        packed: MLM rows: one segment, and a ``[SEP]`` wherever one document ends and
+            the next begins (an unmasked ``[SEP]`` inside the row is such a slot).
 
     Raises:
         ValueError: ``"row {r} ..."``, the first bad row of the first check that fails.
@@ -239,6 +293,9 @@ def _check_layout(flat: Mapping, special: Mapping[str, int]) -> None:
     sep_slots = np.union1d(offsets[1:] - 1, a_ends)
     masked_rows = np.repeat(np.arange(num_rows), np.diff(mlm_offsets))
     masked = offsets[masked_rows] + positions.astype(np.int64)
+    if packed:
+        inner = np.flatnonzero(ids == special["sep"])
+        sep_slots = np.union1d(sep_slots, np.setdiff1d(inner, masked))
     slots = np.zeros(len(ids), dtype=bool)
     slots[cls_slots] = slots[sep_slots] = True
     on_slot = slots[masked]

@@ -310,7 +310,7 @@ def test_encode_rejects_bad_values_in_valid_shapes():
     for column, value, message in cases:
         with pytest.raises(ValueError, match=message):
             shard_writer.encode_shard({**base, column: value}, schema)
-    with pytest.raises(ValueError, match="columns must be exactly"):
+    with pytest.raises(ValueError, match="rows have exactly the columns"):
         shard_writer.encode_shard({**base, "input_mask": base["segment_ids"]}, schema)
     with pytest.raises(ValueError, match="same number of rows"):
         shard_writer.encode_shard({**base, "next_sentence_label": [0, 1]}, schema)

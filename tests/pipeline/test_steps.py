@@ -315,7 +315,7 @@ def test_a_write_group_is_written_range_by_range_with_the_same_bytes(tmp_path, m
     whole = (tmp_path / "whole").read_bytes()
     assert whole == shard_writer.encode_shard(rows.columns(), schema)
     assert size == len(whole) and sha256 == hashlib.sha256(whole).hexdigest()
-    assert stats == block_stats(rows, mask_id, 16)
+    assert stats == block_stats(rows, mask_id, VOCAB.index("[SEP]"), 16)
     # Part 1 of 2: the body of the rows whose keys' top bits fall in its half.
     half = rows.take(np.flatnonzero(rows.keys >= np.uint64(1 << 63)))
     write_sorted(str(tmp_path / "part"), key_ranges(blocks, 2, 1), VOCAB, cfg, whole=False)
