@@ -418,7 +418,8 @@ class BertForPreTraining(nn.Module):
             attention_mask: (B, T), 1 for real tokens and 0 for padding.
             masked_lm_positions: integer (B, P), indices into T; 0 marks padding.
             masked_lm_ids: integer (B, P), original ids at those positions; -100 marks padding.
-            next_sentence_label: integer (B,), 1 when segment B is random.
+            next_sentence_label: integer (B,), 1 when segment B is random; -100: no NSP target
+                (an MLM-only row), left out of the NSP loss (0 when no row has one).
             labels: integer (B, T), HF style: the original id at masked positions, -100
                 elsewhere. An alternative to masked_lm_positions / masked_lm_ids.
 
@@ -471,7 +472,13 @@ class BertForPreTraining(nn.Module):
                     f"next_sentence_label must have shape {tuple(input_ids.shape[:1])}, "
                     f"got {tuple(next_sentence_label.shape)}"
                 )
-            nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_label.long())
+            # The mean over labelled rows (-100: none, as on MLM-only shards), 0 without any:
+            # torch's mean would be 0/0. Bitwise torch's mean when every row has a label.
+            labelled = (next_sentence_label != IGNORE_INDEX).sum().clamp(min=1)
+            nsp_loss = (
+                F.cross_entropy(nsp_logits.float(), next_sentence_label.long(), reduction="sum")
+                / labelled
+            )
         if mlm_loss is not None or nsp_loss is not None:
             loss = sum(x for x in (mlm_loss, nsp_loss) if x is not None)
         return BertPreTrainingOutput(
