@@ -18,6 +18,7 @@ Rules (google-research/bert ``create_masked_lm_predictions``):
 - Each chosen position becomes ``[MASK]`` with probability 0.8, keeps its id
   with 0.1, and becomes a uniformly random id in ``[0, vocab_size)`` with 0.1
   (Google draws from the whole vocabulary, special tokens included).
+  ``MaskingConfig.mask_split`` sets other shares (the trainer's ``--mask-split``).
 
 Two entry points apply these rules; each is a pure function of the rows, the config
 and the randomness passed in, and neither is draw-for-draw compatible with Google's
@@ -51,9 +52,10 @@ import numpy as np
 from pipeline.core.rng import splitmix64
 
 # Google: 80% [MASK]; then a coin flip between keep (10%) and random id (10%).
-# One uniform u per prediction: u < 0.8 mask, u < 0.9 keep, else random id.
-_MASK_BELOW = 0.8
-_KEEP_BELOW = 0.9
+# One uniform u per prediction: u < 0.8 mask, u < 0.9 keep, else random id; another split
+# (mask, keep, random) moves the two thresholds to mask and 1 - random (1 - 0.1 == 0.9
+# exactly, so Google's split draws exactly as before).
+GOOGLE_SPLIT = (0.8, 0.1, 0.1)
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,8 @@ class MaskingConfig:
     max_predictions_per_seq: int = 20
     # Mask whole words: a "##" piece is masked with the word it continues.
     do_whole_word_mask: bool = False
+    # Shares of the predictions that become [MASK], keep their id, get a random id.
+    mask_split: tuple[float, float, float] = GOOGLE_SPLIT
 
     def __post_init__(self) -> None:
         """Raises ValueError naming the field when a value is out of range."""
@@ -77,6 +81,24 @@ class MaskingConfig:
             raise ValueError(f"max_predictions_per_seq must be an int >= 1, got {cap!r}")
         if not isinstance(self.do_whole_word_mask, bool):
             raise ValueError(f"do_whole_word_mask must be a bool, got {self.do_whole_word_mask!r}")
+        split = self.mask_split
+        if (
+            not isinstance(split, tuple)
+            or len(split) != 3
+            or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in split)
+            or not all(0.0 <= x <= 1.0 for x in split)
+            or abs(sum(split) - 1.0) > 1e-6
+        ):
+            raise ValueError(
+                f"mask_split must be three shares (mask, keep, random) in [0, 1] summing "
+                f"to 1, got {split!r}"
+            )
+
+    @property
+    def thresholds(self) -> tuple[float, float]:
+        """(mask_below, keep_below) of the one uniform u per prediction: u < mask_below
+        becomes [MASK], else u < keep_below keeps its id, else a random id."""
+        return float(self.mask_split[0]), 1.0 - float(self.mask_split[2])
 
 
 @dataclass(frozen=True, eq=False)
@@ -183,6 +205,7 @@ def mask_instances(
     config: MaskingConfig,
     vocab: MaskingVocab,
     gen: np.random.Generator,
+    word_joins: Sequence[np.ndarray] | None = None,
 ) -> list[MaskedInstance]:
     """Masks many rows at once (e.g. all NSP rows of one document's dupe pass).
 
@@ -193,24 +216,37 @@ def mask_instances(
         vocab: special ids, vocabulary size and (for whole-word masking)
             ``is_continuation``.
         gen: the only source of randomness; the result depends only on its state.
+        word_joins: optional, one bool ``[n_r]`` array per row: True where a token
+            continues the word of the token before it (an MLM shard's ``continues_word``
+            column); as :func:`mask_flat`'s ``word_joins``, with whole-word masking only.
 
     Returns:
         R masked rows, in order. A row without candidates gets no predictions.
 
     Raises:
         ValueError: a row is not a 1-D integer array, an id is outside
-            ``[0, vocab_size)``, or whole-word masking is asked for without
-            ``vocab.is_continuation``.
+            ``[0, vocab_size)``, whole-word masking is asked for without
+            ``vocab.is_continuation``, or ``word_joins`` without whole-word masking or
+            not one flag per id.
     """
     if config.do_whole_word_mask and vocab.is_continuation is None:
         raise ValueError("do_whole_word_mask needs MaskingVocab.is_continuation")
     if not rows:
         return []
     flat, offsets = _pack(rows, vocab.vocab_size)
+    joins = None
+    if word_joins is not None:
+        lengths = [len(j) for j in word_joins]
+        if not config.do_whole_word_mask or lengths != np.diff(offsets).tolist():
+            raise ValueError(
+                "word_joins needs do_whole_word_mask and one flag per id of each row: "
+                f"{sum(lengths)} flags in {len(lengths)} rows, {len(flat)} ids in {len(rows)}"
+            )
+        joins = np.concatenate(word_joins).astype(bool, copy=False)
     counts = num_to_predict(offsets[1:] - offsets[:-1], config)
-    selected = _select(flat, offsets, counts, vocab, gen, config.do_whole_word_mask)
+    selected = _select(flat, offsets, counts, vocab, gen, config.do_whole_word_mask, joins)
     masked_flat = flat.copy()
-    masked_flat[selected] = _replacements(flat[selected], vocab, gen)
+    masked_flat[selected] = _replacements(flat[selected], vocab, gen, config)
     return _unpack(masked_flat, flat, offsets, selected)
 
 
@@ -279,7 +315,7 @@ def mask_flat(
     columns = selected - offsets[rows]
     u, v = draws.at(rows, columns, 1), draws.at(rows, columns, 2)
     masked = flat.copy()
-    masked[selected] = _replace_with(flat[selected], u, v, vocab)
+    masked[selected] = _replace_with(flat[selected], u, v, vocab, config)
     return masked, selected
 
 
@@ -452,9 +488,9 @@ def _take_words_greedily(sizes: np.ndarray, bounds: np.ndarray, counts: np.ndarr
 
 
 def _replacements(
-    original: np.ndarray, vocab: MaskingVocab, gen: np.random.Generator
+    original: np.ndarray, vocab: MaskingVocab, gen: np.random.Generator, config: MaskingConfig
 ) -> np.ndarray:
-    """The 80/10/10 rule: ``[MASK]``, the original id, or a random id.
+    """The 80/10/10 rule (``config.mask_split``): ``[MASK]``, the original id, or a random id.
 
     Args:
         original: int32 ``[S]``, the ids at the chosen positions.
@@ -463,18 +499,19 @@ def _replacements(
         int32 ``[S]``, the ids to write there.
     """
     u, v = gen.random((2, len(original)))
-    return _replace_with(original, u, v, vocab)
+    return _replace_with(original, u, v, vocab, config)
 
 
 def _replace_with(
-    original: np.ndarray, u: np.ndarray, v: np.ndarray, vocab: MaskingVocab
+    original: np.ndarray, u: np.ndarray, v: np.ndarray, vocab: MaskingVocab, config: MaskingConfig
 ) -> np.ndarray:
     """:func:`_replacements` given its uniforms: ``u`` picks the rule, ``v`` the random id."""
     # floor(v * vocab_size) is uniform on [0, vocab_size) up to ~vocab_size / 2**53;
     # cheaper than gen.integers for small batches. min() guards a round-up.
     random_ids = np.minimum((v * vocab.vocab_size).astype(np.int32), vocab.vocab_size - 1)
-    replaced = np.where(u < _KEEP_BELOW, original, random_ids)
-    return np.where(u < _MASK_BELOW, np.int32(vocab.mask_id), replaced).astype(np.int32)
+    mask_below, keep_below = config.thresholds
+    replaced = np.where(u < keep_below, original, random_ids)
+    return np.where(u < mask_below, np.int32(vocab.mask_id), replaced).astype(np.int32)
 
 
 def _unpack(

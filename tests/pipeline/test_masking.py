@@ -292,3 +292,61 @@ def test_mask_flat_depends_only_on_each_rows_key():
     assert not np.array_equal(other, together)
     with pytest.raises(ValueError, match="one key per row"):
         mask_flat(flat, offsets, keys[:3], MaskingConfig(), VOCAB)
+
+
+# ----------------------------------------------------------------------------- mask_split, word_joins
+
+
+def test_googles_split_keeps_its_thresholds_exactly():
+    # 0.8 + 0.1 is 0.9000000000000001 in float64: keep_below is 1 - random, which is 0.9.
+    assert MaskingConfig().thresholds == (0.8, 0.9)
+    assert MaskingConfig(mask_split=(0.5, 0.2, 0.3)).thresholds == (0.5, 0.7)
+
+
+@pytest.mark.parametrize("split", [(0.5, 0.2, 0.3), (1.0, 0.0, 0.0), (0.0, 1.0, 0.0)])
+def test_mask_split_sets_the_shares(split):
+    config = MaskingConfig(masked_lm_prob=0.3, max_predictions_per_seq=40, mask_split=split)
+    results = mask_instances(make_rows(11, 400), config, VOCAB, np.random.default_rng(12))
+    chosen = np.concatenate([r.input_ids[r.masked_lm_positions] for r in results])
+    originals = np.concatenate([r.masked_lm_ids for r in results])
+    masked = chosen == MASK
+    kept = ~masked & (chosen == originals)
+    shares = masked.mean(), kept.mean(), 1 - masked.mean() - kept.mean()
+    # About 9,000 predictions: sd of a share <= 0.005; a random id equals the original 0.1%.
+    assert np.allclose(shares, split, atol=0.02), (shares, split)
+
+
+def test_word_joins_group_a_rows_tokens_as_words():
+    rows = make_rows(13, 200)  # no "##" pieces: every group comes from the joins
+    gen = np.random.default_rng(14)
+    joins = []
+    for r in rows:  # as a continues_word column: False at and right after [CLS] / [SEP]
+        special = (r == CLS) | (r == SEP)
+        joins.append((gen.random(len(r)) < 0.5) & ~special & ~np.roll(special, 1))
+    config = MaskingConfig(masked_lm_prob=0.3, max_predictions_per_seq=40, do_whole_word_mask=True)
+    results = mask_instances(rows, config, VOCAB, np.random.default_rng(15), word_joins=joins)
+    for r, row, j in zip(results, rows, joins, strict=True):
+        chosen = np.zeros(len(row), dtype=bool)
+        chosen[r.masked_lm_positions] = True
+        words = np.cumsum(~j)  # word number of each token (a join continues the one before)
+        for word in np.unique(words[chosen]):
+            assert chosen[words == word].all()  # a word is masked whole or not at all
+    plain = mask_instances(rows, config, VOCAB, np.random.default_rng(15))
+    assert any(
+        not np.array_equal(a.masked_lm_positions, b.masked_lm_positions)
+        for a, b in zip(results, plain, strict=True)
+    )
+
+
+def test_bad_split_or_word_joins_are_refused():
+    with pytest.raises(ValueError, match="mask_split"):
+        MaskingConfig(mask_split=(0.8, 0.1, 0.2))
+    with pytest.raises(ValueError, match="mask_split"):
+        MaskingConfig(mask_split=(1.2, -0.1, -0.1))
+    row = full_row()
+    joins = [np.zeros(len(row), dtype=bool)]
+    with pytest.raises(ValueError, match="word_joins needs do_whole_word_mask"):
+        mask_instances([row], MaskingConfig(), VOCAB, np.random.default_rng(0), word_joins=joins)
+    whole = MaskingConfig(do_whole_word_mask=True)
+    with pytest.raises(ValueError, match="one flag per id"):
+        mask_instances([row], whole, VOCAB, np.random.default_rng(0), word_joins=[joins[0][:5]])
