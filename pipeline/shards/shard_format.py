@@ -18,7 +18,12 @@ Y = uint8 if max_seq_length <= 256 else uint16:
 
 Schema metadata: ``bert_shard_format_version``, ``bert_shard_vocab_size`` and
 ``bert_shard_max_seq_length`` (ASCII decimals), so the schema is a pure function of
-(vocab_size, max_seq_length) and every shard of a run has the same one.
+(vocab_size, max_seq_length, kind) and every shard of a run has the same one.
+
+Those are NSP rows, Google's recipe. MLM-only rows (``KINDS``: ``mlm``, ``mlm_masked``) are
+packed sentences with ``input_ids`` and ``continues_word`` (list<bool>), plus the two mask
+columns for ``mlm_masked``; their schemas carry ``bert_shard_kind`` and their manifests
+``schema.kind``. FORMAT.md, "Row kinds".
 
 Check a directory from the shell: ``python -m pipeline validate DIR`` (every shard's files and
 rows).
