@@ -8,7 +8,8 @@ shown: a masked position reads ``[input>target]``, e.g. ``[[MASK]>river]``
 (replaced by ``[MASK]``), ``[lake>river]`` (a random id) or ``[river>river]``
 (kept). Masking is per WordPiece, so a word may be partly masked:
 ``ri [[MASK]>##ver]``. ``--words`` joins ``##`` pieces to the piece before them
-for easier reading (``ri ##ver`` -> ``river``), except at masked positions.
+for easier reading (``ri ##ver`` -> ``river``), except at masked positions; MLM rows
+join where their ``continues_word`` says (a segmenter's Chinese words too).
 """
 
 from __future__ import annotations
@@ -27,25 +28,33 @@ def decode_row(row: dict, vocab: Sequence[str], *, words: bool = False) -> str:
     """One row as text: its WordPieces separated by spaces, masks as ``[input>target]``.
 
     Args:
-        row: ``input_ids``, ``masked_lm_positions``, ``masked_lm_ids`` (1-D int arrays).
+        row: ``input_ids``, with ``masked_lm_positions``, ``masked_lm_ids`` (1-D int
+            arrays) where the rows are masked, ``continues_word`` (bool) for MLM rows.
         vocab: token strings by id.
-        words: join each ``##`` piece to the piece before it, unless either is masked.
+        words: join each ``##`` piece (for MLM rows: each token ``continues_word`` marks)
+            to the piece before it, unless either is masked.
 
     Example: ``[CLS] the ri ##ver [MASK] [SEP]`` with position 4 masked (target
     ``flows``) -> ``"[CLS] the ri ##ver [[MASK]>flows] [SEP]"``, or with ``words``
     ``"[CLS] the river [[MASK]>flows] [SEP]"``.
     """
-    targets = dict(
-        zip(row["masked_lm_positions"].tolist(), row["masked_lm_ids"].tolist(), strict=True)
-    )
+    targets = {}
+    if "masked_lm_positions" in row:
+        targets = dict(
+            zip(row["masked_lm_positions"].tolist(), row["masked_lm_ids"].tolist(), strict=True)
+        )
+    ids = row["input_ids"].tolist()
+    continues = row.get("continues_word")
+    if continues is None:
+        continues = [vocab[token].startswith("##") for token in ids]
     pieces: list[str] = []
     joinable = False  # whether a ## piece may join pieces[-1] (one that is not a mask)
-    for position, token in enumerate(row["input_ids"].tolist()):
+    for position, token in enumerate(ids):
         text = vocab[token]
         if position in targets:
             pieces.append(f"[{text}>{vocab[targets[position]]}]")
-        elif words and joinable and text.startswith("##"):
-            pieces[-1] += text[2:]
+        elif words and joinable and continues[position]:
+            pieces[-1] += text.removeprefix("##")
         else:
             pieces.append(text)
         joinable = position not in targets
@@ -65,10 +74,18 @@ def inspect(directory: str, num_rows: int, shard: int, *, words: bool = False) -
     lines = []
     for index in range(min(num_rows, table.num_rows)):
         row = shard_format.row_to_numpy(table, index)
-        random_next = "B is random" if row["next_sentence_label"] else "B follows A"
+        masked = len(row.get("masked_lm_ids", ()))
+        if "next_sentence_label" in row:
+            shape = "B is random" if row["next_sentence_label"] else "B follows A"
+        else:  # MLM rows: [SEP]s at the end and between the documents it packs
+            sep = manifest["vocab"]["special_ids"]["sep"]
+            inner = row["input_ids"][1:-1] == sep
+            if masked:
+                inner[row["masked_lm_positions"][row["masked_lm_positions"] > 0] - 1] = False
+            shape = f"{int(inner.sum()) + 1} document(s), no next-sentence label"
         lines.append(
             f"--- {shards[shard]['name']} row {index}: {len(row['input_ids'])} "
-            f"tokens, {len(row['masked_lm_ids'])} masked, {random_next}"
+            f"tokens, {masked} masked, {shape}"
         )
         lines.append(decode_row(row, vocab, words=words))
     return lines

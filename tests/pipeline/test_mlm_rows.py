@@ -384,3 +384,18 @@ def test_mlm_rows_are_the_same_bytes_on_every_runner(corpus, tmp_path, runner):
     run_build(corpus, tmp_path / "other", *options, *MLM_RUNNERS[runner])
     assert shard_format.read_manifest(tmp_path / "other") == reference
     assert shard_bytes(tmp_path / "other") == shard_bytes(tmp_path / "in-process")
+
+
+def test_stats_and_inspect_read_mlm_rows(corpus, tmp_path, capsys):
+    out = tmp_path / "mlm"
+    manifest = build(corpus, out, "--objective", "mlm", "--static_masks", "true")
+    capsys.readouterr()
+    assert main(["stats", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "random_next_share" not in printed
+    share = manifest["stats"]["packing_efficiency"]
+    assert re.search(rf"packing_efficiency: {share:.4f}".rstrip("0"), printed), printed
+    assert main(["inspect", str(out), "-n", "3", "--words"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("no next-sentence label") == 3 and "[CLS]" in printed
+    assert re.search(r"\[\S+>\S+\]", printed)  # a masked position as [input>target]
