@@ -34,6 +34,13 @@ rounded up to one of a few sizes: zero rows follow the N real ones through every
 GELU and LayerNorm, attention never sees them, and the encoder's output drops them.
 fp32 (MKL's kernels) and CUDA keep N rows. bench/precision_speed.py times fp32 against
 bf16.
+
+torch.compile: the host bookkeeping stays out of the graphs (``torch.compiler.disable``).
+``Packing.from_mask`` reads the row lengths with one device sync (a graph break anyway),
+and ``packed_attention`` sizes its grids by them on the host (numpy): traced, dynamo would
+guard on every row's length and recompile each batch until its cache limit, then run the
+model eagerly. Left out, the graphs hold the dense work between them, with symbolic N
+(trainer/compiling.py; bench/compile_speed.py --explain lists the graph breaks).
 """
 
 from __future__ import annotations
@@ -73,6 +80,7 @@ class Packing:
     _groups: AttentionGroups | None = field(default=None, repr=False)
 
     @classmethod
+    @torch.compiler.disable  # host bookkeeping, one device sync (module docstring)
     def from_mask(
         cls, attention_mask: torch.Tensor, predicted: torch.Tensor | None = None
     ) -> Packing:
@@ -314,6 +322,7 @@ def attention(
     return y.to(q.dtype)
 
 
+@torch.compiler.disable  # grids sized on the host (module docstring)
 def packed_attention(
     qkv: torch.Tensor, packing: Packing, num_heads: int, dropout_p: float, path: str
 ) -> torch.Tensor:
