@@ -28,6 +28,7 @@ MASKING = ("static", "dynamic")
 PRECISIONS = ("config", "fp32", "bf16", "auto")  # trainer/dsconfig.py with_precision
 TEACHER_DTYPES = ("auto", "fp32", "bf16")
 DISTILL_INITS = ("auto", "teacher", "random")
+COMPILE_MODES = ("off", "model", "step")  # trainer/compiling.py
 DEFAULT_MAX_STEPS = 1000
 
 
@@ -105,6 +106,16 @@ class TrainConfig:
     unpad: bool = option(
         True, "run the encoder on real tokens only (false: the padded reference path)"
     )
+    # trainer/compiling.py: what each mode compiles, and why it is off by default.
+    compile: str = option(
+        "off",
+        "torch.compile: off, model (encoder, heads and loss) or step (model and the "
+        "optimizer step)",
+        choices=COMPILE_MODES,
+    )
+    compile_cache: str | None = option(
+        None, "inductor's cache directory for --compile (default: OUTPUT_DIR/compile-cache)"
+    )
     export_hf: bool = option(True, "write a Hugging Face export to OUTPUT_DIR/hf at the end")
     record_samples: bool = option(
         False, "append each rank's trained row ids to OUTPUT_DIR/samples-rankN.txt"
@@ -165,7 +176,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         """Raises ValueError naming the flag of the first invalid value."""
-        for name in ("ds_config", "data", "output_dir", "model", "eval_data", "resume", "teacher"):
+        strings = ("model", "eval_data", "resume", "teacher", "compile_cache")
+        for name in ("ds_config", "data", "output_dir", *strings):
             value = getattr(self, name)
             if (value is not None or name in ("ds_config", "data", "output_dir")) and (
                 not isinstance(value, str) or not value
@@ -182,6 +194,8 @@ class TrainConfig:
                 raise ValueError(f"--{_flag(name)} must be an int >= {low}, got {value!r}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"--precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.compile not in COMPILE_MODES:
+            raise ValueError(f"--compile must be one of {COMPILE_MODES}, got {self.compile!r}")
         if self.masking not in MASKING:
             raise ValueError(f"--masking must be one of {MASKING}, got {self.masking!r}")
         if self.peak_tflops is not None and not self.peak_tflops > 0:

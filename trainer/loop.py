@@ -44,7 +44,7 @@ import torch
 
 from pipeline.core.rng import derive_seed
 
-from . import checkpoint, distributed, metrics, ops, prepare, universal
+from . import checkpoint, compiling, distributed, metrics, ops, prepare, universal
 from .config import TrainConfig
 from .data import PretrainingStream, StreamSpec, make_loader
 from .distillation import Distiller, check_resumed_teacher
@@ -101,6 +101,7 @@ class RunState:
     out_of_time: bool = False
     stopped_by: int | None = None  # the signal all ranks agreed to stop on (trainer/signals.py)
     grad_norm: float | None = None  # computed here only where DeepSpeed reports none
+    first_step_s: float | None = None  # this run's first step, compiling included
     counts: torch.Tensor | None = None  # device counts since the last log
     host: list[float] = field(default_factory=lambda: [0.0] * len(metrics.HOST_COUNTS))
     targets: torch.Tensor | None = None  # metrics.target_histogram since the last log
@@ -206,6 +207,7 @@ class Trainer:
                 config=self.ds,
                 lr_scheduler=self.scheduler_factory,
             )
+        compiling.apply(self.engine, self.config)  # --compile: in place (trainer/compiling.py)
         # DeepSpeed reports no gradient norm for fp32 without ZeRO (it clips, then drops it).
         self.own_grad_norm = self.engine.zero_optimization_stage() == 0 and self.precision == "fp32"
         if self.own_grad_norm and self.info.world_size == 1:
@@ -276,6 +278,7 @@ class Trainer:
                 self.activity = f"step {s.step + 1}"
                 self._optimizer_step(batches, samples)
                 step_s = time.perf_counter() - start
+                s.first_step_s = step_s if s.first_step_s is None else s.first_step_s
                 if s.step % c.log_every == 0 or self.done():
                     last = self._log(writer)
                 evaluate = c.eval_every and self.eval_shards and s.step % c.eval_every == 0
@@ -375,6 +378,8 @@ class Trainer:
             epoch=s.position / self.shards.num_rows,
             samples=s.position,
             train_seconds=s.train_s,
+            first_step_s=s.first_step_s,
+            compiled_graphs=compiling.graph_count() if self.config.compile != "off" else None,
         )
         writer.write(record)
         s.counts, s.host, s.targets = None, [0.0] * len(metrics.HOST_COUNTS), None

@@ -1,0 +1,119 @@
+"""``--compile {off,model,step}``: torch.compile for the trainer's engine.
+
+- ``off`` (the default): eager, as before.
+- ``model``: the engine's ``compile()`` (DeepSpeed's), which calls ``nn.Module.compile`` on
+  the model in place: the encoder, both heads and the loss. In place matters twice: the
+  state dict keeps its plain names (``torch.compile(model)`` would wrap it in an
+  ``OptimizedModule`` whose names start with ``_orig_mod.``, in every checkpoint and
+  export), and the parameters DeepSpeed registered its ZeRO-1/2 gradient hooks on, and
+  partitions, stay the same objects (DeepSpeed PR #4878 added ``engine.compile`` for this).
+- ``step``: ``model`` and the torch optimizer's ``step`` (the one inside DeepSpeed's wrapper,
+  over its flat ZeRO partitions or the parameters), compiled with ``torch.compile``.
+
+What runs compiled: model/unpad.py keeps its host bookkeeping out of the graphs
+(``torch.compiler.disable`` on ``Packing.from_mask``, which reads the row lengths in one
+device sync, and on ``packed_attention``, whose grids are sized by them on the host);
+dynamo would otherwise specialise on every row length and recompile every batch until its
+cache limit, then run eager. So the graphs are the dense work between them: embeddings,
+each layer's projections, GELU, LayerNorms and residuals, both heads and the losses.
+
+Bounded recompiles: the unpadded path changes N (the batch's real tokens), M (its real
+predictions) and the padded width every batch. The graphs are compiled with
+``dynamic=True`` (symbolic sizes from the first batch) instead of bucketing N: the
+attention grids would still differ per batch, and a symbolic N costs no recompile. A run
+then compiles a bounded set of graphs (the padded path's too, for a batch without
+padding); :func:`graph_count` reports them and each train record carries the count
+(``compiled_graphs``), and tests/trainer/test_compile.py fails if it keeps growing.
+
+Caches: inductor's FX graph and kernel caches go to ``--compile-cache`` (default
+``OUTPUT_DIR/compile-cache``), so a resumed or repeated run in the same directory reuses
+the compiled kernels. The time to the first step, compiling included, is each train
+record's ``first_step_s``; a time-budgeted run counts it inside its budget (the clock
+starts before the first step).
+
+    python trainer/run.py --ds-config deploy/cpu.json --data shards/ --model tiny \\
+        --output-dir runs/tiny --max-steps 200 --compile model
+
+bench/compile_speed.py measures what pays (compiled/eager step ratios, interleaved, with
+ranges over repeats) and lists the graph breaks (``--explain``). On this project's 2-core
+CPU nothing paid yet (docs/results.md has the numbers), so the default is off.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+from .config import COMPILE_MODES as MODES
+
+logger = logging.getLogger(__name__)
+
+CACHE_NAME = "compile-cache"
+# torch.compile options of every compiled region (see the module docstring).
+COMPILE_KWARGS = {"dynamic": True}
+
+
+def cache_dir(output_dir: str, named: str | None) -> Path:
+    """Where inductor keeps its caches: ``named``, else ``OUTPUT_DIR/compile-cache``."""
+    return Path(named) if named else Path(output_dir, CACHE_NAME)
+
+
+def use_cache(directory: Path) -> None:
+    """Point inductor's (and Triton's, on GPU) caches at ``directory``, before compiling.
+
+    The environment variables are read when a cache is first used; a variable the user set
+    is kept.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(directory))
+    os.environ.setdefault("TRITON_CACHE_DIR", str(directory / "triton"))
+
+
+def apply(engine, config) -> None:
+    """``--compile`` and ``--compile-cache`` of ``config`` (a TrainConfig) on ``engine``."""
+    if config.compile == "off":
+        return
+    use_cache(cache_dir(config.output_dir, config.compile_cache))
+    compile_engine(engine, config.compile)
+
+
+def compile_engine(engine, mode: str) -> None:
+    """Compile ``engine`` (a DeepSpeedEngine) as ``mode`` says; ``off`` leaves it alone.
+
+    Raises:
+        ValueError: an unknown mode.
+    """
+    if mode not in MODES:
+        raise ValueError(f"--compile must be one of {MODES}, got {mode!r}")
+    if mode == "off":
+        return
+    engine.compile(backend="inductor", compile_kwargs=dict(COMPILE_KWARGS))
+    if mode == "step":
+        optimizer = torch_optimizer(engine.optimizer)
+        optimizer.step = torch.compile(optimizer.step, **COMPILE_KWARGS)
+    logger.info("compiled: %s (torch.compile %s)", mode, COMPILE_KWARGS)
+
+
+def torch_optimizer(optimizer) -> torch.optim.Optimizer:
+    """The torch optimizer inside DeepSpeed's wrappers (ZeRO's, bf16's), or ``optimizer``.
+
+    Raises:
+        ValueError: none is found (a DeepSpeed op's optimizer is compiled as it is).
+    """
+    seen = optimizer
+    while not isinstance(seen, torch.optim.Optimizer) and hasattr(seen, "optimizer"):
+        seen = seen.optimizer
+    if not isinstance(seen, torch.optim.Optimizer):
+        raise ValueError(f"--compile step needs a torch optimizer, got {type(optimizer).__name__}")
+    return seen
+
+
+def graph_count() -> int:
+    """Distinct graphs dynamo compiled in this process so far (forward regions and the
+    optimizer step; an autograd backward is compiled with its forward and not counted)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
