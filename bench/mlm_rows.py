@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     p.add_argument("--vocab_file", default=None, help="default: learned once (8000 tokens)")
     p.add_argument("--lengths", type=int, nargs="+", default=[128, 512])
     p.add_argument("--workers", type=int, default=2, help="DirectRunner worker processes")
-    p.add_argument("--repeats", type=int, default=3, help="alternated speed runs")
+    p.add_argument("--repeats", type=int, default=3, help="alternated speed runs (0: none)")
     p.add_argument("--keep", default=None, help="keep corpora and outputs here")
     args = p.parse_args(argv)
     work = Path(args.keep or tempfile.mkdtemp(prefix="mlm-bench-"))
@@ -68,6 +68,8 @@ def main(argv=None) -> int:
             share, rows = efficiency(out)
             cells.append(f"{packing} {share:.3f} ({rows:,} rows)")
         print(f"  max_seq_length {length}: " + ", ".join(cells))
+    if not args.repeats:
+        return 0
     jobs = {
         "mlm": ([*common, "--objective", "mlm"], 1),
         "nsp, dupe 1": (common, 1),

@@ -135,9 +135,9 @@ GOLDEN = {
         "vocab.txt": "963526420cbdb35b238e8757d9bc3308622f8e7b89efe3fc6f986a8d54225f92",
     },
     "mlm_full_sentences": {
-        "manifest.json (placeholders)": "1c72832e2ea35a9fd6e1a816f976ed33b0d41da8f5b216176130a494635aac18",
-        "shard-00000-of-00002.arrow": "d2a1f497f7f25413299dd506c52cea2b578a1f968b1973fae7258568024ce6e0",
-        "shard-00001-of-00002.arrow": "38406602799bfff4e61291f988c737cb27a42bef68abe66e11d4f1e28f60958e",
+        "manifest.json (placeholders)": "8694d9ff496bb6047dfa6f3c595e02814a22f02782ab4b07897db97e1178c071",
+        "shard-00000-of-00002.arrow": "74bd2c4def382b28df3c69caf3fcc6497eeb27982318911aaa0aff1e3d9d51f2",
+        "shard-00001-of-00002.arrow": "c70cc2f124380c44012ac417a7bb3a710e0f2dd6a4477877da6adba9bcb3e00d",
         "vocab.txt": "d8dc1648b171144770677ded4261fb4b31e222e0aed68b683dd8fddd3d8328f1",
     },
     "mlm_doc_sentences_static": {

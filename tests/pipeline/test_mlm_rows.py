@@ -45,49 +45,66 @@ def rows_of(lengths, counts, capacity, cross):
 def test_packing_keeps_every_token_once_in_order_within_the_row_length(cross, seed):
     rng = random.Random(seed)
     capacity = rng.choice([3, 6, 14, 30])
-    lengths, counts = random_documents(rng, rng.randint(1, 12), 2 * capacity)
+    lengths, counts = random_documents(rng, rng.randint(1, 40), 2 * capacity)
     _pieces, row_docs, rows = rows_of(lengths, counts, capacity, cross)
     doc_of_token = np.repeat(np.repeat(np.arange(len(counts)), counts), lengths)
-    # Every token once, in corpus order; [CLS] first, [SEP] last, separators between docs.
+    # Every token once, each document's in its order; [CLS] first, [SEP] last and between.
     text = np.concatenate([row[1:-1][row[1:-1] != 2] for row in rows] or [np.zeros(0)])
-    assert text.tolist() == list(range(10, 10 + sum(lengths)))
+    assert sorted(text.tolist()) == list(range(10, 10 + sum(lengths)))
+    for doc in range(len(counts)):
+        mine = text[doc_of_token[text - 10] == doc]
+        assert (np.diff(mine) == 1).all()
     for row in rows:
         assert row[0] == 1 and row[-1] == 2 and 3 <= len(row) <= capacity + 2
         assert 1 not in row[1:]
         parts = np.split(row[1:-1], np.flatnonzero(row[1:-1] == 2))
         docs = [set(doc_of_token[part[part != 2] - 10]) for part in parts]
         assert all(len(d) == 1 for d in docs)  # a piece is one document's
-        assert len({min(d) for d in docs}) == len(docs)  # a [SEP] only between documents
+        assert len({min(d) for d in docs}) == len(docs)  # a document once per row
         assert cross or len(parts) == 1
-    assert (np.diff(row_docs) >= 0).all() and len(row_docs) == len(rows)
+    assert len(row_docs) == len(rows)
+    assert cross or (np.diff(row_docs) >= 0).all()
 
 
 @pytest.mark.parametrize("cross", [False, True])
 @pytest.mark.parametrize("seed", range(30))
 def test_rows_are_cut_at_sentence_boundaries_unless_a_sentence_is_longer_than_a_row(cross, seed):
-    """A row ends inside a sentence only for a sentence longer than a row's room, and a row
-    is closed before a sentence only when that sentence does not fit in what is left."""
+    """A piece of a document starts and ends at sentence boundaries, but in a sentence
+    longer than a row; doc_sentences closes a row only before a sentence that does not fit
+    (full_sentences then fills the room from other documents: test below)."""
     rng = random.Random(seed)
     capacity = rng.choice([6, 14, 30])
-    lengths, counts = random_documents(rng, rng.randint(1, 12), 2 * capacity)
+    lengths, counts = random_documents(rng, rng.randint(1, 40), 2 * capacity)
     starts = np.cumsum([0, *lengths])
-    sentence_starts = (
-        set(starts[:-1][np.array(lengths, dtype=int) > 0].tolist()) if lengths else set()
-    )
+    boundaries = set(starts.tolist())
     sentence_of = np.repeat(np.arange(len(lengths)), lengths)
-    doc_of_sentence = np.repeat(np.arange(len(counts)), counts)
+    doc_of_token = np.repeat(np.repeat(np.arange(len(counts)), counts), lengths)
     pieces, _row_docs, rows = rows_of(lengths, counts, capacity, cross)
+    for _, start, stop in pieces:
+        for cut, inside in ((start, start), (stop, stop - 1)):
+            if cut not in boundaries:
+                assert lengths[sentence_of[inside]] > capacity
+    if cross:
+        return
     for r in range(len(rows) - 1):
-        last = pieces[pieces[:, 0] == r][-1]
-        following = pieces[pieces[:, 0] == r + 1][0]
+        (_, _, stop), (_, start, _) = pieces[r], pieces[r + 1]
         used = len(rows[r]) - 2
-        if following[1] not in sentence_starts:  # cut inside a sentence
-            assert lengths[sentence_of[following[1]]] > capacity - used + (used > 0)
-            continue
-        s = sentence_of[following[1]]
-        same_doc = doc_of_sentence[s] == doc_of_sentence[sentence_of[last[2] - 1]]
-        if cross or same_doc:  # it would have fit: the row would not have been closed
-            assert used + (not same_doc) + lengths[s] > capacity
+        same_doc = doc_of_token[stop - 1] == doc_of_token[start]
+        if start == stop and start in boundaries and same_doc:  # the document goes on
+            assert used + lengths[sentence_of[start]] > capacity
+
+
+def test_full_sentences_fill_a_rows_room_from_other_documents():
+    """Three documents of 5 + 4, 3 and 2 tokens in rows of 8: the second document's
+    sentence fills the room the first one's second sentence does not fit in."""
+    _, row_docs, rows = rows_of([5, 4, 2, 3], [2, 1, 1], capacity=8, cross=True)
+    assert [r.tolist() for r in rows] == [
+        [1, 10, 11, 12, 13, 14, 2, 19, 20, 2],  # doc 0's first sentence, [SEP], doc 1's
+        [1, 15, 16, 17, 18, 2, 21, 22, 23, 2],  # doc 0's second sentence, [SEP], doc 2's
+    ]
+    assert row_docs.tolist() == [0, 0]
+    _, _, rows = rows_of([5, 4, 2, 3], [2, 1, 1], capacity=8, cross=False)
+    assert len(rows) == 4
 
 
 def test_a_sentence_longer_than_a_row_fills_the_room_left_and_is_never_dropped():
@@ -99,6 +116,8 @@ def test_a_sentence_longer_than_a_row_fills_the_room_left_and_is_never_dropped()
         [1, *range(27, 33), 2],
         [1, 33, 34, 35, 2],  # the long sentence's last token, then the next sentence
     ]
+    _, _, rows = rows_of([3, 20], [1, 1], capacity=6, cross=True)
+    assert sum(len(r) - 2 for r in rows) == 3 + 20 + 1  # every token, one separator
     _, _, rows = rows_of([4, 20, 2], [1, 2], capacity=6, cross=False)
     assert rows[0].tolist() == [1, 10, 11, 12, 13, 2] and rows[1].tolist() == [1, *range(14, 20), 2]
 
