@@ -52,12 +52,15 @@ def build_shards(tmp: Path, *, n_docs: int = 120, num_shards: int = 3, **options
     """Build a shard directory with ``python -m pipeline build`` (in-process) and return it.
 
     Defaults: vocab 200, dupe 3, seq 48, 3 shards (about 1,200 rows). ``options`` are more
-    pipeline flags without the dashes, e.g. ``dupe_factor=1``.
+    pipeline flags without the dashes, e.g. ``dupe_factor=1``; ``objective="mlm"`` gives
+    unmasked MLM rows (one pass: no dupe factor) unless ``static_masks="true"``.
     """
     from pipeline.cli.main import main
 
     corpus = make_corpus(tmp / "corpus", n_docs=n_docs)
     flags = {"vocab_size": 200, "dupe_factor": 3, "max_seq_length": 48, "num_shards": num_shards}
+    if options.get("objective") == "mlm" and str(options.get("static_masks")) != "true":
+        flags.pop("dupe_factor")
     flags.update(options)
     argv = ["build", "--input", corpus, "--output", str(tmp / "shards")]
     for key, value in flags.items():

@@ -6,7 +6,7 @@
 The export must carry its tokenizer (trainer/export.py writes it). Sentences come from a
 held-out shard directory (local or gs://, s3://): rows are stored already masked
 (pipeline/shards/FORMAT.md), so the original ids are put back from ``masked_lm_ids`` and one segment
-(A or B) is decoded with the shards' vocab.txt. Or from text files, split into sentences by
+(A or B; for MLM rows one document's run of sentences) is decoded with the shards' vocab.txt. Or from text files, split into sentences by
 the pipeline's splitter. In each sentence one whole word that the export's tokenizer keeps as
 a single token (not a special token, not punctuation) is replaced by ``[MASK]`` and
 ``transformers.pipeline("fill-mask", model=EXPORT_DIR)`` predicts it. The true word's rank is
@@ -53,7 +53,8 @@ def restore_masked(row: Mapping[str, np.ndarray]) -> np.ndarray:
             ``masked_lm_positions`` (P,), ``masked_lm_ids`` (P,).
     """
     ids = np.array(row["input_ids"], dtype=np.int64)  # a copy: rows may be read-only views
-    ids[np.asarray(row["masked_lm_positions"], dtype=np.int64)] = row["masked_lm_ids"]
+    if "masked_lm_positions" in row:  # unmasked MLM rows have none
+        ids[np.asarray(row["masked_lm_positions"], dtype=np.int64)] = row["masked_lm_ids"]
     return ids
 
 
@@ -74,15 +75,23 @@ def row_segments(row: Mapping[str, np.ndarray], vocab: Sequence[str]) -> list[st
     The pipeline truncates long segments at either end, so a segment may start inside a word:
     such leading ``##`` pieces are dropped. (A word cut at the end cannot be told apart.)
 
+    MLM rows (no ``segment_ids``) give the runs of sentences of each document they pack
+    (split at their ``[SEP]`` tokens).
+
     Args:
-        row: a shard row (see :func:`restore_masked`) with ``segment_ids`` (L,).
+        row: a shard row (see :func:`restore_masked`) with ``segment_ids`` (L,), or an MLM
+            row.
         vocab: the shards' tokens, id = index.
     """
     ids = restore_masked(row)
-    segment_ids = np.asarray(row["segment_ids"])
+    if "segment_ids" in row:
+        segment_ids = np.asarray(row["segment_ids"])
+        parts = [ids[segment_ids == segment] for segment in (0, 1)]
+    else:
+        parts = np.split(ids, np.flatnonzero(ids == vocab.index("[SEP]")))
     texts = []
-    for segment in (0, 1):
-        tokens = [vocab[i] for i in ids[segment_ids == segment].tolist()]
+    for part in parts:
+        tokens = [vocab[i] for i in part.tolist()]
         tokens = [t for t in tokens if t not in ("[CLS]", "[SEP]", "[PAD]")]
         while tokens and tokens[0].startswith("##"):
             tokens.pop(0)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from model import BertConfig, BertForPreTraining
+from tests.helpers import build_shards
 from trainer import fillmask
 from trainer.hf_tokenizer import read_shard_vocab, save_tokenizer
 
@@ -141,3 +142,15 @@ def test_demo_on_text_and_its_errors(export_dir, tmp_path, capsys):
         fillmask.fill_mask_examples(bare, [("a [MASK] .", "king")])
     assert fillmask.main([str(bare), str(tmp_path / "notes.txt")]) == 2
     assert fillmask.main([str(export_dir), str(tmp_path / "missing")]) == 2
+
+
+def test_mlm_rows_give_each_documents_run_of_sentences(tmp_path):
+    """MLM rows (no segments, no masks) give the runs of the documents they pack."""
+    shards = build_shards(tmp_path / "mlm", n_docs=40, objective="mlm")
+    sentences = fillmask.shard_sentences(str(shards), 60, random.Random(0))
+    assert len(sentences) == 60 and all(sentences)
+    assert not any("[MASK]" in s or "[CLS]" in s or "[SEP]" in s for s in sentences)
+    vocab = read_shard_vocab(shards).tokens
+    sep, cls = vocab.index("[SEP]"), vocab.index("[CLS]")
+    row = {"input_ids": np.array([cls, 7, 8, sep, 9, sep]), "continues_word": np.zeros(6, bool)}
+    assert fillmask.row_segments(row, vocab) == [vocab[7] + " " + vocab[8], vocab[9]]
