@@ -1,4 +1,4 @@
-"""Command line: ``python -m pipeline {corpus,build,stats,inspect,validate,export} ...``.
+"""Command line: ``python -m pipeline {corpus,curate,build,stats,inspect,validate,export} ...``.
 
     python -m pipeline build --input 'corpus/*.txt' --output shards/ --dupe_factor 5
     python -m pipeline build --help          # every option and its default
@@ -36,14 +36,17 @@ from pipeline.beam.runner import (
 
 logger = logging.getLogger("pipeline")
 
-USAGE = """usage: python -m pipeline {corpus,build,stats,inspect,validate,export} [options]
+USAGE = """usage: python -m pipeline {corpus,curate,build,stats,inspect,validate,export} [options]
 
   corpus    write an offline English corpus from the installed Python's own text
+  curate    raw documents -> exact and near-duplicate removal, quality and language
+            filters, decontamination -> Parquet documents (Apache Beam)
   build     raw text -> vocab -> NSP pairs -> masked Arrow shards (Apache Beam)
   stats     summary statistics of a shard directory (optionally as PNG plots)
   inspect   decode rows back to WordPieces (--words: words) with the masks shown
   validate  check every shard and row against the manifest; exit 1 naming a bad file
-  export    shards -> NVIDIA's HDF5 or Google's TFRecord for other trainers (Apache Beam)
+  export    shards -> NVIDIA's HDF5, Google's TFRecord, Mosaic's MDS or Megatron's indexed
+            datasets, for other trainers (Apache Beam)
 
 Run `python -m pipeline build --help` for the options of one command."""
 
@@ -231,6 +234,13 @@ def _build(
     return 0
 
 
+def _run_curate(*args) -> int:
+    """pipeline/beam/curate.py, imported only now (as export, below)."""
+    from pipeline.beam.curate import run_curate
+
+    return run_curate(*args)
+
+
 def _run_export(*args) -> int:
     """pipeline/beam/export.py, imported only now: Beam logs on import, and with no handler yet
     Python's logging would add its own and print every line twice."""
@@ -249,6 +259,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_build(rest)  # sets up its own logging (pipeline/console.py)
     if command == "export":
         return run_with_console(rest, _run_export)
+    if command == "curate":
+        return run_with_console(rest, _run_curate)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

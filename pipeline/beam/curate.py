@@ -1,0 +1,744 @@
+"""``python -m pipeline curate``: raw documents -> curated documents, as one Beam job.
+
+    python -m pipeline curate --input 'web/*.jsonl' --output curated/
+    python -m pipeline curate --input 'web/*.jsonl' --output curated/ --dedup exact \\
+        --filters gopher_quality,c4 --languages en --decontaminate 'eval/*.txt'
+    python -m pipeline build --input 'curated/*.parquet' --output shards/ ...   # then build
+
+Steps, in order, each removal a counted, named reason (``report.json``):
+
+1. read: the inputs ``build`` reads (txt, jsonl, parquet; byte ranges of big files; gz),
+   documents identified by their content (pipeline/core/sources.py ``content_id``);
+2. ``--dedup exact`` or ``minhash``: exact copies (the same content id) are one document:
+   every copy after the first is ``exact_duplicate`` (copies are identical, so which one
+   stays changes no byte);
+3. ``--languages``: language ID (pipeline/core/langid.py) below ``--language_threshold``
+   or of another language: ``language``;
+4. ``--filters``: rule sets (pipeline/core/filters.py): the rule's name;
+5. ``--decontaminate FILES``: a document sharing a word ``--decontaminate_ngram``-gram with
+   the evaluation texts: ``decontaminated``;
+6. ``--dedup minhash``: MinHash LSH (pipeline/core/dedup.py; 5-gram shingles, 14 bands of 8
+   by default, datatrove's): documents sharing a band key are candidates; clusters are the
+   connected components of the candidate graph (:class:`ConnectedComponents`); one document
+   per cluster stays, the one with the smallest id (a rule no runner changes), the others
+   are ``near_duplicate``.
+
+Output: ``part-NNNNN-of-MMMMM.parquet`` files with ``id`` and ``text`` columns (text: the
+document's sentences, one per line, so ``build`` splits it where the source did), rows in
+id order, each file written atomically; then ``report.json`` (documents and bytes in and
+out of each step, a count per rule, the documents read per input file),
+``removed_samples.jsonl`` (a few removed documents per reason, seeded) and, with
+matplotlib, ``funnel.png``; ``manifest.json`` last: a directory without it is unfinished.
+
+Exit codes: 0 success; 1 the job failed (what it wrote is removed); 2 bad arguments or
+input found before the job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import io
+import json
+import logging
+import math
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.pvalue import TaggedOutput
+
+from pipeline.beam.build import Plan, match_inputs, resolve_input_format
+from pipeline.beam.config import INPUT_FORMATS, BuildConfig
+from pipeline.beam.document_steps import COUNTS, FILE_DOCUMENTS, ReadDocuments, add_up
+from pipeline.beam.shard_steps import write_atomic
+from pipeline.core.rng import derive_seed
+from pipeline.core.sources import range_bytes, split_ranges
+from pipeline.options import CommandParser, add_options, option, parse_options
+from pipeline.shards.shard_writer import created_by, encode_manifest
+
+logger = logging.getLogger(__name__)
+
+DEDUP = ("none", "exact", "minhash")
+CURATE_VERSION = 1  # of the curated manifest's keys
+FILE_BYTES = 128 * 2**20  # output files aim at this many bytes of text (--num_files default)
+REMOVED = "removed"  # tagged output: (reason, (id, text)) of a removed document
+# Output files of a curate: --overwrite and a failed job remove these (manifest first).
+OUTPUT_PATTERNS = (
+    "manifest.json",
+    "part-*-of-*.parquet",
+    "report.json",
+    "removed_samples.jsonl",
+    "funnel.png",
+    ".*.tmp",
+)
+
+
+@dataclass(frozen=True)
+class CurateConfig:
+    """Everything that decides the curated output (all of it goes into the manifest)."""
+
+    input: tuple[str, ...] = option(help="files or globs, as build reads them", metavar="PATTERN")
+    output: str = option(help="output directory (local or a URI)")
+    input_format: str = option(
+        "auto",
+        "txt, jsonl or parquet; auto: from the extension or first bytes, as build",
+        choices=INPUT_FORMATS,
+    )
+    text_field: str = option("text", "field (jsonl) or column (parquet) holding the text")
+    dedup: str = option(
+        "minhash", "minhash: near and exact copies; exact: exact copies; none", choices=DEDUP
+    )
+    minhash_ngram: int = option(5, "MinHash: words per shingle")
+    minhash_bands: int = option(14, "MinHash LSH bands (datatrove's default)")
+    minhash_rows: int = option(8, "MinHash LSH rows per band (datatrove's default)")
+    minhash_seed: int = option(1, "seed of MinHash's hash functions")
+    # Label propagation with pointer jumping halves the longest path to a cluster's
+    # smallest id each round; 8 rounds join chains of 2**8 documents (report.json says
+    # whether the last round changed anything).
+    cc_rounds: int = option(8, "connected components: rounds of label propagation (a bound)")
+    filters: str = option(
+        "",
+        "comma-separated quality rule sets (gopher_quality, gopher_repetition, c4, "
+        "fineweb); none by default",
+    )
+    languages: str = option("", "comma-separated languages to keep, e.g. en,zh; all by default")
+    language_threshold: float = option(0.65, "language ID: the lowest score kept")
+    decontaminate: tuple[str, ...] = option(
+        (), "evaluation texts (files or globs): drop documents sharing an n-gram with them"
+    )
+    decontaminate_ngram: int = option(13, "decontamination: words per n-gram")
+    num_files: int | None = option(None, "output Parquet files (default: ~128 MB of text each)")
+    random_seed: int = option(12345, "seed of the removed documents' sample")
+    samples_per_reason: int = option(5, "removed documents sampled per reason")
+    input_split_mb: float = option(0.0, "read input files in ranges of this many MB, as build")
+    overwrite: bool = option(False, "replace an earlier curate in --output")
+
+    def __post_init__(self) -> None:
+        if not self.input:
+            raise ValueError("--input: give at least one path or glob")
+        checks = {
+            "minhash_ngram": self.minhash_ngram >= 1,
+            "minhash_bands": self.minhash_bands >= 1,
+            "minhash_rows": self.minhash_rows >= 1,
+            "cc_rounds": 1 <= self.cc_rounds <= 64,
+            "language_threshold": 0.0 <= self.language_threshold <= 1.0,
+            "decontaminate_ngram": self.decontaminate_ngram >= 1,
+            "num_files": self.num_files is None or 1 <= self.num_files <= 99999,
+            "samples_per_reason": self.samples_per_reason >= 0,
+            "dedup": self.dedup in DEDUP,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"--{name}: invalid value {getattr(self, name)!r}")
+        if self.filters:
+            from pipeline.core.filters import RULE_SETS
+
+            unknown = [s for s in self.rule_sets if s not in RULE_SETS]
+            if unknown:
+                raise ValueError(
+                    f"--filters: unknown rule set(s) {unknown}; known: {sorted(RULE_SETS)}"
+                )
+
+    @property
+    def rule_sets(self) -> list[str]:
+        return [s.strip() for s in self.filters.split(",") if s.strip()]
+
+    @property
+    def language_list(self) -> list[str]:
+        return [s.strip() for s in self.languages.split(",") if s.strip()]
+
+    def params(self) -> dict:
+        values = dataclasses.asdict(self)
+        for key in ("output", "overwrite", "input_split_mb"):
+            values.pop(key)
+        values["input"] = list(self.input)
+        values["decontaminate"] = list(self.decontaminate)
+        return values
+
+    def reading(self) -> BuildConfig:
+        """The build options that read the input, as ``build`` reads it."""
+        return BuildConfig(
+            input=self.input,
+            output=self.output,
+            input_format=self.input_format,
+            text_field=self.text_field,
+            input_split_mb=self.input_split_mb,
+            vocab_size=30522,
+        )
+
+
+def curate_parser() -> CommandParser:
+    p = CommandParser(
+        prog="python -m pipeline curate",
+        description="Raw documents -> exact and near-duplicate removal, language and quality "
+        "filters, decontamination -> Parquet files of curated documents (Apache Beam). "
+        "Unrecognised options (--runner, --direct_num_workers, ...) are passed to Beam.",
+    )
+    add_options(p, CurateConfig, sep="_")
+    return p
+
+
+def parse_curate_args(argv: Sequence[str]) -> tuple[CurateConfig, list[str]]:
+    return parse_options(curate_parser(), CurateConfig, argv, sep="_", known=True)
+
+
+# ----------------------------------------------------------------------------- documents
+
+
+def file_name(index: int, num_files: int) -> str:
+    return f"part-{index:05d}-of-{num_files:05d}.parquet"
+
+
+def documents_of(batch) -> Iterator[tuple[str, str]]:
+    """A DocumentBatch -> (content id, text: its sentences one per line) per document."""
+    for doc_id, sentences in zip(batch.doc_ids, batch.documents, strict=True):
+        yield doc_id, "\n".join(sentences)
+
+
+class KeepOne(beam.CombineFn):
+    """Copies of one content id -> (one text, how many copies): copies are identical."""
+
+    def create_accumulator(self):
+        return None, 0
+
+    def add_input(self, accumulator, text):
+        kept, count = accumulator
+        return (kept if kept is not None else text), count + 1
+
+    def merge_accumulators(self, accumulators):
+        kept, count = None, 0
+        for text, n in accumulators:
+            kept = kept if kept is not None else text
+            count += n
+        return kept, count
+
+    def extract_output(self, accumulator):
+        return accumulator
+
+
+def drop_copies(element) -> Iterator:
+    """(id, (text, copies)) -> (id, text), and each copy after the first as removed."""
+    doc_id, (text, copies) = element
+    for _ in range(copies - 1):
+        yield TaggedOutput(REMOVED, ("exact_duplicate", (doc_id, text)))
+    yield doc_id, text
+
+
+class Filter(beam.DoFn):
+    """(id, text) -> (id, text) kept, or ``REMOVED`` (reason, (id, text)): language ID,
+    then quality rule sets (which may drop lines: the text goes on without them), then
+    decontamination against a side input of n-gram hashes."""
+
+    def __init__(self, config: CurateConfig):
+        self._config = config
+
+    def process(self, element, eval_ngrams=()) -> Iterator:
+        doc_id, text = element
+        config = self._config
+        if config.language_list:
+            from pipeline.core.langid import detect
+
+            language, score = detect(text)
+            if language not in config.language_list or score < config.language_threshold:
+                yield TaggedOutput(REMOVED, ("language", (doc_id, text)))
+                return
+        if config.rule_sets:
+            from pipeline.core.filters import apply_filters
+
+            language = config.language_list[0] if len(config.language_list) == 1 else "en"
+            failed, text = apply_filters(text, config.rule_sets, language=language)
+            if failed is not None:
+                yield TaggedOutput(REMOVED, (failed, (doc_id, text)))
+                return
+        if eval_ngrams:
+            from pipeline.core.dedup import ngram_set
+
+            if not eval_ngrams.isdisjoint(ngram_set(text, config.decontaminate_ngram)):
+                yield TaggedOutput(REMOVED, ("decontaminated", (doc_id, text)))
+                return
+        yield doc_id, text
+
+
+def eval_ngram_set(patterns: Sequence[str], n: int) -> frozenset[int]:
+    """The n-gram hashes of every evaluation file (read here, on the driver: they are
+    small; a missing one is an error naming it)."""
+    from pipeline.core.dedup import ngram_set
+
+    out: set[int] = set()
+    for pattern in patterns:
+        paths = sorted(glob.glob(pattern)) or [pattern]
+        for path in paths:
+            with open(path, encoding="utf-8") as f:  # FileNotFoundError names it
+                out |= ngram_set(f.read(), n)
+    return frozenset(out)
+
+
+class BandKeys(beam.DoFn):
+    """(id, text) -> (band key, id) for each MinHash LSH band of the document."""
+
+    def __init__(self, config: CurateConfig):
+        self._config = config
+        self._hasher = None
+
+    def process(self, element) -> Iterator:
+        from pipeline.core.dedup import MinHasher, band_keys, shingle_hashes
+
+        config = self._config
+        if self._hasher is None:
+            self._hasher = MinHasher(
+                config.minhash_bands * config.minhash_rows, config.minhash_seed
+            )
+        doc_id, text = element
+        signature = self._hasher.signature(shingle_hashes(text, config.minhash_ngram))
+        for key in band_keys(signature, config.minhash_bands, config.minhash_rows):
+            yield key, doc_id
+
+
+def star_edges(element) -> Iterator[tuple[str, str]]:
+    """(band key, ids sharing it) -> (id, the smallest of them) for every other id: a star
+    per band key. The ids are iterated twice and never held (a hot key's 10,000 copies
+    stream through, as the runner gives them)."""
+    _, ids = element
+    smallest = min(ids, default=None)
+    for doc_id in ids:
+        if doc_id != smallest:
+            yield doc_id, smallest
+
+
+class ConnectedComponents(beam.PTransform):
+    """Edges (u, v) -> (node, label): for each node but its component's smallest id, that
+    id, by Kiveris et al.'s alternating large-star and small-star operations ("Connected
+    Components in MapReduce and Beyond", 2014) as Beam steps, ``rounds`` pairs of them:
+
+    - large-star: each node u links its larger neighbours to m(u), the smallest of u and
+      its neighbours;
+    - small-star: each node u links itself and its smaller neighbours to the smallest of
+      them.
+
+    Each operation is a GroupByKey on node ids (a node's neighbours' ids, never texts,
+    iterated twice as the runner streams them) and a Distinct of the new edges. The edge set
+    becomes one star per component around its smallest id in O(log^2 n) rounds (a chain of
+    1,000 documents: 10; random graphs of 120 nodes: 4). Also returns, as a second
+    PCollection, the number of edges the last round changed: 0 when the components converged
+    within the bound; before that, a node's label is its smallest neighbour, which still
+    joins only connected documents.
+    """
+
+    def __init__(self, rounds: int):
+        super().__init__()
+        self._rounds = rounds
+
+    def expand(self, edges):
+        edges = edges | "Ordered" >> beam.Map(_ordered) | "Unique" >> beam.Distinct()
+        previous = edges
+        for r in range(self._rounds):
+            previous = edges
+            for name, star in (("Large", _large_star), ("Small", _small_star)):
+                edges = (
+                    edges
+                    | f"{name}Adjacency{r}" >> beam.FlatMap(_both_ways)
+                    | f"{name}Group{r}" >> beam.GroupByKey()
+                    | f"{name}Star{r}" >> beam.FlatMap(star)
+                    | f"{name}Distinct{r}" >> beam.Distinct()
+                )
+        changed = (
+            {
+                "before": previous | "KeyBefore" >> beam.Map(lambda e: (e, 1)),
+                "after": edges | "KeyAfter" >> beam.Map(lambda e: (e, 1)),
+            }
+            | "CompareLastRound" >> beam.CoGroupByKey()
+            | "Changed" >> beam.Map(lambda kv: int(not (kv[1]["before"] and kv[1]["after"])))
+            | "CountChanged" >> beam.CombineGlobally(sum)
+        )
+        labels = (
+            edges
+            | "Larger" >> beam.Map(lambda e: (e[1], e[0]))  # (larger id, smaller id)
+            | "SmallestNeighbour" >> beam.CombinePerKey(min)
+        )
+        return labels, changed
+
+
+def _ordered(edge) -> tuple[str, str]:
+    u, v = edge
+    return (u, v) if u <= v else (v, u)
+
+
+def _both_ways(edge) -> Iterator[tuple[str, str]]:
+    u, v = edge
+    yield u, v
+    yield v, u
+
+
+def _large_star(element) -> Iterator[tuple[str, str]]:
+    node, neighbours = element
+    smallest = min(node, min(neighbours))
+    for v in neighbours:
+        if v > node:
+            yield (smallest, v) if smallest < v else (v, smallest)
+
+
+def _small_star(element) -> Iterator[tuple[str, str]]:
+    node, neighbours = element
+    smaller = [v for v in neighbours if v <= node]
+    smallest = min([node, *smaller])
+    for v in [node, *smaller]:
+        if v != smallest:
+            yield smallest, v
+
+
+def keep_cluster_minimum(element) -> Iterator:
+    """(id, {doc: [text], label: [its cluster's smallest id]}) -> (id, text), or
+    ``near_duplicate`` removed when the cluster's smallest id is another document's."""
+    doc_id, grouped = element
+    for text in grouped["doc"]:
+        label = min(grouped["label"], default=doc_id)
+        if label != doc_id:
+            yield TaggedOutput(REMOVED, ("near_duplicate", (doc_id, text)))
+        else:
+            yield doc_id, text
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def file_of(doc_id: str, num_files: int, seed: int) -> int:
+    return derive_seed("curated_file", seed, doc_id) % num_files
+
+
+def write_file(element, config: CurateConfig, num_files: int) -> dict:
+    """(file index, (id, text) pairs) -> the file's entry, after writing it: rows in id
+    order, columns ``id`` and ``text``, atomically."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    index, docs = element
+    docs = sorted(docs)
+    table = pa.table({"id": [d for d, _ in docs], "text": [t for _, t in docs]})
+    sink = io.BytesIO()
+    pq.write_table(table, sink, compression="zstd", write_statistics=False)
+    name = file_name(index, num_files)
+    size, sha256 = write_atomic(FileSystems.join(config.output, name), sink.getvalue())
+    return {"name": name, "rows": len(docs), "bytes": size, "sha256": sha256}
+
+
+def step_totals(element) -> tuple[str, tuple[int, int]]:
+    """(step, (id, text)) -> (step, (1 document, its UTF-8 bytes))."""
+    step, (_, text) = element
+    return step, (1, len(text.encode("utf-8", "surrogatepass")))
+
+
+def add_pairs(pairs: Iterable[tuple[int, int]]) -> tuple[int, int]:
+    docs = nbytes = 0
+    for a, b in pairs:
+        docs, nbytes = docs + a, nbytes + b
+    return docs, nbytes
+
+
+def sample_key(seed: int):
+    return lambda item: derive_seed("removed_sample", seed, item[0])
+
+
+def write_outputs(
+    files: list[dict],
+    steps: dict,
+    reasons: dict,
+    samples: dict,
+    input_files: dict,
+    skipped: dict,
+    converged: int,
+    config: CurateConfig,
+    num_files: int,
+) -> dict:
+    """Write the empty files no document landed in, report.json, the samples, the funnel
+    plot, and manifest.json last; returns the manifest."""
+    written = {entry["name"] for entry in files}
+    for index in range(num_files):
+        if file_name(index, num_files) not in written:
+            files = [*files, write_file((index, []), config, num_files)]
+    files = sorted(files, key=lambda entry: entry["name"])
+    order = ["read", "exact_dedup", "filters", "near_dedup"]
+    funnel = [
+        {"step": step, "documents": steps[step][0], "bytes": steps[step][1]}
+        for step in order
+        if step in steps
+    ]
+    report = {
+        "funnel": funnel,
+        "removed": {
+            reason: {"documents": n, "bytes": b} for reason, (n, b) in sorted(reasons.items())
+        },
+        "input_files": {path: counts[0] for path, counts in sorted(input_files.items())},
+        "skipped": dict(sorted(skipped.items())),
+        "components_changed_in_last_round": converged,
+    }
+    join = FileSystems.join
+    write_atomic(join(config.output, "report.json"), encode_manifest(report))
+    lines = []
+    for reason in sorted(samples):
+        for doc_id, text in samples[reason]:
+            lines.append(
+                json.dumps(
+                    {"reason": reason, "id": doc_id, "text": text[:2000]}, ensure_ascii=False
+                )
+            )
+    write_atomic(join(config.output, "removed_samples.jsonl"), ("\n".join(lines) + "\n").encode())
+    plot = funnel_png(funnel)
+    if plot is not None:
+        write_atomic(join(config.output, "funnel.png"), plot)
+    manifest = {
+        "curate_version": CURATE_VERSION,
+        "created_by": created_by(),
+        "kind": "curated_documents",
+        "columns": {"id": "string", "text": "string"},
+        "num_documents": sum(entry["rows"] for entry in files),
+        "files": files,
+        "params": config.params(),
+        "report": "report.json",
+        "removed": {reason: n for reason, (n, _) in sorted(reasons.items())},
+    }
+    write_atomic(join(config.output, "manifest.json"), encode_manifest(manifest))
+    return manifest
+
+
+def funnel_png(funnel: list[dict]) -> bytes | None:
+    """Documents and bytes kept after each step, as a PNG (None without matplotlib)."""
+    try:
+        import matplotlib
+    except ImportError:
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
+    steps = [row["step"] for row in funnel]
+    left.bar(steps, [row["documents"] for row in funnel])
+    left.set_title("documents kept after each step")
+    right.bar(steps, [row["bytes"] / 1e6 for row in funnel])
+    right.set_title("MB kept after each step")
+    for ax in (left, right):
+        ax.tick_params(axis="x", rotation=20)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+# ----------------------------------------------------------------------------- the job
+
+
+def make_curate_plan(config: CurateConfig) -> tuple[Plan, int]:
+    """The input's byte ranges (as build plans them) and the number of output files."""
+    files = match_inputs(config.input)
+    paths = [path for path, _ in files]
+    total = sum(size for _, size in files)
+    input_format, origin = resolve_input_format(config.input_format, paths)
+    size = round(config.input_split_mb * 1e6) or range_bytes(total)
+    ranges = split_ranges(files, size)
+    num_files = config.num_files or max(1, math.ceil(total / FILE_BYTES))
+    logger.info(
+        "%d %s input file(s), %.1f MB, read in %d range(s); %d output file(s)",
+        len(files),
+        input_format,
+        total / 1e6,
+        len(ranges),
+        num_files,
+    )
+    plan = Plan(paths, [n for _, n in files], ranges, 1, None, input_format, origin)
+    return plan, num_files
+
+
+def curate_graph(
+    p: beam.Pipeline, config: CurateConfig, plan: Plan, num_files: int, eval_ngrams: frozenset[int]
+):
+    reading = dataclasses.replace(config.reading(), input_format=plan.input_format)
+    read = (
+        p
+        | "ListRanges" >> beam.Create(plan.ranges)
+        | "ReadDocuments"
+        >> beam.ParDo(ReadDocuments(reading, plan.format_origin)).with_outputs(
+            COUNTS, FILE_DOCUMENTS, main="documents"
+        )
+    )
+    per_file = read[FILE_DOCUMENTS] | "SumPerFile" >> beam.CombinePerKey(add_up)
+    skipped = (
+        read[COUNTS]
+        | "Skipped" >> beam.Filter(lambda kv: kv[0][0] == "skipped")
+        | "SkipKinds" >> beam.Map(lambda kv: (kv[0][1], kv[1]))
+        | "SumSkipped" >> beam.CombinePerKey(sum)
+    )
+    docs = read.documents | "Documents" >> beam.FlatMap(documents_of)
+    stages = [("read", docs)]
+    removed = []
+    if config.dedup != "none":
+        kept = (
+            docs
+            | "CopiesById" >> beam.CombinePerKey(KeepOne())
+            | "DropCopies" >> beam.FlatMap(drop_copies).with_outputs(REMOVED, main="kept")
+        )
+        docs = kept.kept
+        removed.append(kept[REMOVED])
+        stages.append(("exact_dedup", docs))
+    if config.language_list or config.rule_sets or eval_ngrams:
+        side = p | "EvalNgrams" >> beam.Create([eval_ngrams])
+        kept = docs | "Filter" >> beam.ParDo(
+            Filter(config), eval_ngrams=beam.pvalue.AsSingleton(side)
+        ).with_outputs(REMOVED, main="kept")
+        docs = kept.kept
+        removed.append(kept[REMOVED])
+        stages.append(("filters", docs))
+    changed = p | "NoComponents" >> beam.Create([0])
+    if config.dedup == "minhash":
+        edges = (
+            docs
+            | "BandKeys" >> beam.ParDo(BandKeys(config))
+            | "GroupBands" >> beam.GroupByKey()
+            | "StarEdges" >> beam.FlatMap(star_edges)
+            | "DistinctEdges" >> beam.Distinct()
+        )
+        labels, changed = edges | "Components" >> ConnectedComponents(config.cc_rounds)
+        kept = (
+            {"doc": docs, "label": labels}
+            | "JoinLabels" >> beam.CoGroupByKey()
+            | "KeepClusterMinimum"
+            >> beam.FlatMap(keep_cluster_minimum).with_outputs(REMOVED, main="kept")
+        )
+        docs = kept.kept
+        removed.append(kept[REMOVED])
+        stages.append(("near_dedup", docs))
+    seed = config.random_seed
+    files = (
+        docs
+        | "ByFile" >> beam.Map(lambda d: (file_of(d[0], num_files, seed), d))
+        | "GroupFiles" >> beam.GroupByKey()
+        | "WriteFiles" >> beam.Map(write_file, config, num_files)
+        | "CollectFiles" >> beam.combiners.ToList()
+    )
+    steps = (
+        [s | f"Tag{name}" >> beam.Map(lambda d, n=name: (n, d)) for name, s in stages]
+        | "AllSteps" >> beam.Flatten()
+        | "StepTotals" >> beam.Map(step_totals)
+        | "SumSteps" >> beam.CombinePerKey(add_pairs)
+    )
+    removed_all = (
+        removed or [p | "NothingRemoved" >> beam.Create([])]
+    ) | "AllRemoved" >> beam.Flatten()
+    reasons = (
+        removed_all
+        | "ReasonTotals" >> beam.Map(step_totals)
+        | "SumReasons" >> beam.CombinePerKey(add_pairs)
+    )
+    samples = removed_all | "Samples" >> beam.combiners.Top.PerKey(
+        config.samples_per_reason, key=sample_key(seed), reverse=True
+    )
+    return files | "WriteOutputs" >> beam.Map(
+        write_outputs,
+        steps=beam.pvalue.AsDict(steps),
+        reasons=beam.pvalue.AsDict(reasons),
+        samples=beam.pvalue.AsDict(samples),
+        input_files=beam.pvalue.AsDict(per_file),
+        skipped=beam.pvalue.AsDict(skipped),
+        converged=beam.pvalue.AsSingleton(changed),
+        config=config,
+        num_files=num_files,
+    )
+
+
+def remove_outputs(output: str) -> None:
+    """Delete what a curate writes in ``output`` (manifest first)."""
+    for pattern in OUTPUT_PATTERNS:
+        found = [
+            m.path
+            for r in FileSystems.match([FileSystems.join(output, pattern)])
+            for m in r.metadata_list
+        ]
+        if found:
+            FileSystems.delete(found)
+
+
+def run_curate(argv: Sequence[str], log_file: str | None, verbose: bool, handlers) -> int:
+    """The command's body under pipeline/cli/main.py's console (run_with_console)."""
+    from pipeline.beam import runner
+
+    try:
+        config, beam_args = parse_curate_args(argv)
+        dry_run, beam_args = runner.split_dry_run(beam_args)
+        beam_args = runner.check_beam_options(beam_args, curate_parser())
+        plan, num_files = make_curate_plan(config)
+        eval_ngrams = (
+            eval_ngram_set(config.decontaminate, config.decontaminate_ngram)
+            if config.decontaminate
+            else frozenset()
+        )
+        if config.dedup == "minhash":
+            import pipeline.core.dedup  # noqa: F401  the extra's packages, before the job
+        if not dry_run:
+            _prepare(config)
+    except (ValueError, OSError, ImportError) as e:
+        logger.error("%s", e)
+        return 2
+    log_file = runner.job_log_file(
+        log_file, verbose, config.output, "curate", handlers, dry_run=dry_run
+    )
+    options, given = runner.beam_options(beam_args)
+    logger.info("curating %s into %s (Beam args: %s)", list(config.input), config.output, given)
+    if log_file and not verbose:
+        logger.info("Beam's log: %s (--verbose or BERT_VERBOSE=1 shows it here)", log_file)
+    start = time.perf_counter()
+    failed = runner.run_pipeline(
+        options,
+        lambda p: curate_graph(p, config, plan, num_files, eval_ngrams),
+        log_file,
+        verbose,
+        "curate",
+        dry_run=dry_run,
+    )
+    if dry_run:
+        return failed
+    if failed:
+        remove_outputs(config.output)
+        logger.info(
+            "removed the curate's files from %s: nothing half-written is left", config.output
+        )
+        return failed
+    with FileSystems.open(FileSystems.join(config.output, "manifest.json")) as f:
+        manifest = json.loads(f.read())
+    with FileSystems.open(FileSystems.join(config.output, "report.json")) as f:
+        report = json.loads(f.read())
+    read = report["funnel"][0]["documents"] if report["funnel"] else 0
+    logger.info(
+        "done in %.1f s: %d documents -> %d kept in %d file(s); removed %s",
+        time.perf_counter() - start,
+        read,
+        manifest["num_documents"],
+        len(manifest["files"]),
+        manifest["removed"] or "nothing",
+    )
+    if report["components_changed_in_last_round"]:
+        logger.warning(
+            "near-duplicate clusters had not converged after --cc_rounds %d (%d documents "
+            "changed cluster in the last round): some near copies may remain; raise it",
+            config.cc_rounds,
+            report["components_changed_in_last_round"],
+        )
+    return 0
+
+
+def _prepare(config: CurateConfig) -> None:
+    """Refuse an earlier curate in --output unless --overwrite; then remove it."""
+    found = [
+        m.path
+        for r in FileSystems.match([FileSystems.join(config.output, p) for p in OUTPUT_PATTERNS])
+        for m in r.metadata_list
+    ]
+    if found and not config.overwrite:
+        raise FileExistsError(
+            f"{config.output} holds an earlier curate ({len(found)} file(s)); pass "
+            "--overwrite true to replace it"
+        )
+    remove_outputs(config.output)
+    if not FileSystems.exists(config.output):
+        FileSystems.mkdirs(config.output)
