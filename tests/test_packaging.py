@@ -43,7 +43,8 @@ DISTRIBUTIONS = {
 USED_BY_BEAM: list[str] = []
 # Imported only inside a function, for an option a worker never runs (`stats --plot`),
 # or for a runner of its own extra (`dask`: pipeline/beam/dask_compat.py, the DaskRunner's).
-OPTIONAL = {"matplotlib", "dask", "jieba"}
+# `streaming`: `export --to mds` only, its own extra (mds), imported when the export starts.
+OPTIONAL = {"matplotlib", "dask", "jieba", "streaming"}
 # Import name -> distribution, for what model/, trainer/ and finetune/ import beyond the
 # base install:
 # each must be in the `train` extra.

@@ -1,30 +1,37 @@
-"""``python -m pipeline export``: a shard directory -> NVIDIA's HDF5 or Google's TFRecord files.
+"""``python -m pipeline export``: a shard directory -> NVIDIA's HDF5, Google's TFRecord,
+Mosaic's MDS or Megatron-LM's indexed dataset.
 
     python -m pipeline export shards/ --to nvidia-hdf5 --output hdf5/
     python -m pipeline export shards/ --to tfrecord --output tfrecord/ [--tfrecord_names v2]
     python -m pipeline export shards/ --to tfrecord --output tf/ --max_predictions_per_seq 80
+    python -m pipeline export shards/ --to mds --output mds/ [--mds_token_column tokens]
+    python -m pipeline export shards/ --to megatron --output megatron/ [--input 'corpus/*']
     python -m pipeline export shards/ ... --runner=DataflowRunner --project=...  # Beam options
     python -m pipeline export shards/ ... --runner=DataflowRunner ... --dry_run  # check only
 
-A Beam job on the same runners as ``build``: one shard in, one file out, in parallel
+A Beam job on the same runners as ``build``: one shard in, one file (or directory) out, in parallel
 (``shard-00003-of-00010.arrow`` -> ``training-part-00003-of-00010.hdf5`` or
-``shard-00003-of-00010.tfrecord``), each shard verified against its manifest (size, sha256,
+``shard-00003-of-00010.tfrecord``, or the MDS directory ``shard-00003-of-00010/``, with
+an ``index.json`` over them all), each shard verified against its manifest (size, sha256,
 rows) as it is read. Each file is written atomically; vocab.txt is copied (verified), and
 ``manifest.json`` last: the source manifest's sha256, format, field names, L and P, every
 file's rows and sha256. Rows keep their order, ids and masks; pipeline/shards/export_formats.py
-pads them each consumer's way (FORMAT.md, "Exports").
+pads them each consumer's way (FORMAT.md, "Exports"); pipeline/shards/mds_format.py writes
+them unpadded with streaming's MDSWriter. ``--to megatron`` is another job, of documents
+rather than rows: pipeline/beam/export_megatron.py.
 
 Exit codes: 0 success; 1 the job failed (a corrupt shard is named), and what it wrote is
 removed; 2 bad arguments or input found before the job (no manifest, P too small, an
-output directory that holds an earlier export without --overwrite, h5py missing).
+output directory that holds an earlier export without --overwrite, a format's package
+missing: h5py, or the mds extra's mosaicml-streaming).
 With Beam's ``--dry_run`` the job is built and checked, not run, and --output is left as it
 was (pipeline/beam/runner.py, ``run_pipeline``): 0 when the check passed.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
+import glob
 import hashlib
 import logging
 import os
@@ -35,10 +42,11 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
+from pipeline.beam import export_mds, export_megatron
+from pipeline.beam.export_config import ExportConfig, export_parser, parse_export_args
 from pipeline.beam.shard_steps import write_atomic
-from pipeline.options import CommandParser, parse_bool
 from pipeline.shards import export_formats as formats
-from pipeline.shards import shard_format
+from pipeline.shards import mds_format, shard_format
 from pipeline.shards.shard_writer import created_by, encode_manifest
 
 logger = logging.getLogger(__name__)
@@ -49,83 +57,15 @@ OUTPUT_PATTERNS = (
     shard_format.VOCAB_NAME,
     "training-part-*.hdf5",
     "shard-*.tfrecord",
+    "index.json",  # MDS: the dataset's index, over the shards' directories
+    "shard-?????-of-?????/index.json",
+    "shard-?????-of-?????/shard.*.mds",
+    "part-*_text_sentence.bin",  # Megatron
+    "part-*_text_sentence.idx",
+    "shard-?????-of-?????/.*.tmp",
     ".*.tmp",
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class ExportConfig:
-    """What ``python -m pipeline export`` was asked for."""
-
-    source: str  # a shard directory (local or a URI), with its manifest.json
-    output: str
-    to: str  # one of export_formats.FORMATS
-    tfrecord_names: str | None = None  # v1 (google-research/bert) or v2 (Model Garden)
-    max_predictions_per_seq: int | None = None  # P; None: the shards' (manifest params)
-    overwrite: bool = False
-
-    def __post_init__(self):
-        if self.to not in formats.FORMATS:
-            raise ValueError(f"--to must be one of {formats.FORMATS}, got {self.to!r}")
-        if self.tfrecord_names is not None and self.to != formats.TFRECORD:
-            raise ValueError("--tfrecord_names applies to --to tfrecord only")
-        if self.max_predictions_per_seq is not None and self.max_predictions_per_seq < 1:
-            raise ValueError(
-                f"--max_predictions_per_seq must be >= 1, got {self.max_predictions_per_seq}"
-            )
-
-
-def export_parser() -> argparse.ArgumentParser:
-    p = CommandParser(
-        prog="python -m pipeline export",
-        description="Shards -> one NVIDIA HDF5 or Google TFRecord file per shard, for other "
-        "BERT trainers. Unrecognised options (--runner, --direct_num_workers=N, ...) go to "
-        "Apache Beam.",
-        epilog="Console: our progress lines only; Beam's logs go to --log_file PATH (default: "
-        "OUTPUT.export.log beside the output directory). --verbose or BERT_VERBOSE=1 shows "
-        "everything.",
-        allow_abbrev=False,
-    )
-    p.add_argument("source", metavar="SHARDS_DIR", help="a finished build (has manifest.json)")
-    p.add_argument("--to", required=True, choices=formats.FORMATS, help="the file format")
-    p.add_argument("--output", required=True, help="output directory (local or a URI)")
-    p.add_argument(
-        "--tfrecord_names",
-        choices=sorted(formats.TFRECORD_NAMES),
-        help="feature names: v1 google-research/bert and Model Garden's default (input_ids, "
-        "segment_ids), v2 Model Garden's use_v2_feature_names (input_word_ids, input_type_ids); "
-        "default v1",
-    )
-    p.add_argument(
-        "--max_predictions_per_seq",
-        type=int,
-        help="P, masked positions per row after padding: the trainer's flag of that name "
-        "(default: the shards' own; smaller is refused, larger pads)",
-    )
-    p.add_argument(
-        "--overwrite",
-        type=parse_bool,
-        nargs="?",
-        const=True,
-        default=False,
-        metavar="true|false",
-        help="replace an earlier export in --output (as "
-        "build's --overwrite: no value is true; default: false)",
-    )
-    p.add_argument("--verbose", action="store_true", help="everything on the console")
-    p.add_argument("--log_file", help="Beam's log (default: OUTPUT.export.log)")
-    return p
-
-
-def parse_export_args(argv: Sequence[str]) -> tuple[ExportConfig, list[str]]:
-    """Our ExportConfig and the Beam arguments.
-
-    Raises:
-        ValueError: an invalid combination (see ExportConfig).
-    """
-    args, beam_args = export_parser().parse_known_args(list(argv))
-    values = {k: v for k, v in vars(args).items() if k not in ("verbose", "log_file")}
-    return ExportConfig(**values), beam_args
+MDS_DIRECTORIES = "shard-?????-of-?????"  # removed with their files (local outputs)
 
 
 # ----------------------------------------------------------------------------- plan
@@ -139,8 +79,9 @@ class ExportPlan:
     manifest: dict  # the source's, validated
     manifest_sha256: str
     max_seq_length: int  # L: the shards' max_seq_length
-    max_predictions_per_seq: int  # P
-    names: dict  # field -> dataset or feature name in the files
+    max_predictions_per_seq: int | None  # P (padded formats); None: mds and megatron
+    names: dict  # field -> dataset, feature or column name (MDS: its encoding) in the files
+    megatron: export_megatron.MegatronPlan | None = None  # --to megatron: the corpus
 
 
 def make_plan(config: ExportConfig) -> ExportPlan:
@@ -149,12 +90,29 @@ def make_plan(config: ExportConfig) -> ExportPlan:
     Raises:
         ShardFormatError: no or a bad source manifest (the build did not finish).
         ValueError: P smaller than the shards' max_predictions_per_seq; the manifest has no
-            P and none was given.
-        ImportError: h5py is missing (for nvidia-hdf5).
+            P and none was given; a padded NSP format asked of MLM rows.
+        ImportError: h5py is missing (for nvidia-hdf5), or mosaicml-streaming (for mds).
+        FileNotFoundError: --to megatron and the corpus matches no file.
     """
     source = config.source
     manifest = shard_format.read_manifest(source)
     raw = shard_format.read_bytes(shard_format.join_path(source, shard_format.MANIFEST_NAME))
+    digest, seq = hashlib.sha256(raw).hexdigest(), manifest["schema"]["max_seq_length"]
+    kind = shard_format.manifest_kind(manifest)
+    if config.to == formats.MDS:
+        mds_format.import_streaming()
+        schema = shard_format.shard_schema(manifest["schema"]["vocab_size"], seq, kind)
+        names = mds_format.mds_columns(schema, config.mds_token_column or "input_ids")
+        return ExportPlan(config, manifest, digest, seq, None, names)
+    if config.to == formats.MEGATRON:
+        megatron = export_megatron.make_megatron_plan(config, manifest)
+        return ExportPlan(config, manifest, digest, seq, None, {}, megatron)
+    if kind != "nsp":
+        raise ValueError(
+            f"--to {config.to} holds NSP rows with static masks (segment ids, masked positions, "
+            f"next-sentence labels), and {source} holds {kind} rows: export those --to mds "
+            "(the rows) or --to megatron (the documents)"
+        )
     shards_p = manifest["params"].get("max_predictions_per_seq")
     p = config.max_predictions_per_seq or shards_p
     if p is None:
@@ -173,14 +131,7 @@ def make_plan(config: ExportConfig) -> ExportPlan:
         names = {name: name for name in formats.HDF5_DTYPES}
     else:
         names = formats.TFRECORD_NAMES[config.tfrecord_names or "v1"]
-    return ExportPlan(
-        config,
-        manifest,
-        hashlib.sha256(raw).hexdigest(),
-        manifest["schema"]["max_seq_length"],
-        p,
-        dict(names),
-    )
+    return ExportPlan(config, manifest, digest, seq, p, dict(names))
 
 
 def _existing(output: str, patterns: Sequence[str]) -> list[str]:
@@ -238,13 +189,17 @@ def remove_outputs(output: str) -> None:
     found.sort(key=lambda p: not p.endswith(shard_format.MANIFEST_NAME))
     if found:
         FileSystems.delete(found)
+    if not shard_format.is_remote(output):  # object stores have no directories to leave
+        for directory in glob.glob(os.path.join(glob.escape(output), MDS_DIRECTORIES)):
+            if os.path.isdir(directory) and not os.listdir(directory):
+                os.rmdir(directory)
 
 
 # ----------------------------------------------------------------------------- the job
 
 
-def export_shard(entry: dict, plan: ExportPlan, encoder=None) -> dict:
-    """Verify one source shard, write its export atomically; returns the file's entry.
+def export_shard(entry: dict, plan: ExportPlan, encoder=None) -> list[dict]:
+    """Verify one source shard, write its export atomically; returns the files' entries.
 
     Args:
         entry: the shard's manifest entry (name, rows, bytes, sha256).
@@ -262,6 +217,8 @@ def export_shard(entry: dict, plan: ExportPlan, encoder=None) -> dict:
         raise shard_format.ShardFormatError(f"{path} has another schema than its manifest says")
     index, num_shards = shard_format.parse_shard_name(entry["name"])
     name = formats.export_name(index, num_shards, config.to)
+    if config.to == formats.MDS:
+        return export_mds.write_directory(table, name, entry["name"], plan)
     try:
         if config.to == formats.HDF5:
             data = formats.hdf5_bytes(table, seq, pred)
@@ -270,17 +227,19 @@ def export_shard(entry: dict, plan: ExportPlan, encoder=None) -> dict:
         size, sha256 = write_atomic(FileSystems.join(config.output, name), data)
     except ValueError as err:  # a row that does not fit
         raise shard_format.ShardFormatError(f"{path}: {err}") from None
-    return {
-        "name": name,
-        "rows": table.num_rows,
-        "bytes": size,
-        "sha256": sha256,
-        "source": entry["name"],
-    }
+    return [
+        {
+            "name": name,
+            "rows": table.num_rows,
+            "bytes": size,
+            "sha256": sha256,
+            "source": entry["name"],
+        }
+    ]
 
 
 class ExportShard(beam.DoFn):
-    """A source shard's manifest entry -> its exported file's entry (after writing it)."""
+    """A source shard's manifest entry -> its exported files' entries (after writing them)."""
 
     def __init__(self, plan: ExportPlan):
         self._plan = plan
@@ -297,13 +256,18 @@ class ExportShard(beam.DoFn):
 
     def process(self, entry):
         written = export_shard(entry, self._plan, self._encoder)
-        self._rows.inc(written["rows"])
-        self._files.inc()
-        yield written
+        self._rows.inc(entry["rows"])
+        self._files.inc(len(written))
+        yield from written
 
 
 def fields(plan: ExportPlan) -> dict:
-    """The manifest's ``fields``: each dataset's (HDF5) or feature's (TFRecord) dtype and shape."""
+    """The manifest's ``fields``: each dataset's (HDF5) or feature's (TFRecord) dtype and
+    shape, each MDS column's encoding, or what Megatron's sequences hold."""
+    if plan.config.to == formats.MDS:
+        return {name: {"encoding": encoding} for name, encoding in plan.names.items()}
+    if plan.config.to == formats.MEGATRON:
+        return export_megatron.fields(plan.megatron)
     seq, pred = plan.max_seq_length, plan.max_predictions_per_seq
     width = dict.fromkeys(("input_ids", "input_mask", "segment_ids"), seq)
     width |= dict.fromkeys(("masked_lm_positions", "masked_lm_ids", "masked_lm_weights"), pred)
@@ -322,6 +286,31 @@ def fields(plan: ExportPlan) -> dict:
     }
 
 
+def format_files(files: list[dict], plan: ExportPlan) -> tuple[list[dict], dict]:
+    """Write what completes a format's files before the manifest (the MDS dataset's
+    index.json, Megatron's empty parts); returns every file's entry and the manifest's
+    format-specific keys.
+
+    Raises:
+        ValueError: --to megatron, and the corpus gave another number of documents than the
+            shards' build.
+    """
+    config = plan.config
+    if config.to == formats.HDF5:
+        return files, {"hdf5": dict(formats.HDF5_OPTIONS)}
+    if config.to == formats.TFRECORD:
+        return files, {"tfrecord_names": config.tfrecord_names or "v1"}
+    if config.to == formats.MEGATRON:
+        files = files + export_megatron.empty_parts(files, plan.megatron, config.output)
+        export_megatron.check_documents(files, plan.megatron)
+        parts = plan.megatron.num_parts
+        return files, {
+            "megatron": {"num_parts": parts, "documents": sum(f.get("documents", 0) for f in files)}
+        }
+    files = [*files, export_mds.write_index(files, config.output)]
+    return files, {"mds": {"token_column": config.mds_token_column or "input_ids"}}
+
+
 def write_manifest(files: list[dict], plan: ExportPlan) -> dict:
     """Copy vocab.txt (checked against the source manifest), then write manifest.json, last."""
     config, source = plan.config, plan.manifest
@@ -333,7 +322,9 @@ def write_manifest(files: list[dict], plan: ExportPlan) -> dict:
             f"its {shard_format.MANIFEST_NAME} says"
         )
     write_atomic(FileSystems.join(config.output, shard_format.VOCAB_NAME), data)
+    files, format_keys = format_files(files, plan)
     files = sorted(files, key=lambda f: f["name"])
+    rows = None if config.to == formats.MEGATRON else sum(f["rows"] for f in files)
     manifest = {
         "created_by": created_by(),
         "export_version": EXPORT_VERSION,
@@ -341,7 +332,7 @@ def write_manifest(files: list[dict], plan: ExportPlan) -> dict:
         "fields": fields(plan),
         "max_seq_length": plan.max_seq_length,
         "max_predictions_per_seq": plan.max_predictions_per_seq,
-        "num_rows": sum(f["rows"] for f in files),
+        "num_rows": rows,  # null for megatron: documents, not rows (megatron.documents)
         "files": files,
         "source": {
             "manifest_sha256": plan.manifest_sha256,
@@ -358,11 +349,8 @@ def write_manifest(files: list[dict], plan: ExportPlan) -> dict:
             "copied_from_source": True,
             **{k: vocab[k] for k in ("sha256", "size", "do_lower_case", "special_ids")},
         },
+        **format_keys,
     }
-    if config.to == formats.HDF5:
-        manifest["hdf5"] = {k: v for k, v in formats.HDF5_OPTIONS.items()}
-    else:
-        manifest["tfrecord_names"] = config.tfrecord_names or "v1"
     write_atomic(
         FileSystems.join(config.output, shard_format.MANIFEST_NAME), encode_manifest(manifest)
     )
@@ -371,10 +359,18 @@ def write_manifest(files: list[dict], plan: ExportPlan) -> dict:
 
 def export_graph(p: beam.Pipeline, plan: ExportPlan) -> beam.PCollection:
     """Add the export to ``p``; returns the PCollection holding the manifest."""
+    if plan.config.to == formats.MEGATRON:
+        files = p | "ExportDocuments" >> export_megatron.ExportDocuments(
+            plan.megatron, plan.config.output
+        )
+    else:
+        files = (
+            p
+            | "ListShards" >> beam.Create(plan.manifest["shards"])  # reshuffled: to workers
+            | "ExportShards" >> beam.ParDo(ExportShard(plan))
+        )
     return (
-        p
-        | "ListShards" >> beam.Create(plan.manifest["shards"])  # reshuffled: spread to workers
-        | "ExportShards" >> beam.ParDo(ExportShard(plan))
+        files
         | "CollectFiles" >> beam.combiners.ToList()
         | "WriteManifest" >> beam.Map(write_manifest, plan)
     )
@@ -401,16 +397,20 @@ def run_export(
     )
     options, given = runner.beam_options(beam_args)
     source = plan.manifest
+    what = (
+        f"the documents of the corpus {list(plan.megatron.build.input)} of {config.source}"
+        if plan.megatron
+        else f"{len(source['shards'])} shards ({source['num_rows']} rows) of {config.source}"
+    )
     logger.info(
-        "%s %d shards (%d rows) of %s to %s as %s, L %d, P %d (Beam args: %s)",
+        "%s %s to %s as %s%s (Beam args: %s)",
         "dry run: checking, not running, the export of" if dry_run else "exporting",
-        len(source["shards"]),
-        source["num_rows"],
-        config.source,
+        what,
         config.output,
         config.to,
-        plan.max_seq_length,
-        plan.max_predictions_per_seq,
+        f", L {plan.max_seq_length}, P {plan.max_predictions_per_seq}"
+        if plan.max_predictions_per_seq
+        else "",
         given,
     )
     runner.warn_dataflow_pitfalls(options, {"source": [config.source], "--output": [config.output]})
@@ -428,20 +428,34 @@ def run_export(
             "removed the export's files from %s: nothing half-written is left", config.output
         )
         return failed
-    in_bytes = sum(entry["bytes"] for entry in source["shards"])
-    logger.info(
-        "done in %.1f s: %d rows, %d shards (%.1f MB) -> %d %s files in %s; train with "
-        "max_seq_length %d, max_predictions_per_seq %d, vocab %s, do_lower_case %s",
-        time.perf_counter() - start,
-        source["num_rows"],
-        len(source["shards"]),
-        in_bytes / 1e6,
-        len(source["shards"]),
-        config.to,
-        config.output,
-        plan.max_seq_length,
-        plan.max_predictions_per_seq,
-        shard_format.join_path(config.output, shard_format.VOCAB_NAME),
-        source["vocab"]["do_lower_case"],
-    )
+    logger.info("done in %.1f s: %s", time.perf_counter() - start, summary(plan))
     return 0
+
+
+def summary(plan: ExportPlan) -> str:
+    """The last line of an export: what was written, and what the trainer must be given."""
+    config, source = plan.config, plan.manifest
+    vocab = shard_format.join_path(config.output, shard_format.VOCAB_NAME)
+    casing = source["vocab"]["do_lower_case"]
+    if config.to == formats.MEGATRON:
+        prefixes = shard_format.join_path(config.output, "part-*_text_sentence")
+        return (
+            f"{plan.megatron.num_parts} Megatron datasets {prefixes}.bin/.idx; train with "
+            f"--data-path and each prefix, --vocab-file {vocab}, --tokenizer-type "
+            f"{'BertWordPieceLowerCase' if casing else 'BertWordPieceCase'}"
+        )
+    in_bytes = sum(entry["bytes"] for entry in source["shards"])
+    done = (
+        f"{source['num_rows']} rows, {len(source['shards'])} shards ({in_bytes / 1e6:.1f} MB) -> "
+    )
+    if config.to == formats.MDS:
+        return done + (
+            f"{len(source['shards'])} MDS directories and index.json in {config.output}; read "
+            f"with StreamingDataset(local={config.output!r}), token column "
+            f"{config.mds_token_column or 'input_ids'}, vocab {vocab}, do_lower_case {casing}"
+        )
+    return done + (
+        f"{len(source['shards'])} {config.to} files in {config.output}; train with "
+        f"max_seq_length {plan.max_seq_length}, max_predictions_per_seq "
+        f"{plan.max_predictions_per_seq}, vocab {vocab}, do_lower_case {casing}"
+    )

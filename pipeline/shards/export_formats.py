@@ -33,7 +33,11 @@ import pyarrow as pa
 
 HDF5 = "nvidia-hdf5"
 TFRECORD = "tfrecord"
-FORMATS = (HDF5, TFRECORD)
+MDS = "mds"  # pipeline/shards/mds_format.py
+MEGATRON = "megatron"  # pipeline/shards/megatron_format.py
+FORMATS = (HDF5, TFRECORD, MDS, MEGATRON)
+# The formats of padded NSP rows with static masks: they take NSP shards only.
+NSP_FORMATS = (HDF5, TFRECORD)
 EXTENSIONS = {HDF5: "hdf5", TFRECORD: "tfrecord"}
 # NVIDIA's create_pretraining_data.py: int32 ids and positions, int8 masks and labels.
 HDF5_DTYPES = {
@@ -76,8 +80,11 @@ def export_name(index: int, num_shards: int, fmt: str) -> str:
     ``export_name(3, 10, "tfrecord") -> "shard-00003-of-00010.tfrecord"``;
     ``export_name(3, 10, "nvidia-hdf5") -> "training-part-00003-of-00010.hdf5"``: NVIDIA's
     and DeepSpeed's loaders take the files whose name holds ``training``, academic-budget-bert's
-    ``train``, MLPerf's ``part``.
+    ``train``, MLPerf's ``part``. ``export_name(3, 10, "mds") -> "shard-00003-of-00010"``: a
+    directory (an MDS dataset of its own).
     """
+    if fmt == MDS:
+        return f"shard-{index:05d}-of-{num_shards:05d}"
     stem = "training-part" if fmt == HDF5 else "shard"
     return f"{stem}-{index:05d}-of-{num_shards:05d}.{EXTENSIONS[fmt]}"
 
