@@ -23,6 +23,20 @@
 # worker processes log otherwise (their INFO lines no longer reach Beam's log file). Copying
 # .venv-base means only the extra is installed; same stamp; BERT_TEST_BASE covers it too.
 #
+# The exports' readers, in an environment of their own, .venv-readers: a copy of .venv-base
+# plus mosaicml-streaming 0.13.0 (tests/pipeline/test_export_mds.py) and megatron-core 0.16.1
+# (tests/pipeline/test_export_megatron.py), pinned, with torch 2.13.0 for CPU (both import
+# torch; pinned, pip takes the CPU build this machine keeps, never a CUDA one). One
+# environment for both: their pins agree (streaming's numpy < 2.2 and transformers < 5;
+# megatron-core asks for torch, numpy and packaging only), and torch is installed once. Both
+# go in with --no-deps plus what their imports need (READER_DEPS): streaming's declared
+# dependencies add its cloud clients (boto3, azure, google-cloud-storage, oci, paramiko),
+# matplotlib and torchvision, imported only when used, which took several times as long to
+# install. torchvision is a stub of the two names streaming's vision datasets import on
+# `import streaming`: PyPI's torchvision wheels are CUDA builds that do not load beside a CPU
+# torch (they need libtorch_cuda.so), and MDS never uses them. Same stamp; BERT_TEST_BASE
+# covers it too.
+#
 # And in .venv-report (a copy of .venv-base plus matplotlib)
 # tests/report/test_base_install.py: the summary, the plots and `pipeline stats --plot` read
 # a run's output where no training stack is installed. The rest of tests/report runs in .venv.
@@ -92,10 +106,49 @@ report_tests() {
   "$venv/bin/python" -m pytest tests/report/test_base_install.py -p no:cacheprovider -q \
     --durations=3
 }
+READERS=(mosaicml-streaming==0.13.0 megatron-core==0.16.1)
+READER_DEPS=(torch==2.13.0 numpy==2.1.3 transformers==4.57.6 xxhash==3.8.2 zstd==1.5.7.2
+  Brotli==1.2.1 python-snappy==0.7.3 catalogue==2.0.10 "packaging>=24.2")
+
+# reader_tests: the MDS and Megatron exports read back by streaming and megatron-core.
+reader_tests() {
+  local venv="$root/.venv-readers"
+  if [ "$(cat "$venv/.readers-stamp" 2>/dev/null)" != "$deps_stamp" ] \
+    || [ ! -x "$venv/bin/python" ]; then
+    rm -rf "$venv"
+    setup_step "creating $venv (a copy of .venv-base)" cp -a "$root/.venv-base" "$venv"
+    setup_step "installing ${READERS[*]} (--no-deps)" \
+      "$venv/bin/python" -m pip install --no-deps "${READERS[@]}"
+    setup_step "installing what they import: ${READER_DEPS[*]}" \
+      "$venv/bin/python" -m pip install "${READER_DEPS[@]}"
+    setup_step "writing a torchvision stub" torchvision_stub "$venv"
+    echo "$deps_stamp" >"$venv/.readers-stamp"
+  fi
+  echo "[test] the MDS and Megatron exports read by streaming and megatron-core ($venv)"
+  BERT_MDS_TESTS=1 BERT_MEGATRON_TESTS=1 "$venv/bin/python" -m pytest \
+    tests/pipeline/test_export_mds.py tests/pipeline/test_export_megatron.py \
+    -p no:cacheprovider -q --durations=3
+}
+
+# torchvision_stub VENV: the two names streaming/vision/base.py imports, and nothing else.
+torchvision_stub() {
+  local site
+  site="$("$1/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  mkdir -p "$site/torchvision/datasets" "$site/torchvision/transforms"
+  echo '"""A stub: streaming imports torchvision for its vision datasets only."""' \
+    >"$site/torchvision/__init__.py"
+  printf 'class VisionDataset:\n    """A stub."""\n\n\nclass CIFAR10(VisionDataset):\n    """A stub."""\n' \
+    >"$site/torchvision/datasets/__init__.py"
+  : >"$site/torchvision/transforms/__init__.py"
+  printf 'def to_tensor(pic):\n    raise NotImplementedError("a stub of torchvision")\n' \
+    >"$site/torchvision/transforms/functional.py"
+}
+
 if [ "${BERT_TEST_BASE:-$([ $# -eq 0 ] && echo 1 || echo 0)}" != 0 ]; then
   base_install_tests
   gcp_tests
   report_tests
+  reader_tests
 fi
 
 # pytest exits 5 when it collects no test: that is a failure here too.
