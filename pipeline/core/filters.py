@@ -1,0 +1,375 @@
+"""Quality rules for curation: Gopher quality and repetition, C4 and FineWeb, with datatrove's
+defaults. Pure functions; ``pipeline/beam/curate*.py`` maps :func:`apply_filters` over
+documents and counts each returned rule name.
+
+Each rule set follows its datatrove filter (``datatrove.pipeline.filters``:
+``GopherQualityFilter``, ``GopherRepetitionFilter``, ``C4QualityFilter``,
+``FineWebQualityFilter``): the same thresholds, the same order (the first rule that fails
+names the removal), the same arithmetic. Where we differ, and why:
+
+* **Words.** datatrove runs a per-language tokenizer (NLTK's Treebank tokenizer for English,
+  spaCy + jieba for Chinese, Stanza for Japanese). We need no model: a run of letters and
+  digits, with inner punctuation kept (``don't``, ``e-mail``, ``3.5``), is a word, a run of
+  punctuation or symbols is a token of its own (Treebank also makes ``,`` ``(`` a token), and
+  each CJK ideograph or kana is a word (the rule of ``pipeline.core.dedup.words``). So a
+  Chinese document of 80 characters has about 70 words, not 1 (``str.split``) and not 40
+  (jieba, which would fail Gopher's 50-word minimum on most paragraphs). C4 splits lines
+  with ``str.split`` in datatrove; we use the same words there, so a Chinese line has more
+  than 3 words.
+* **Mean word length** (Gopher, 3 to 10) is measured on the words that are not CJK
+  characters, and only when they are at least half of the words: a character of Chinese is
+  one word of length 1, and the rule would drop every Chinese page.
+* **Stop words** (Gopher, at least 2): datatrove's English list for ``language="en"``; a
+  document whose words are mostly CJK characters uses a list of Chinese and Japanese
+  function characters (的 了 是 ... の に は ...) whatever ``language`` says; another
+  language has no list and the rule does not apply (datatrove applies the English list to
+  every language unless it is given one).
+* **Terminal punctuation** (C4 lines, FineWeb lines) also accepts the CJK full stops and
+  closing quotes ``。！？”」』``: datatrove's ASCII set would drop every Chinese line.
+* **Sentences** (C4, at least 5): counted with ``pipeline.core.text.split_sentences`` (CJK
+  full stops included), not NLTK's punkt.
+* **Top n-gram length** (Gopher repetition) counts a space between two words only where
+  the text has whitespace (datatrove joins every n-gram with spaces, so a Chinese 4-gram of
+  4 characters counts as 7, and two repeats of a 4-character phrase in 80 characters fail).
+* **Empty text** fails instead of dividing by zero (datatrove raises ZeroDivisionError in the
+  repetition and FineWeb rules).
+
+C4 drops lines (``C4_LINE_RULES``) as datatrove's does, and we keep that: the text returned
+by :func:`apply_filters` is the text after those removals (kept lines joined by ``\\n``), and
+the rule sets after ``c4`` see it. :func:`c4_lines` counts the lines each line rule dropped.
+
+Use (tests: ``python -m pytest tests/pipeline/test_filters.py``)::
+
+    failed, text = apply_filters(text, ("gopher_quality", "c4"))
+    if failed:                                      # e.g. "gopher_quality.word_count"
+        ...  # count it under that name
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+from pipeline.core.dedup import CJK_CHAR
+from pipeline.core.text import split_sentences
+
+__all__ = ["C4_LINE_RULES", "RULE_SETS", "apply_filters", "c4_lines", "tokens"]
+
+RULE_SETS: dict[str, tuple[str, ...]] = {
+    "gopher_quality": (
+        "word_count",  # 50 <= non-symbol words <= 100,000
+        "mean_word_length",  # 3 <= mean length of non-symbol words <= 10
+        "hash_ratio",  # "#" per word <= 0.1
+        "ellipsis_ratio",  # "..." and "…" per word <= 0.1
+        "bullet_lines",  # lines starting with "•" or "-" <= 90%
+        "ellipsis_lines",  # lines ending with "..." or "…" <= 30%
+        "alpha_words",  # words with a letter >= 80%
+        "stop_words",  # at least 2 stop words
+    ),
+    "gopher_repetition": (
+        "dup_para_frac",  # duplicate paragraphs <= 30%
+        "dup_para_char_frac",  # their characters <= 20% of the text
+        "dup_line_frac",  # duplicate lines <= 30%
+        "dup_line_char_frac",  # their characters <= 20%
+        "top_2_gram",  # the most frequent 2-gram's characters <= 20%
+        "top_3_gram",  # <= 18%
+        "top_4_gram",  # <= 16%
+        *(f"dup_{n}_gram" for n in range(5, 11)),  # duplicate n-grams' chars <= 15% .. 10%
+    ),
+    "c4": (
+        "lorem_ipsum",  # a kept line contains "lorem ipsum"
+        "curly_bracket",  # a kept line contains "{"
+        "min_sentences",  # fewer than 5 sentences in the kept lines
+    ),
+    "fineweb": (
+        "line_punct_ratio",  # lines ending with terminal punctuation <= 12%
+        "short_line_ratio",  # lines of <= 30 characters >= 67%
+        "char_dup_ratio",  # characters in duplicate lines >= 1%
+        "list_ratio",  # newlines per word > 0.3
+    ),
+}
+# C4's line rules: a line that breaks one is dropped, the document stays.
+C4_LINE_RULES = ("too_long_word", "no_terminal_punct", "min_words_per_line", "javascript", "policy")
+
+
+# Punctuation and symbols (Unicode P* and S*) of the BMP as code-point ranges, plus emoji.
+def _ranges(codes: list[int]) -> str:
+    """A regex character-class body for sorted code points, as ranges: [1, 2, 3, 7] -> 1-37."""
+    spans: list[list[int]] = []
+    for code in codes:
+        if spans and spans[-1][1] == code - 1:
+            spans[-1][1] = code
+        else:
+            spans.append([code, code])
+    return "".join(f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in spans)
+
+
+_PUNCT = _ranges([c for c in range(0x10000) if unicodedata.category(chr(c))[0] in "PS"])
+_PUNCT += "\U0001f000-\U0001faff"
+_CJK = CJK_CHAR.pattern[1:-1]
+_WORD_CHAR = f"[^\\s{_PUNCT}{_CJK}]"
+_PUNCT_CHAR = f"[{_PUNCT}]"
+# A token: one CJK character; a run of word characters, inner punctuation kept; a
+# punctuation run.
+_TOKEN = re.compile(
+    f"{CJK_CHAR.pattern}|{_WORD_CHAR}+(?:{_PUNCT_CHAR}+{_WORD_CHAR}+)*|{_PUNCT_CHAR}+"
+)
+_SYMBOL_ONLY = re.compile(f"{_PUNCT_CHAR}+")
+
+STOP_WORDS = {"en": frozenset(["the", "be", "to", "of", "and", "that", "have", "with"])}
+# Function characters of Chinese and Japanese, each a word under the CJK rule.
+CJK_STOP_WORDS = frozenset("的了是在和有不这也就都我他们一个上说要与及而或但のにはをたがでてとしも")
+# Terminal punctuation: datatrove's (C4: . ? ! " ' ; FineWeb: the same), plus CJK's.
+_CJK_END = ("。", "！", "？", "”", "」", "』")
+C4_END = (".", "?", "!", '"', "'", *_CJK_END)
+_CITATION = re.compile(r"\[\d*]|\[edit]|\[citation needed]")
+_POLICY = (
+    "terms of use",
+    "privacy policy",
+    "cookie policy",
+    "uses cookies",
+    "use of cookies",
+    "use cookies",
+)
+
+
+def tokens(text: str) -> list[str]:
+    """The words and punctuation tokens the word-counting rules see.
+
+    Worked example::
+
+        tokens("Don't panic, e-mail 3.5 (now)!")  -> ["Don't", 'panic', ',', 'e-mail', '3.5',
+                                                      '(', 'now', ')!']
+        tokens("BERT模型。")                        -> ['BERT', '模', '型', '。']
+    """
+    return _TOKEN.findall(text)
+
+
+def _tokens_and_gaps(text: str) -> tuple[list[str], list[bool]]:
+    """The tokens and, for each, whether whitespace comes before it in the text."""
+    words, gaps, end = [], [], 0
+    for match in _TOKEN.finditer(text):
+        words.append(match.group())
+        gaps.append(match.start() > end)
+        end = match.end()
+    return words, gaps
+
+
+def _duplicates(items: list[str]) -> tuple[int, int]:
+    """(repeated items, their characters): every occurrence after an item's first."""
+    seen: set[str] = set()
+    count = chars = 0
+    for item in items:
+        if item in seen:
+            count += 1
+            chars += len(item)
+        else:
+            seen.add(item)
+    return count, chars
+
+
+def _gopher_quality(text: str, language: str) -> str | None:
+    words = tokens(text)
+    n_words = len(words) or 1
+    non_symbol = [w for w in words if not _SYMBOL_ONLY.fullmatch(w)]
+    if not 50 <= len(non_symbol) <= 100_000:
+        return "word_count"
+    spaced = [w for w in non_symbol if not CJK_CHAR.fullmatch(w)]
+    if 2 * len(spaced) >= len(non_symbol) and not 3 <= sum(map(len, spaced)) / len(spaced) <= 10:
+        return "mean_word_length"
+    if text.count("#") / n_words > 0.1:
+        return "hash_ratio"
+    if (text.count("...") + text.count("…")) / n_words > 0.1:
+        return "ellipsis_ratio"
+    lines = text.splitlines() or [""]
+    if sum(line.lstrip().startswith(("•", "-")) for line in lines) / len(lines) > 0.9:
+        return "bullet_lines"
+    if sum(line.rstrip().endswith(("...", "…")) for line in lines) / len(lines) > 0.3:
+        return "ellipsis_lines"
+    if sum(any(c.isalpha() for c in w) for w in words) / n_words < 0.8:
+        return "alpha_words"
+    stop_words = CJK_STOP_WORDS if 2 * len(spaced) < len(non_symbol) else STOP_WORDS.get(language)
+    if stop_words is not None and sum(w in stop_words for w in words) < 2:
+        return "stop_words"
+    return None
+
+
+def _grams(words: list[str], n: int, separator: str) -> list[str]:
+    """The word n-grams, each joined by ``separator``: ``(["a", "b", "c"], 2, " ")`` ->
+    ``["a b", "b c"]``."""
+    # the shifted lists are shorter by design: zip stops at the last full n-gram
+    return list(map(separator.join, zip(*(words[i:] for i in range(n)), strict=False)))
+
+
+def _top_gram_chars(words: list[str], gaps: list[bool], n: int) -> int:
+    """Characters of the most frequent word n-gram times its count. Its length is as the
+    text writes it: datatrove joins the words with spaces, which for Chinese counts a
+    4-character 4-gram as 7 characters; we add a space only where the text has whitespace."""
+    grams = _grams(words, n, " ")
+    if not grams:
+        return 0
+    gram, count = Counter(grams).most_common(1)[0]
+    first = grams.index(gram)
+    spaces = sum(gaps[first + 1 : first + n])
+    return (len(gram) - (n - 1) + spaces) * count
+
+
+def _repeated_gram_chars(words: list[str], n: int) -> int:
+    """Characters of n-grams (joined without spaces) seen before, skipping past each repeat:
+    datatrove's ``find_all_duplicate``."""
+    grams = _grams(words, n, "")
+    if len(set(grams)) == len(grams):
+        return 0  # the usual case, found without the loop
+    seen: set[str] = set()
+    chars = i = 0
+    while i < len(grams):
+        if grams[i] in seen:
+            chars += len(grams[i])
+            i += n
+        else:
+            seen.add(grams[i])
+            i += 1
+    return chars
+
+
+def _gopher_repetition(text: str, language: str) -> str | None:
+    length = len(text) or 1
+    paragraphs = re.split(r"\n{2,}", text.strip())
+    count, chars = _duplicates(paragraphs)
+    if count / len(paragraphs) > 0.3:
+        return "dup_para_frac"
+    if chars / length > 0.2:
+        return "dup_para_char_frac"
+    lines = re.split(r"\n+", text)
+    count, chars = _duplicates(lines)
+    if count / len(lines) > 0.3:
+        return "dup_line_frac"
+    if chars / length > 0.2:
+        return "dup_line_char_frac"
+    words, gaps = _tokens_and_gaps(text)
+    for n, fraction in ((2, 0.2), (3, 0.18), (4, 0.16)):
+        if _top_gram_chars(words, gaps, n) / length > fraction:
+            return f"top_{n}_gram"
+    for n, fraction in zip(range(5, 11), (0.15, 0.14, 0.13, 0.12, 0.11, 0.10), strict=True):
+        if _repeated_gram_chars(words, n) / length > fraction:
+            return f"dup_{n}_gram"
+    return None
+
+
+def c4_lines(text: str) -> tuple[str | None, str, dict[str, int]]:
+    """C4's line pass: (the document rule it breaks or None, the kept text, lines dropped per
+    rule of :data:`C4_LINE_RULES`).
+
+    Per line (``str.splitlines``, stripped), in datatrove's order: a word over 1000
+    characters drops it; citations (``[1]``, ``[edit]``, ``[citation needed]``) are removed;
+    no terminal punctuation (or ending with ``...``) drops it; fewer than 3 words drops it;
+    ``lorem ipsum`` fails the document; ``javascript`` drops the line; ``{`` fails the
+    document; a cookie/terms-of-use phrase drops the line. Then fewer than 5 sentences in
+    the kept lines fails the document.
+
+    Example::
+
+        c4_lines("Enable javascript to see this.\\nA fine line of text.\\nMenu")
+        -> ('min_sentences', 'A fine line of text.',
+            {'javascript': 1, 'no_terminal_punct': 1, ...others 0})
+    """
+    dropped = dict.fromkeys(C4_LINE_RULES, 0)
+    kept: list[str] = []
+    sentences = 0
+    for raw in text.splitlines():
+        line = raw.strip()
+        words = tokens(line) if CJK_CHAR.search(line) else line.split()
+        if any(len(word) > 1000 for word in words):
+            dropped["too_long_word"] += 1
+            continue
+        line = _CITATION.sub("", line)
+        if not line.endswith(C4_END) or line.endswith("..."):
+            dropped["no_terminal_punct"] += 1
+            continue
+        if len(words) < 3:
+            dropped["min_words_per_line"] += 1
+            continue
+        lowered = line.lower()
+        if "lorem ipsum" in lowered:
+            return "lorem_ipsum", text, dropped
+        if "javascript" in lowered:
+            dropped["javascript"] += 1
+            continue
+        if "{" in line:
+            return "curly_bracket", text, dropped
+        if any(phrase in lowered for phrase in _POLICY):
+            dropped["policy"] += 1
+            continue
+        sentences += len(split_sentences(line))
+        kept.append(line)
+    kept_text = "\n".join(kept).strip()
+    return ("min_sentences" if sentences < 5 else None), kept_text, dropped
+
+
+def _fineweb(text: str, language: str) -> str | None:
+    lines = text.split("\n")
+    if (
+        sum(line.endswith((".", "'", '"', "!", "?", *_CJK_END)) for line in lines) / len(lines)
+        <= 0.12
+    ):
+        return "line_punct_ratio"
+    if sum(len(line) <= 30 for line in lines) / len(lines) >= 0.67:
+        return "short_line_ratio"
+    non_empty = [line for line in lines if line.strip()]
+    if _duplicates(non_empty)[1] / (len(text.replace("\n", "")) or 1) >= 0.01:
+        return "char_dup_ratio"
+    words = tokens(text)
+    if not words or text.count("\n") / len(words) > 0.3:
+        return "list_ratio"
+    return None
+
+
+_DOCUMENT_RULES: dict[str, Callable[[str, str], str | None]] = {
+    "gopher_quality": _gopher_quality,
+    "gopher_repetition": _gopher_repetition,
+    "fineweb": _fineweb,
+}
+
+
+def apply_filters(
+    text: str, rule_sets: Sequence[str], language: str = "en"
+) -> tuple[str | None, str]:
+    """Runs the rule sets in order on one document; the first rule it breaks removes it.
+
+    Worked examples::
+
+        apply_filters("Too short.", ["gopher_quality"])  -> ('gopher_quality.word_count', 'Too short.')
+        apply_filters(good_page, ["c4", "fineweb"])       -> (None, good_page minus C4's dropped lines)
+
+    Args:
+        text: one document (``str``).
+        rule_sets: names from :data:`RULE_SETS`, applied in this order; ``c4`` hands the
+            text after its line removals to the sets after it.
+        language: an ISO 639-1 code; it picks Gopher's stop words (see the module doc).
+
+    Returns:
+        ``(failed, text)``: ``failed`` is ``"<rule set>.<rule>"`` (a name of
+        :data:`RULE_SETS`) or None when the document is kept; ``text`` is the document after
+        C4's line removals (unchanged without ``c4``).
+
+    Raises:
+        TypeError: ``text`` is not a ``str``.
+        ValueError: an unknown rule set (the message lists the known ones).
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    unknown = [name for name in rule_sets if name not in RULE_SETS]
+    if unknown or isinstance(rule_sets, str):
+        raise ValueError(
+            f"unknown rule sets {unknown or rule_sets!r}; known: {', '.join(RULE_SETS)}"
+        )
+    for name in rule_sets:
+        if name == "c4":
+            failed, text, _ = c4_lines(text)
+        else:
+            failed = _DOCUMENT_RULES[name](text, language)
+        if failed:
+            return f"{name}.{failed}", text
+    return None, text
