@@ -28,6 +28,7 @@ Use (tests: ``python -m pytest tests/pipeline/test_mlm_rows.py``):
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 
 import numpy as np
@@ -116,44 +117,60 @@ def plan_packed_rows(
 def _plan_in_flight(
     lengths: list[int], counts: list[int], capacity: int, window: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``full_sentences`` with ``window`` documents in flight (module docstring)."""
-    # Each document: its sentences as [start, stop) token ranges, consumed from the front.
+    """``full_sentences`` with ``window`` documents in flight (module docstring).
+
+    A document in flight is ``[doc, ends, i, at]``: the token ends of its sentences, the
+    next sentence ``i`` and the next token ``at`` (inside sentence ``i`` when a sentence
+    longer than a row was cut). The whole sentences that fit a row's room are found with
+    one bisection, not one step per sentence (the plan's cost is per piece of a row)."""
     documents, token, sentence = [], 0, 0
     for doc, count in enumerate(counts):
-        spans = []
+        ends, first = [], None
         for n in lengths[sentence : sentence + count]:
             if n:
-                spans.append([token, token + n])
+                first = token if first is None else first
+                ends.append(token + n)
             token += n
+        if ends:
+            documents.append([doc, ends, 0, first])
         sentence += count
-        if spans:
-            documents.append((doc, spans))
     documents.reverse()  # a stack: pop() gives the next document in bucket order
-    flight: list[tuple[int, list[list[int]]]] = []
+    flight: list[list] = []
     pieces: list[list[int]] = []  # [row, start, stop]
     row_docs: list[int] = []
+
+    def fits(entry, room: int) -> int:
+        """Tokens of ``entry`` that go into ``room``: its whole sentences that fit, or for
+        a sentence longer than a row, ``room`` of it; 0 if neither."""
+        _, ends, i, at = entry
+        j = bisect.bisect_right(ends, at + room, lo=i)
+        if j > i:
+            return ends[j - 1] - at
+        return room if ends[i] - at > capacity and room > 0 else 0
+
     while documents or flight:
         while documents and len(flight) < window:
             flight.append(documents.pop())
         row, used, last, left = len(row_docs), 0, None, set()
-        while True:
-            # The document the row holds last, then the others in flight, in order.
-            order = ([last] if last is not None else []) + [
-                d for d in range(len(flight)) if d != last and flight[d][0] not in left
-            ]
-            chosen = None
-            for d in order:
-                start, stop = flight[d][1][0]
-                sep = int(used > 0 and d != last)
-                room = capacity - used - sep
-                if stop - start <= room or (stop - start > capacity and room > 0):
-                    chosen, take, sep_used = d, min(stop - start, room), sep
-                    break
+        while used < capacity:
+            # The document the row holds last (no [SEP]), then the others in flight, in order.
+            chosen, take, sep = None, 0, 0
+            if last is not None:
+                take = fits(flight[last], capacity - used)
+                chosen = last if take else None
+            if chosen is None:
+                sep = int(used > 0)
+                for d, entry in enumerate(flight):
+                    if d != last and entry[0] not in left:
+                        take = fits(entry, capacity - used - sep)
+                        if take:
+                            chosen = d
+                            break
             if chosen is None:
                 break
-            doc, spans = flight[chosen]
-            start = spans[0][0]
-            if pieces and pieces[-1][0] == row and chosen == last:
+            entry = flight[chosen]
+            doc, ends, _, start = entry
+            if chosen == last:
                 pieces[-1][2] = start + take
             else:
                 if last is not None:
@@ -161,19 +178,16 @@ def _plan_in_flight(
                 if not used:
                     row_docs.append(doc)
                 pieces.append([row, start, start + take])
-            used += take + sep_used
-            spans[0][0] += take
-            if spans[0][0] == spans[0][1]:
-                spans.pop(0)
+            used += take + sep
+            entry[3] = start + take
+            entry[2] = bisect.bisect_right(ends, entry[3], lo=entry[2])
             last = chosen
-            if not spans:  # the document ends: the next one comes into flight
+            if entry[2] == len(ends):  # the document ends: the next one comes into flight
                 flight.pop(chosen)
                 left.add(doc)
                 last = None
                 if documents:
                     flight.append(documents.pop())
-            if used >= capacity:
-                break
         if not used:
             raise AssertionError("no sentence fits an empty row")
     out = np.array(pieces, dtype=np.int64).reshape(-1, 3)
