@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline.core.masking import MaskingConfig
 from pipeline.options import CommandParser, add_options, flag, option, parse_options
 
 MASKING = ("static", "dynamic")
@@ -30,6 +31,7 @@ TEACHER_DTYPES = ("auto", "fp32", "bf16")
 DISTILL_INITS = ("auto", "teacher", "random")
 COMPILE_MODES = ("off", "model", "step")  # trainer/compiling.py
 DEFAULT_MAX_STEPS = 1000
+MASK_RATES = (0.05, 0.5)  # the --mask-rate range (trainer/masking.py)
 
 
 @dataclass(frozen=True)
@@ -88,8 +90,29 @@ class TrainConfig:
     seed: int = option(42, "seed of data order, dynamic masks, dropout and initialisation")
     masking: str = option(
         "static",
-        "static: the shards' masks; dynamic: re-mask each epoch (RoBERTa-style)",
+        "static: the shards' masks; dynamic: re-mask each epoch (RoBERTa-style); unmasked "
+        "MLM shards are always masked dynamically",
         choices=MASKING,
+    )
+    # trainer/masking.py. None: the manifest's masked_lm_prob (0.15 for unmasked MLM shards).
+    mask_rate: float | None = option(
+        None,
+        "dynamic masking rate in [0.05, 0.5], prediction slots ceil(rate * max_seq_length) "
+        "(needs --masking dynamic on shards with static masks; default: the manifest's rate, "
+        "0.15 for unmasked MLM shards)",
+    )
+    mask_split: str = option(
+        "0.8,0.1,0.1", "dynamic masking: shares of [MASK], kept and random-id predictions"
+    )
+    # None: as the shards were built (trainer/masking.py default_whole_word).
+    whole_word_mask: bool | None = option(
+        None,
+        "dynamic masking of whole words (MLM shards: their continues_word groups, Chinese "
+        "words included; NSP shards: ## pieces) [default: as the shards were built]",
+    )
+    # The same positions in every run, so runs trained at different rates compare.
+    eval_mask_rate: float = option(
+        0.15, "rate at which held-out MLM rows are masked (fixed seed; NSP rows: static masks)"
     )
     num_workers: int = option(2, "DataLoader worker processes per rank")
     shuffle_window: int = option(65536, "rows shuffled together within an epoch")
@@ -198,6 +221,7 @@ class TrainConfig:
             raise ValueError(f"--compile must be one of {COMPILE_MODES}, got {self.compile!r}")
         if self.masking not in MASKING:
             raise ValueError(f"--masking must be one of {MASKING}, got {self.masking!r}")
+        self._check_masking()
         if self.peak_tflops is not None and not self.peak_tflops > 0:
             raise ValueError(f"--peak-tflops must be > 0, got {self.peak_tflops!r}")
         if self.dropout is not None and not (
@@ -225,6 +249,23 @@ class TrainConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"--{_flag(name)} must be true or false")
         self._check_distillation()
+
+    def _check_masking(self) -> None:
+        """Raises ValueError naming the flag: a rate outside MASK_RATES, a bad split."""
+        low, high = MASK_RATES
+        for name in ("mask_rate", "eval_mask_rate"):
+            rate = getattr(self, name)
+            if rate is None:
+                continue
+            if (
+                isinstance(rate, bool)
+                or not isinstance(rate, (int, float))
+                or not low <= rate <= high
+            ):
+                raise ValueError(f"--{_flag(name)} must be in [{low}, {high}], got {rate!r}")
+        self.mask_shares  # noqa: B018 (parsing it is the check)
+        if self.whole_word_mask is not None and not isinstance(self.whole_word_mask, bool):
+            raise ValueError("--whole-word-mask must be true or false")
 
     def _check_distillation(self) -> None:
         """Raises ValueError naming the flag: a bad distillation value, or one without --teacher."""
@@ -258,6 +299,26 @@ class TrainConfig:
                 "--distill-kl-weight and --distill-hard-weight are both 0: nothing would train "
                 "the MLM head"
             )
+
+    @property
+    def mask_shares(self) -> tuple[float, float, float]:
+        """--mask-split parsed: ``"0.8,0.1,0.1"`` -> ``(0.8, 0.1, 0.1)``, the shares of
+        [MASK], kept and random-id predictions.
+
+        Raises:
+            ValueError: not three numbers in [0, 1] summing to 1 (naming --mask-split).
+        """
+        try:
+            parts = tuple(float(x) for x in self.mask_split.split(","))
+            if len(parts) != 3:
+                raise ValueError
+            MaskingConfig(mask_split=parts)  # the one rule for a split
+        except ValueError:
+            raise ValueError(
+                f"--mask-split must be three shares MASK,KEEP,RANDOM in [0, 1] summing to 1 "
+                f"(e.g. 0.8,0.1,0.1), got {self.mask_split!r}"
+            ) from None
+        return parts
 
     @property
     def step_limit(self) -> int | None:

@@ -14,17 +14,23 @@ memory-mapped views (trainer/shards.py); only the batch being built is copied.
 A batch (:func:`collate`) holds int64 tensors with BERT's names:
 
     input_ids, segment_ids, attention_mask   (B, T)  T = longest row rounded up to 8
-    masked_lm_positions, masked_lm_ids       (B, P)  P = max_predictions_per_seq; pad 0
-    next_sentence_label                      (B,)    -100 on an evaluation filler row
+    masked_lm_positions, masked_lm_ids       (B, P)  P = max_predictions_per_seq, or the
+                                                     masker's slots; pad 0
+    next_sentence_label                      (B,)    -100 on an evaluation filler row and
+                                                     on MLM-only rows (no NSP loss)
     row_ids                                  (B,)    row's index in manifest order; -1 filler
 
-Masking: ``static`` uses the shards' masks. ``dynamic`` (RoBERTa-style) restores the
-original ids from ``masked_lm_ids`` and re-masks with Google's rules
-(pipeline.core.masking.mask_instances) using ``numpy_rng(seed, "dynamic", p, B)``, where ``p`` is
-the stream position of the micro-batch's first row (the stream position fixes the epoch,
-so every epoch gets fresh masks). The masks are the same for any number of workers and
-on resume; they change if the micro-batch boundaries change (another world size x micro
-batch), which still leaves one valid random masking per row per epoch.
+Row kinds (pipeline/shards/FORMAT.md): NSP rows as written; MLM rows (``mlm``, ``mlm_masked``)
+get segment ids 0 and next_sentence_label -100, so the model computes no NSP loss for them.
+
+Masking: ``static`` uses the shards' masks. ``dynamic`` (RoBERTa-style), and always on
+unmasked ``mlm`` rows, re-masks with Google's rules at a rate (trainer/masking.py
+DynamicMasker) using ``numpy_rng(seed, "dynamic", p, B)``, where ``p`` is the stream position
+of the micro-batch's first row (the stream position fixes the epoch, so every epoch gets
+fresh masks). The masks are the same for any number of workers and on resume; they change
+if the micro-batch boundaries change (another world size x micro batch), which still leaves
+one valid random masking per row per epoch. Held-out MLM rows are masked by an
+EvalMasker instead: per row, the same in every run.
 
 Evaluation (``finite=True``): one pass in manifest order; the last global micro-batch is
 filled up with filler rows that carry no MLM or NSP target.
@@ -40,17 +46,15 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from pipeline.core.masking import MaskingConfig, MaskingVocab, mask_instances
-from pipeline.core.rng import numpy_rng
 from pipeline.shards.shard_format import ShardFormatError
 from pipeline.shards.validate import check_predictions, check_values
 
+from .masking import DynamicMasker, EvalMasker
 from .order import StreamOrder, rank_positions
-from .shards import ShardSet
+from .shards import NSP_IGNORE, ShardSet
 from .signals import ignore_in_worker
 
 PAD_MULTIPLE = 8
-NSP_IGNORE = -100  # torch cross_entropy's default ignore_index
 
 
 @dataclass(frozen=True)
@@ -93,11 +97,12 @@ def collate(
     device (model/bert.py), by the format's own rule (pipeline/shards/validate.py
     ``check_values``, ``check_predictions``): ids in [0, vocab_size), segment ids 0/1,
     masked positions inside their row and at most ``max_predictions``, next_sentence_label
-    0/1.
+    0/1 (or -100: an MLM-only row).
 
     Args:
         rows: B rows, each ({input_ids, segment_ids, masked_lm_positions, masked_lm_ids:
-            1-D integer arrays}, next_sentence_label).
+            1-D integer arrays}, next_sentence_label); an MLM row has no segment_ids (0s)
+            and the label -100.
         max_predictions: P, the manifest's max_predictions_per_seq.
         pad_id: the [PAD] id.
         max_width: the padded length never exceeds max(this, the longest row).
@@ -120,7 +125,8 @@ def collate(
     ids = np.zeros((b, max_predictions), dtype=np.int64)
     for i, ((row, _), n, k) in enumerate(zip(rows, lengths, counts, strict=True)):
         input_ids[i, :n] = row["input_ids"]
-        segment_ids[i, :n] = row["segment_ids"]
+        if "segment_ids" in row:  # MLM rows have none: all 0
+            segment_ids[i, :n] = row["segment_ids"]
         attention_mask[i, :n] = 1
         positions[i, :k] = row["masked_lm_positions"]
         ids[i, :k] = row["masked_lm_ids"]
@@ -136,60 +142,12 @@ def collate(
     # The format's value rule, on the padded batch: padding is pad_id (an id) and 0 (a
     # segment id, and a position inside every row: rows hold at least [CLS]).
     check_values(
-        tensors,
+        {**tensors, "next_sentence_label": labels[labels != NSP_IGNORE]},
         vocab_size=vocab_size,
         row_length=np.asarray(lengths, dtype=np.int64)[:, None],
         rows_of="the batch",
     )
     return {k: torch.from_numpy(v) for k, v in tensors.items()}
-
-
-class DynamicMasker:
-    """Re-mask rows with Google's rules from the shards' own parameters.
-
-    Args:
-        manifest: the shard directory's manifest (params and vocab.special_ids).
-        vocab_tokens: the tokens of vocab.txt; needed only for whole-word masking.
-
-    Raises:
-        ValueError: whole-word masking without ``vocab_tokens``.
-    """
-
-    def __init__(self, manifest: dict, vocab_tokens: Sequence[str] | None = None):
-        params, special = manifest["params"], manifest["vocab"]["special_ids"]
-        self.config = MaskingConfig(
-            masked_lm_prob=float(params["masked_lm_prob"]),
-            max_predictions_per_seq=int(params["max_predictions_per_seq"]),
-            do_whole_word_mask=bool(params.get("do_whole_word_mask", False)),
-        )
-        if vocab_tokens is not None:
-            self.vocab = MaskingVocab.from_tokens(vocab_tokens)
-        elif self.config.do_whole_word_mask:
-            raise ValueError("whole-word masking needs the vocabulary (vocab.txt)")
-        else:
-            self.vocab = MaskingVocab(
-                cls_id=special["cls"],
-                sep_id=special["sep"],
-                mask_id=special["mask"],
-                vocab_size=int(manifest["vocab"]["size"]),
-            )
-
-    def __call__(self, rows: list, gen: np.random.Generator) -> list:
-        """Rows with their masks replaced: same structure as ShardSet.rows() returns."""
-        originals = []
-        for row, _ in rows:
-            ids = row["input_ids"].astype(np.int32)  # a copy: the shard is read-only
-            ids[row["masked_lm_positions"].astype(np.int64)] = row["masked_lm_ids"]
-            originals.append(ids)
-        masked = mask_instances(originals, self.config, self.vocab, gen)
-        out = []
-        for (row, label), new in zip(rows, masked, strict=True):
-            new_row = dict(row)
-            new_row["input_ids"] = new.input_ids
-            new_row["masked_lm_positions"] = new.masked_lm_positions
-            new_row["masked_lm_ids"] = new.masked_lm_ids
-            out.append((new_row, label))
-        return out
 
 
 _SQUARE = ("input_ids", "segment_ids", "attention_mask")  # (B, T)
@@ -242,19 +200,31 @@ class PretrainingStream(IterableDataset):
     Args:
         shards: the shard set (checked already; see ShardSet.check).
         spec: which slices, and how to build batches.
-        masker: required when ``spec.masking == "dynamic"``.
+        masker: required when ``spec.masking == "dynamic"`` and for unmasked MLM rows
+            (trainer/masking.py: a DynamicMasker, or an EvalMasker for held-out rows).
 
     Raises:
-        ValueError: dynamic masking without a masker.
+        ValueError: dynamic masking or unmasked rows without a masker.
     """
 
-    def __init__(self, shards: ShardSet, spec: StreamSpec, masker: DynamicMasker | None = None):
+    def __init__(
+        self,
+        shards: ShardSet,
+        spec: StreamSpec,
+        masker: DynamicMasker | EvalMasker | None = None,
+    ):
         super().__init__()
-        if spec.masking == "dynamic" and masker is None:
-            raise ValueError("dynamic masking needs a DynamicMasker")
+        if masker is None and (spec.masking == "dynamic" or shards.kind == "mlm"):
+            raise ValueError(
+                f"{'dynamic masking' if spec.masking == 'dynamic' else 'unmasked MLM rows'} "
+                "need a masker (trainer/masking.py)"
+            )
         self.shards, self.spec, self.masker = shards, spec, masker
         self.order = StreamOrder(shards.rows_per_shard, spec.seed, spec.window, not spec.finite)
-        self.max_predictions = int(shards.params["max_predictions_per_seq"])
+        if masker is not None:
+            self.max_predictions = masker.max_predictions
+        else:
+            self.max_predictions = int(shards.params["max_predictions_per_seq"])
         self.pad_id = int(shards.manifest["vocab"]["special_ids"]["pad"])
         self.vocab_size = int(shards.manifest["vocab"]["size"])
         manifest_rows = [entry["rows"] for entry in shards.manifest["shards"]]
@@ -294,8 +264,11 @@ class PretrainingStream(IterableDataset):
         filler = positions >= self.order.num_rows if s.finite else np.zeros(len(positions), bool)
         _, shard, row = self.order.locate(positions)
         rows = self.shards.rows(shard, row)
+        row_ids = self.first_row_id[shard] + row
         if self.masker is not None:
-            rows = self.masker(rows, numpy_rng(s.seed, "dynamic", int(positions[0]), s.micro))
+            rows = self.masker.mask_batch(
+                rows, seed=s.seed, position=int(positions[0]), micro=s.micro, row_ids=row_ids
+            )
         try:
             batch = self._collate(rows)
         except ValueError as err:  # the writer checks every value: a shard changed since
@@ -304,7 +277,6 @@ class PretrainingStream(IterableDataset):
                 f"{err}; {where}: check the shards with python -m pipeline validate "
                 f"{self.shards.directory}"
             ) from None
-        row_ids = self.first_row_id[shard] + row
         if filler.any():
             at = torch.from_numpy(filler)
             batch["masked_lm_positions"][at] = 0

@@ -44,7 +44,7 @@ import torch
 
 from pipeline.core.rng import derive_seed
 
-from . import checkpoint, compiling, distributed, metrics, ops, prepare, universal
+from . import checkpoint, compiling, distributed, masking, metrics, ops, prepare, universal
 from .config import TrainConfig
 from .data import PretrainingStream, StreamSpec, make_loader
 from .distillation import Distiller, check_resumed_teacher
@@ -151,7 +151,8 @@ class Trainer:
         self.resume = checkpoint.find_resume(config.resume, config.output_dir)
         if self.resume is not None:
             self._check_resume(*self.resume)
-        self.masker = prepare.masker_for(self.shards, config)
+        self.masker = masking.masker_for(self.shards, config)  # MLM shards: always one
+        self.eval_masker = self.eval_shards and masking.eval_masker_for(self.eval_shards, config)
         self.precision = precision(self.ds)
         self.peak = metrics.peak_tflops(config.peak_tflops, self.precision)
         self._log_config()
@@ -400,11 +401,13 @@ class Trainer:
             finite=True,
             max_width=self.model_config.max_position_embeddings,
         )
-        loader = make_loader(PretrainingStream(self.eval_shards, spec), self.config.num_workers)
+        stream = PretrainingStream(self.eval_shards, spec, self.eval_masker)
+        loader = make_loader(stream, self.config.num_workers)
         try:
-            record = evaluate(self.engine, loader, self.info.device)
+            record = evaluate(self.engine, loader, self.info.device, self.shards.trains_nsp)
         finally:
             loader.close()
+        record["eval_mask_rate"] = self.eval_masker.rate if self.eval_masker else None
         record.update(step=self.state.step, split="eval", seconds=time.perf_counter() - start)
         self.state.window_start += time.perf_counter() - start  # not counted as training time
         return record

@@ -8,7 +8,10 @@ Record keys: ``step``, ``loss``, ``mlm_loss``, ``mlm_accuracy``, ``nsp_loss``,
 ``nsp_accuracy``, ``mlm_baseline_accuracy`` and ``nsp_baseline_accuracy`` (the most
 frequent target's and the majority label's share among the same rows), ``lr``, ``grad_norm``, ``sequences_per_s``, ``tokens_per_s`` (real,
 non-padding tokens), ``tflops_per_s``, ``mfu`` (null without a known peak), ``epoch``,
-``samples`` (stream position); evaluation records have ``split: "eval"``. Distillation runs
+``samples`` (stream position), ``objective`` (``mlm+nsp``, or ``mlm`` when no row had an NSP
+label: MLM-only shards, whose ``nsp_*`` values are then null: NSP was not trained);
+evaluation records have ``split: "eval"`` (and ``eval_mask_rate``: the fixed rate of
+held-out MLM rows, trainer/masking.py; null for NSP rows' static masks). Distillation runs
 (trainer/distillation.py) add ``kl_loss`` and ``cos_loss``; their ``loss`` is the
 distillation objective, ``mlm_loss`` / ``nsp_loss`` the hard losses, and FLOPs include the
 teacher's forward pass.
@@ -160,8 +163,9 @@ def summarize(
         "loss": c["loss"] / steps,
         "mlm_loss": c["mlm_loss"] / steps,
         "mlm_accuracy": c["mlm_correct"] / max(c["mlm_total"], 1.0),
-        "nsp_loss": c["nsp_loss"] / steps,
-        "nsp_accuracy": c["nsp_correct"] / max(c["nsp_total"], 1.0),
+        "nsp_loss": c["nsp_loss"] / steps if c["nsp_total"] else None,
+        "nsp_accuracy": c["nsp_correct"] / c["nsp_total"] if c["nsp_total"] else None,
+        "objective": "mlm+nsp" if c["nsp_total"] else "mlm",
         "sequences_per_s": c["sequences"] / seconds if seconds > 0 else 0.0,
         "tokens_per_s": c["tokens"] / seconds if seconds > 0 else 0.0,
         "tflops_per_s": tflops,
@@ -270,8 +274,7 @@ def progress_line(r: dict[str, Any], max_steps: int | None, eta_s: float | None)
     if r.get("loss") is not None:
         parts.append(f"loss {r['loss']:.4f}")
     mlm = _beside(r["mlm_accuracy"], r.get("mlm_baseline_accuracy"), "baseline")
-    nsp = _beside(r["nsp_accuracy"], r.get("nsp_baseline_accuracy"), "baseline")
-    parts.append(f"MLM acc {mlm}  NSP acc {nsp}")
+    parts.append(f"MLM acc {mlm}  {_nsp(r, 'baseline')}")
     if r.get("lr") is not None:
         parts.append(f"lr {r['lr']:.2e}")
     if r.get("sequences_per_s"):
@@ -285,13 +288,24 @@ def progress_line(r: dict[str, Any], max_steps: int | None, eta_s: float | None)
 def eval_line(r: dict[str, Any]) -> str:
     """A held-out record, each number beside its trivial baseline when the record has them:
     ``eval at step 500: MLM acc 0.312 (most-frequent-token 0.061)  NSP acc 0.700 (majority
-    0.512)  MLM loss 5.102 (unigram 6.310)``."""
+    0.512)  MLM loss 5.102 (unigram 6.310)``; MLM-only: ``eval at step 500 (masked at 15%):
+    MLM acc 0.312 (most-frequent-token 0.061)  NSP not trained  MLM loss ...``."""
     mlm = _beside(r["mlm_accuracy"], r.get("mlm_baseline_accuracy"), "most-frequent-token")
-    nsp = _beside(r["nsp_accuracy"], r.get("nsp_baseline_accuracy"), "majority")
-    parts = [f"MLM acc {mlm}", f"NSP acc {nsp}"]
+    parts = [f"MLM acc {mlm}", _nsp(r, "majority")]
     if r.get("mlm_loss") is not None:
         parts.append(f"MLM loss {_beside(r['mlm_loss'], r.get('mlm_unigram_loss'), 'unigram')}")
-    return f"eval at step {r['step']}: " + "  ".join(parts)
+    rate = r.get("eval_mask_rate")
+    masked = f" (masked at {100 * rate:g}%)" if rate is not None else ""
+    return f"eval at step {r['step']}{masked}: " + "  ".join(parts)
+
+
+def _nsp(r: dict[str, Any], name: str) -> str:
+    """``NSP acc 0.700 (majority 0.512)``, or ``NSP not trained`` (MLM-only shards)."""
+    if r.get("objective") == "mlm":
+        return "NSP not trained"
+    if r.get("nsp_accuracy") is None:  # NSP trained, these held-out rows have no label
+        return "NSP not evaluated"
+    return f"NSP acc {_beside(r['nsp_accuracy'], r.get('nsp_baseline_accuracy'), name)}"
 
 
 def _beside(value: float, baseline: float | None, name: str) -> str:
@@ -304,7 +318,7 @@ def _bar_postfix(r: dict[str, Any]) -> str:
     parts = [
         f"loss {r['loss']:.4f}" if r.get("loss") is not None else None,
         f"mlm {_beside(r['mlm_accuracy'], r.get('mlm_baseline_accuracy'), 'base')}",
-        f"nsp {_beside(r['nsp_accuracy'], r.get('nsp_baseline_accuracy'), 'base')}",
+        _nsp(r, "base").replace("NSP acc", "nsp"),
         f"lr {r['lr']:.1e}" if r.get("lr") is not None else None,
         f"{r['sequences_per_s']:.1f} seq/s" if r.get("sequences_per_s") else None,
         f"MFU {100 * r['mfu']:.1f}%" if r.get("mfu") is not None else None,

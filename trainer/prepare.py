@@ -20,11 +20,9 @@ import torch
 
 from model import PRESETS, BertConfig, BertForPreTraining, load_hf
 from pipeline.core.rng import derive_seed
-from pipeline.core.vocab import parse_vocab
 from pipeline.shards import shard_format
 
 from .config import TrainConfig
-from .data import DynamicMasker
 from .dsconfig import BatchSizes, precision
 from .shards import ShardSet
 
@@ -378,17 +376,6 @@ def param_group_names(names: list[str]) -> tuple[list[str], list[str]]:
         [n for n, e in zip(names, exempt, strict=True) if not e],
         [n for n, e in zip(names, exempt, strict=True) if e],
     )
-
-
-def masker_for(shards: ShardSet, config: TrainConfig) -> DynamicMasker | None:
-    """A DynamicMasker for ``--masking dynamic`` (reads vocab.txt for whole-word masking)."""
-    if config.masking != "dynamic":
-        return None
-    tokens = None
-    if shards.params.get("do_whole_word_mask", False):
-        name = shards.manifest["vocab"]["file"]
-        tokens = parse_vocab(shards.read_text(name), f"{shards.directory}/{name}")
-    return DynamicMasker(shards.manifest, tokens)
 
 
 def data_fingerprint(shards: ShardSet) -> str:

@@ -5,6 +5,12 @@ lazily (a small LRU per process: local shards are memory maps, so "open" costs l
 the rows stay on disk; a gs:// or s3:// shard is read into memory in one request, so at most
 ``max_open`` of them are held). Rows are returned as numpy views into the mapped buffers.
 
+Every row kind of the format is read (``manifest.json``'s ``schema.kind``, FORMAT.md):
+a row holds its kind's list columns (``continues_word`` unpacked from Arrow's bits to a
+bool array, the one copy); rows without ``next_sentence_label`` (the MLM kinds) get the
+label ``NSP_IGNORE``, so no NSP loss counts them. A kind this reader does not know is
+refused (``ShardFormatError``).
+
 Start-up check (:meth:`ShardSet.check`): each shard's size must equal the manifest's
 ``bytes`` (catches truncation, cheap on object storage too); local shards are also opened
 (end-of-stream marker, schema) and their row counts compared; ``verify=True`` adds the
@@ -27,31 +33,50 @@ from pipeline.shards import shard_format
 
 logger = logging.getLogger(__name__)
 
-_LIST_COLUMNS = shard_format.LIST_COLUMNS  # input_ids, segment_ids, masked_lm_positions, ...
+NSP_IGNORE = -100  # the label of a row without an NSP target (torch cross_entropy's ignore)
+_BITS = "continues_word"  # the one list of bools: Arrow packs it 8 to a byte
 
 
 @dataclass
 class _Chunk:
-    """One record batch: per list column (offsets int32 (n + 1,), values (total,)), labels (n,)."""
+    """One record batch: per list column (offsets int32 (n + 1,), values (total,)), labels
+    (n,) or None (the MLM kinds); ``bits``: continues_word's (offsets, packed uint8, bit
+    offset of value 0)."""
 
     lists: dict[str, tuple[np.ndarray, np.ndarray]]
-    labels: np.ndarray
+    labels: np.ndarray | None
+    bits: tuple[np.ndarray, np.ndarray, int] | None = None
+
+    def row_bits(self, local: int) -> np.ndarray:
+        """continues_word of row ``local``: bool (n,), unpacked from the mapped bytes."""
+        offsets, packed, first = self.bits
+        start, end = first + int(offsets[local]), first + int(offsets[local + 1])
+        window = np.unpackbits(packed[start // 8 : (end + 7) // 8], bitorder="little")
+        return window[start % 8 : start % 8 + end - start].astype(bool)
 
 
 class _OpenShard:
     """A shard's record batches as zero-copy numpy views."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, kind: str = "nsp"):
         table = shard_format.open_shard(path)
+        names = [n for n in shard_format.kind_columns(kind) if n != "next_sentence_label"]
         self.chunks: list[_Chunk] = []
         starts = [0]
         for batch in table.to_batches():
-            lists = {}
-            for name in _LIST_COLUMNS:
+            lists, bits = {}, None
+            for name in names:
                 column = batch.column(name)
-                lists[name] = (column.offsets.to_numpy(), column.values.to_numpy())
-            labels = batch.column("next_sentence_label").to_numpy()
-            self.chunks.append(_Chunk(lists, labels))
+                if name == _BITS:
+                    values = column.values
+                    packed = np.frombuffer(values.buffers()[1], dtype=np.uint8)
+                    bits = (column.offsets.to_numpy(), packed, values.offset)
+                else:
+                    lists[name] = (column.offsets.to_numpy(), column.values.to_numpy())
+            labels = None
+            if kind == "nsp":
+                labels = batch.column("next_sentence_label").to_numpy()
+            self.chunks.append(_Chunk(lists, labels, bits))
             starts.append(starts[-1] + batch.num_rows)
         self.starts = np.asarray(starts, dtype=np.int64)  # (chunks + 1,)
         self.num_rows = int(self.starts[-1])
@@ -67,7 +92,10 @@ class _OpenShard:
             row = {}
             for name, (offsets, values) in chunk.lists.items():
                 row[name] = values[offsets[local] : offsets[local + 1]]
-            out.append((row, int(chunk.labels[local])))
+            if chunk.bits is not None:
+                row[_BITS] = chunk.row_bits(local)
+            label = NSP_IGNORE if chunk.labels is None else int(chunk.labels[local])
+            out.append((row, label))
         return out
 
 
@@ -80,13 +108,19 @@ class ShardSet:
         max_open: shards kept open per process (least recently used ones are closed).
 
     Raises:
-        ShardFormatError: from read_manifest (no manifest, other version, inconsistent).
+        ShardFormatError: from read_manifest (no manifest, other version, inconsistent), or
+            a row kind this reader does not know.
         OSError: the manifest cannot be read.
     """
 
     def __init__(self, directory: str, manifest: Mapping | None = None, *, max_open: int = 8):
         self.directory = os.fspath(directory)
         self.manifest = dict(manifest or shard_format.read_manifest(self.directory))
+        self.kind = shard_format.manifest_kind(self.manifest)  # nsp, mlm or mlm_masked
+        try:
+            shard_format.kind_columns(self.kind)
+        except shard_format.ShardFormatError as err:
+            raise shard_format.ShardFormatError(f"{self.directory}: {err}") from None
         entries = self.manifest["shards"]
         self.names = [entry["name"] for entry in entries]
         self.rows_per_shard = np.array([entry["rows"] for entry in entries], dtype=np.int64)
@@ -98,6 +132,11 @@ class ShardSet:
     def num_rows(self) -> int:
         """Rows of the shards in use (skipped shards count 0)."""
         return int(self.rows_per_shard.sum())
+
+    @property
+    def trains_nsp(self) -> bool:
+        """Whether the rows have next-sentence labels (the NSP kind)."""
+        return self.kind == "nsp"
 
     @property
     def params(self) -> Mapping:
@@ -156,7 +195,7 @@ class ShardSet:
     def _shard(self, index: int) -> _OpenShard:
         shard = self._open.get(index)
         if shard is None:
-            shard = _OpenShard(self.path(index))
+            shard = _OpenShard(self.path(index), self.kind)
             if shard.num_rows != self.rows_per_shard[index]:
                 raise shard_format.ShardFormatError(
                     f"{self.path(index)} has {shard.num_rows} rows, manifest.json says "
@@ -171,7 +210,8 @@ class ShardSet:
     def rows(
         self, shards: Sequence[int] | np.ndarray, rows: Sequence[int] | np.ndarray
     ) -> list[tuple[dict[str, np.ndarray], int]]:
-        """Rows ``(shards[i], rows[i])`` in order, each ({column: 1-D unsigned view}, label).
+        """Rows ``(shards[i], rows[i])`` in order, each ({column: 1-D unsigned view}, label);
+        the label is NSP_IGNORE for the MLM kinds.
 
         Args:
             shards: int (n,), shard indexes.

@@ -40,11 +40,11 @@ def test_baselines_known_answer():
     assert round(UNIGRAM, 3) == 0.562  # the docstring's example
 
 
-def test_baselines_of_nothing_are_zero():
+def test_baselines_of_nothing_are_zero_and_no_labels_none():
     empty = baselines(torch.zeros(10, dtype=torch.float64), torch.zeros(2, dtype=torch.float64))
     assert empty == {
         "mlm_baseline_accuracy": 0.0,
-        "nsp_baseline_accuracy": 0.0,
+        "nsp_baseline_accuracy": None,  # MLM-only rows: no NSP label, no baseline
         "mlm_unigram_loss": 0.0,
     }
 
@@ -118,6 +118,7 @@ class Uniform(nn.Module):
 def test_evaluate_counts_only_real_targets_and_labels():
     engine = Engine(Uniform(TINY.vocab_size)).train()
     got = evaluate(engine, make_batches(), torch.device("cpu"))
+    assert got.pop("objective") == "mlm+nsp"
     # Counted, the 21 padding entries (id 0) would be the most frequent target (21/25),
     # and argmax 0 would be "correct" on each of them.
     assert got == pytest.approx(
