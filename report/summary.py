@@ -16,7 +16,9 @@ memorises instead of generalizing (:func:`overfitting`): a held-out loss ending 
 A quickstart's second held-out set (``eval2/metrics.jsonl``, evaluated after training) is
 printed beside the first, its ``corpus/corpus.json`` says what the run trained on, and its
 ``stages.jsonl`` each stage's time, the total and whether it kept the deadline
-(report/stages.py).
+(report/stages.py). A run on MLM-only shards (records with ``objective: "mlm"``) trained no
+NSP: the summary says so instead of comparing an untrained NSP head with its baseline, and
+gives the fixed rate its held-out MLM rows were masked at.
 
 Exit codes: 0 printed (a warning included), 1 no readable metrics.
 """
@@ -51,6 +53,15 @@ TASKS = (
 )
 
 
+def trained_tasks(records: list[dict]) -> tuple[tuple[str, str, str, str], ...]:
+    """The TASKS the run trained: MLM alone when its training records say ``objective``
+    ``mlm`` (MLM-only shards), else both (older records have no ``objective``: NSP)."""
+    train = [r for r in records if r.get("split", "train") == "train"]
+    if train and train[-1].get("objective") == "mlm":
+        return TASKS[:1]
+    return TASKS
+
+
 def summary_lines(records: list[dict], second: list[dict] | None = None) -> list[str]:
     """The metrics part of the summary, from the records of a metrics.jsonl (and those of a
     second held-out set's evaluation, ``second``, evaluated after training).
@@ -74,19 +85,22 @@ def summary_lines(records: list[dict], second: list[dict] | None = None) -> list
         # Accuracies on training rows have no baseline of their own and count memorised
         # rows: only the held-out ones below are printed (metrics.jsonl has both).
         lines.append(f"train (step {t['step']}{epochs}): loss {t['loss']:.3f}")
+    tasks = trained_tasks(records)
+    if tasks != TASKS:
+        lines.append("objective:   MLM only (MLM-only shards): NSP was not trained")
     if not evals:
         lines.append("held-out:    no evaluation (no --eval-data): learning not checked")
         return lines
-    short = _heldout_lines(evals[-1], "held-out", lines)
+    short = _heldout_lines(evals[-1], "held-out", lines, tasks)
     second_evals = [r for r in second or () if r.get("split") == "eval"]
     if second_evals:
-        short += _heldout_lines(second_evals[-1], "second held-out", lines)
-    overfit = overfitting(train, evals, second_evals[-1] if second_evals else None)
+        short += _heldout_lines(second_evals[-1], "second held-out", lines, tasks)
+    overfit = overfitting(train, evals, second_evals[-1] if second_evals else None, tasks)
     if short:
         lines += _plateau_warning(short, evals[-1])
     if overfit:
         lines += _overfit_warning(overfit)
-    if not short and not overfit and all(evals[-1].get(k) is not None for _, _, k, _ in TASKS):
+    if not short and not overfit and all(evals[-1].get(k) is not None for _, _, k, _ in tasks):
         lines.append(
             f"OK: the model learned and generalizes: held-out accuracies beat their "
             f"trivial baselines by more than {MARGIN}, held-out losses end within "
@@ -96,14 +110,22 @@ def summary_lines(records: list[dict], second: list[dict] | None = None) -> list
     return lines
 
 
-def _heldout_lines(e: dict, name: str, lines: list[str]) -> list[tuple[str, float, float]]:
-    """Appends one held-out record's accuracies beside their baselines (and the MLM loss
-    beside the unigram loss) to ``lines``; returns the (task, accuracy, baseline) near it."""
+def _heldout_lines(
+    e: dict, name: str, lines: list[str], tasks=TASKS
+) -> list[tuple[str, float, float]]:
+    """Appends one held-out record's accuracies of the trained ``tasks`` beside their
+    baselines (and the MLM loss beside the unigram loss) to ``lines``; returns the (task,
+    accuracy, baseline) near it."""
     rows = f", {e['rows']} rows" if "rows" in e else ""
-    lines.append(f"{name} (step {e['step']}{rows}):")
+    rate = e.get("eval_mask_rate")
+    masked = f", masked at {100 * rate:g}%" if rate is not None else ""
+    lines.append(f"{name} (step {e['step']}{rows}{masked}):")
     short = []  # (task, accuracy, baseline) at or near the baseline
-    for task, key, baseline_key, baseline_name in TASKS:
-        accuracy, baseline = e[key], e.get(baseline_key)
+    for task, key, baseline_key, baseline_name in tasks:
+        accuracy, baseline = e.get(key), e.get(baseline_key)
+        if accuracy is None:  # NSP trained, but these held-out rows have no NSP label
+            lines.append(f"  {task} not evaluated (the held-out rows have no {task} target)")
+            continue
         if baseline is None:  # an older run: no baselines were computed
             lines.append(f"  {task} accuracy {accuracy:.3f} (no baseline in this run's records)")
             continue
@@ -119,10 +141,14 @@ def _heldout_lines(e: dict, name: str, lines: list[str]) -> list[tuple[str, floa
             f"  MLM loss {e['mlm_loss']:.3f} (unigram (context-free) loss "
             f"{unigram:.3f}, {e['mlm_loss'] - unigram:+.3f})"
         )
+    if tasks != TASKS:
+        lines.append("  NSP not trained (MLM-only shards): no NSP accuracy or baseline")
     return short
 
 
-def overfitting(train: list[dict], evals: list[dict], second: dict | None = None) -> list[str]:
+def overfitting(
+    train: list[dict], evals: list[dict], second: dict | None = None, tasks=TASKS
+) -> list[str]:
     """What says the model memorises its training rows instead of generalizing, one line
     each ([] for none): a held-out loss (MLM, NSP) that ends more than ``LOSS_RISE`` above
     its minimum over the evaluations, or a training accuracy more than ``ACCURACY_GAP`` above
@@ -139,7 +165,8 @@ def overfitting(train: list[dict], evals: list[dict], second: dict | None = None
     (+0.230)"]``.
     """
     found = []
-    for task, key in (("MLM", "mlm_loss"), ("NSP", "nsp_loss")):
+    losses = (("MLM", "mlm_loss"), ("NSP", "nsp_loss"))[: len(tasks)]
+    for task, key in losses:
         points = [(r["step"], r[key]) for r in evals if r.get(key) is not None]
         if len(points) < 2:
             continue
@@ -151,7 +178,7 @@ def overfitting(train: list[dict], evals: list[dict], second: dict | None = None
                 f"{best_step}) to {last:.3f} at step {last_step} ({last - best:+.3f})"
             )
     window = [r for r in train if r["step"] <= evals[-1]["step"]][-GAP_WINDOW:]
-    for task, key, _, _ in TASKS:
+    for task, key, _, _ in tasks:
         values = [r[key] for r in window if r.get(key) is not None]
         held = [e[key] for e in (evals[-1], second) if e is not None and e.get(key) is not None]
         if values and held:

@@ -15,7 +15,7 @@ from model import BertConfig, BertForPreTraining
 from pipeline.core.masking import MaskingConfig, MaskingVocab, mask_instances
 from pipeline.core.rng import numpy_rng
 from pipeline.shards import shard_format
-from report.summary import MARGIN
+from report.summary import MARGIN, summary_lines
 from tests.helpers import TINY, args, build_shards, max_weight_difference, records
 from trainer.config import parse_args
 from trainer.data import PretrainingStream, StreamSpec
@@ -438,6 +438,15 @@ def test_evaluations_mask_the_same_positions_every_time(
     other = records(tmp_path / "other", "eval")[-1]
     for key in ("mlm_baseline_accuracy", "mlm_unigram_loss", "rows"):
         assert first[key] == second[key] == other[key], key
+
+
+def test_summary_says_nsp_was_not_trained(learned_run):
+    lines = summary_lines(records(learned_run) + records(learned_run, "eval"))
+    text = "\n".join(lines)
+    assert lines[-1].startswith("OK: the model learned")  # MLM alone: no NSP to miss
+    assert "NSP was not trained" in text and "masked at 15%" in text
+    assert "NSP accuracy 0" not in text and "majority-class" not in text
+    assert "MLM accuracy" in text and "most-frequent-token baseline" in text
 
 
 def test_a_resumed_mlm_run_ends_as_the_uninterrupted_one(tmp_path, mlm_shards):
