@@ -80,15 +80,19 @@ _NUMBERS = re.compile(r"\d+")
 
 
 class _FoldTable(dict):
-    """``str.translate`` table: punctuation (P*), symbols (S*) and controls other than
-    whitespace map to a space; everything else to itself. Filled lazily, per character seen,
-    so no table of all 1.1M code points is built."""
+    """``str.translate`` table: combining marks (Mn) are deleted; punctuation (P*), symbols
+    (S*) and controls other than whitespace become a space; everything else stays. Filled
+    lazily, per character seen, so no table of all 1.1M code points is built."""
 
-    def __missing__(self, code: int) -> int:
+    def __missing__(self, code: int) -> int | None:
         char = chr(code)
         category = unicodedata.category(char)
-        folded = category[0] in "PS" or (category == "Cc" and not char.isspace())
-        value = 0x20 if folded else code  # (None would delete the character)
+        if category == "Mn":
+            value = None  # translate deletes it
+        elif category[0] in "PS" or (category == "Cc" and not char.isspace()):
+            value = 0x20
+        else:
+            value = code
         self[code] = value
         return value
 
@@ -120,9 +124,8 @@ def normalize(text: str) -> str:
     """
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, got {type(text).__name__}")
-    text = unicodedata.normalize("NFD", text.lower())
-    text = "".join(c for c in text if unicodedata.category(c) != "Mn")
-    text = _NUMBERS.sub("0", text.translate(_FOLD))
+    text = unicodedata.normalize("NFD", text.lower()).translate(_FOLD)
+    text = _NUMBERS.sub("0", text)
     return " ".join(text.split())
 
 
@@ -154,7 +157,9 @@ def _gram_hashes(text: str, n: int) -> list[int]:
     digest = _xxh64()
     if len(found) < n:
         return [digest(" ".join(found).encode())] if found else []
-    return [digest(" ".join(found[i : i + n]).encode()) for i in range(len(found) - n + 1)]
+    # the shifted lists are shorter by design: zip stops at the last full n-gram
+    grams = map(" ".join, zip(*(found[i:] for i in range(n)), strict=False))
+    return list(map(digest, map(str.encode, grams)))
 
 
 def shingle_hashes(text: str, n: int = 5) -> np.ndarray:
