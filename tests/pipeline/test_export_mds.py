@@ -47,14 +47,25 @@ def streaming():
     return streaming
 
 
+class Builds(dict):
+    """kind -> a shard directory of that row kind, each built when first asked for (the
+    tests that run without streaming need two of the three)."""
+
+    def __init__(self, tmp_path_factory):
+        super().__init__()
+        self._tmp = tmp_path_factory
+        self._corpus = make_corpus(tmp_path_factory.mktemp("corpus"), n_docs=60)
+
+    def __missing__(self, kind: str) -> Path:
+        out = self[kind] = self._tmp.mktemp(kind)
+        args = ["build", "--input", self._corpus, "--output", str(out), *FLAGS, *KINDS[kind]]
+        assert main(args) == 0
+        return out
+
+
 @pytest.fixture(scope="module")
-def built(tmp_path_factory) -> dict[str, Path]:
-    corpus = make_corpus(tmp_path_factory.mktemp("corpus"), n_docs=60)
-    out = {}
-    for kind, flags in KINDS.items():
-        out[kind] = tmp_path_factory.mktemp(kind)
-        assert main(["build", "--input", corpus, "--output", str(out[kind]), *FLAGS, *flags]) == 0
-    return out
+def built(tmp_path_factory) -> Builds:
+    return Builds(tmp_path_factory)
 
 
 def export(shards: Path, out: Path, *args: str) -> int:

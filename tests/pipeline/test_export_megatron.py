@@ -16,6 +16,7 @@ document's order; the documents sorted by content id within their part.
 import itertools
 import json
 import os
+import random
 import shutil
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from pipeline.cli.main import main
 from pipeline.core.sources import content_id, read_documents
 from pipeline.core.vocab import build_tokenizer
 from pipeline.shards import megatron_format
-from tests.helpers import make_corpus
+from tests.helpers import WORDS, make_corpus
 
 FLAGS = ["--vocab_size", "200", "--max_seq_length", "48", "--num_shards", "3"]
 MEGATRON_VENV = (
@@ -143,6 +144,26 @@ def test_a_changed_corpus_fails_and_leaves_nothing(built, tmp_path, capfd):
     assert not list((tmp_path / "meg").iterdir())
     assert export(built, tmp_path / "x", "--input", str(tmp_path / "none*.txt")) == 2
     assert "matched no file" in capfd.readouterr().err
+
+
+def test_a_jsonl_build_is_re_read_with_its_format_and_text_field(tmp_path):
+    """The manifest's input_format and text_field reach the re-read: read as txt, or with
+    the default field "text", the corpus would give other documents, and the job fail."""
+    rng = random.Random(3)
+    lines = []
+    for _ in range(30):
+        sentences = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 12))) + "."]
+        sentences *= rng.randint(1, 5)
+        lines.append(json.dumps({"body": " ".join(sentences).capitalize(), "text": "x"}))
+    (tmp_path / "docs.jsonl").write_text("\n".join(lines) + "\n")
+    shards = tmp_path / "shards"
+    flags = ["--input", str(tmp_path / "docs.jsonl"), "--text_field", "body", "--objective", "mlm"]
+    assert main(["build", *flags, "--output", str(shards), *FLAGS]) == 0
+    assert export(shards, tmp_path / "meg") == 0
+    manifest = json.loads((tmp_path / "meg" / "manifest.json").read_text())
+    assert manifest["megatron"]["documents"] == 30
+    tokens = sum(f.get("tokens", 0) for f in manifest["files"])
+    assert tokens > 30 * 5  # the bodies, not the one-word "text" field
 
 
 def test_index_bytes_known_answer():
