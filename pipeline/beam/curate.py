@@ -23,9 +23,9 @@ Steps, in order, each removal a counted, named reason (``report.json``):
    per cluster stays, the one with the smallest id (a rule no runner changes), the others
    are ``near_duplicate``.
 
-Output: ``part-NNNNN-of-MMMMM.parquet`` files with ``id`` and ``text`` columns (text: the
-document's sentences, one per line, so ``build`` splits it where the source did), rows in
-id order, each file written atomically; then ``report.json`` (documents and bytes in and
+Output: ``part-NNNNN-of-MMMMM.parquet`` files with ``id`` and ``text`` columns (text: a
+jsonl or parquet record's text as it was, a txt document's lines one per line, so
+``build`` splits it as it splits the source; id: a hash of that text), rows in id order, each file written atomically; then ``report.json`` (documents and bytes in and
 out of each step, a count per rule, the documents read per input file),
 ``removed_samples.jsonl`` (a few removed documents per reason, seeded) and, with
 matplotlib, ``funnel.png``; ``manifest.json`` last: a directory without it is unfinished.
@@ -193,7 +193,8 @@ def file_name(index: int, num_files: int) -> str:
 
 
 def documents_of(batch) -> Iterator[tuple[str, str]]:
-    """A DocumentBatch -> (content id, text: its sentences one per line) per document."""
+    """A DocumentBatch -> (content id, text) per document: a jsonl or parquet record's text
+    as it was (read unsplit), a txt document's lines one per line."""
     for doc_id, sentences in zip(batch.doc_ids, batch.documents, strict=True):
         yield doc_id, "\n".join(sentences)
 
@@ -559,7 +560,7 @@ def curate_graph(
         p
         | "ListRanges" >> beam.Create(plan.ranges)
         | "ReadDocuments"
-        >> beam.ParDo(ReadDocuments(reading, plan.format_origin)).with_outputs(
+        >> beam.ParDo(ReadDocuments(reading, plan.format_origin, split=False)).with_outputs(
             COUNTS, FILE_DOCUMENTS, main="documents"
         )
     )

@@ -206,9 +206,10 @@ class ReadDocuments(beam.DoFn):
 
     BATCH_DOCUMENTS = 512
 
-    def __init__(self, config: BuildConfig, format_origin: str = ""):
+    def __init__(self, config: BuildConfig, format_origin: str = "", split: bool = True):
         self._config = config
         self._origin = format_origin or f"--input_format {config.input_format}"
+        self._split = split  # False: records' texts whole (curation: pipeline/beam/curate.py)
         self._docs = Metrics.counter(NAMESPACE, "documents_read")
         self._ranges = Metrics.counter(NAMESPACE, "ranges_read")
 
@@ -234,6 +235,7 @@ class ReadDocuments(beam.DoFn):
                 path=path,
                 start=part.start,
                 end=part.end,
+                split=self._split,
             )
             for sentences, reason in items:
                 if reason is not None:
@@ -241,7 +243,7 @@ class ReadDocuments(beam.DoFn):
                     continue
                 for sentence in sentences:
                     with_nul += "\x00" in sentence
-                    if len(sentence) >= LONG_SENTENCE_CHARS:
+                    if len(sentence) >= LONG_SENTENCE_CHARS and self._split:
                         long += 1  # the driver warns on the console; this names the file
                         logger.warning(
                             "%s: a document read from byte %d on has a sentence of %d characters",

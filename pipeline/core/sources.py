@@ -341,16 +341,21 @@ def read_txt(f: BinaryIO, start: int = 0, end: int | None = None) -> Iterator[It
     yield from ((None, reason) for reason in skipped)
 
 
-def _document(text: str) -> Item:
+def _document(text: str, split: bool = True) -> Item:
+    """A record's text as sentences; unsplit (``split`` False: curation, whose line rules
+    need the document's own lines), the whole text as one item."""
+    if not split:
+        return ([text], None) if text.strip() else (None, "empty_document")
     sentences = split_sentences(text)
     return (sentences, None) if sentences else (None, "empty_document")
 
 
 def read_jsonl(
-    f: BinaryIO, text_field: str, start: int = 0, end: int | None = None
+    f: BinaryIO, text_field: str, start: int = 0, end: int | None = None, split: bool = True
 ) -> Iterator[Item]:
-    """One JSON object per line; ``text_field`` holds a document, split into sentences.
-    The records whose lines start in ``[start, end)``."""
+    """One JSON object per line; ``text_field`` holds a document, split into sentences
+    (unless not ``split``: :func:`_document`). The records whose lines start in
+    ``[start, end)``."""
     for raw in _lines(f) if start == 0 and end is None else _line_range(f, start, end):
         if not raw.strip():
             continue
@@ -369,7 +374,7 @@ def read_jsonl(
         if not isinstance(text, str):
             yield None, "non_string_text"
             continue
-        yield _document(text)
+        yield _document(text, split)
 
 
 def row_group_start(metadata, index: int) -> int:
@@ -386,7 +391,12 @@ def row_group_start(metadata, index: int) -> int:
 
 
 def read_parquet(
-    f: BinaryIO, text_field: str, path: str, start: int = 0, end: int | None = None
+    f: BinaryIO,
+    text_field: str,
+    path: str,
+    start: int = 0,
+    end: int | None = None,
+    split: bool = True,
 ) -> Iterator[Item]:
     """One document per row of the string column ``text_field``; the row groups that start
     in ``[start, end)``.
@@ -419,7 +429,7 @@ def read_parquet(
             return
     for batch in parquet.iter_batches(columns=[text_field], batch_size=1024, row_groups=groups):
         for text in batch.column(0).to_pylist():
-            yield (None, "missing_text_field") if text is None else _document(text)
+            yield (None, "missing_text_field") if text is None else _document(text, split)
 
 
 def read_documents(
@@ -430,12 +440,15 @@ def read_documents(
     path: str,
     start: int = 0,
     end: int | None = None,
+    split: bool = True,
 ) -> Iterator[Item]:
-    """Dispatch on ``input_format`` (txt, jsonl, parquet); the records of ``[start, end)``."""
+    """Dispatch on ``input_format`` (txt, jsonl, parquet); the records of ``[start, end)``.
+    ``split`` False keeps a jsonl or parquet record's text whole (txt documents are lines
+    already)."""
     if input_format == "txt":
         return read_txt(f, start, end)
     if input_format == "jsonl":
-        return read_jsonl(f, text_field, start, end)
+        return read_jsonl(f, text_field, start, end, split)
     if input_format == "parquet":
-        return read_parquet(f, text_field, path, start, end)
+        return read_parquet(f, text_field, path, start, end, split)
     raise ValueError(f"unknown input_format {input_format!r}")

@@ -3,6 +3,8 @@ Beam steps, the report and manifest, determinism, and curate-then-build."""
 
 import json
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import apache_beam as beam
@@ -14,6 +16,7 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from pipeline.beam.curate import ConnectedComponents, star_edges
 from pipeline.cli.main import main
+from tests.helpers import REPO
 
 RUNNER = ["--runner=apache_beam.runners.portability.fn_api_runner.FnApiRunner"]
 WORDS = (
@@ -130,3 +133,128 @@ def test_exact_copies_go_and_the_report_counts_them(tmp_path):
     assert samples and {s["reason"] for s in samples} == {"exact_duplicate"}
     # An earlier curate is refused without --overwrite.
     assert main([*argv, "--dedup", "exact"]) == 2
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("planted")
+    texts = planted_corpus(directory / "corpus", n=120, exact=10, near=10, far=10, seed=1)
+    out = directory / "minhash"
+    argv = ["curate", "--input", str(directory / "corpus" / "*.jsonl"), "--output", str(out)]
+    assert main([*argv, "--num_files", "3"]) == 0
+    return directory, texts, out
+
+
+def test_minhash_removes_exact_and_near_copies_and_keeps_far_ones(planted):
+    """120 documents plus 10 exact copies, 10 near copies (1% of words edited: Jaccard of
+    5-gram shingles about 0.9) and 10 far copies (30%: about 0.2): the copies of both first
+    kinds go, every far copy and every original stays (the bounds: all and none)."""
+    _, texts, out = planted
+    kept = set(curated_texts(out))
+    report = json.loads((out / "report.json").read_text())
+    assert report["removed"]["exact_duplicate"]["documents"] == 10
+    near_removed = report["removed"].get("near_duplicate", {}).get("documents", 0)
+    # One of each near pair goes: the original or its copy, whichever has the smaller id.
+    assert near_removed == 10
+    for original, copy in zip(texts["originals"][10:20], texts["near"], strict=True):
+        assert (original in kept) != (copy in kept)
+    assert set(texts["far"]) <= kept
+    assert set(texts["originals"][20:]) <= kept
+    assert len(kept) == 120 + 10  # originals, one of each near pair counted once, far copies
+    assert report["components_changed_in_last_round"] == 0
+
+
+@pytest.mark.slow
+def test_curated_files_are_the_same_bytes_on_two_workers_and_in_one_file(planted, tmp_path):
+    directory, _, reference = planted
+    corpus = directory / "corpus" / "docs.jsonl"
+    lines = corpus.read_text().splitlines(keepends=True)
+    split = tmp_path / "split"
+    split.mkdir()
+    for i in range(3):  # the same documents in three files, in another order
+        (split / f"part-{i}.jsonl").write_text("".join(lines[i::3][::-1]))
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "pipeline", "curate", "--input", str(split / "*.jsonl")]
+    cmd += ["--output", str(out), "--num_files", "3", "--direct_num_workers=2"]
+    cmd += ["--direct_running_mode=multi_processing"]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    for name in [f"part-{i:05d}-of-00003.parquet" for i in range(3)]:
+        assert (out / name).read_bytes() == (reference / name).read_bytes(), name
+
+
+def test_build_reads_curated_output(planted, tmp_path):
+    _, _, out = planted
+    shards = tmp_path / "shards"
+    argv = ["build", "--input", str(out / "*.parquet"), "--output", str(shards)]
+    assert main([*argv, "--vocab_size", "150", "--dupe_factor", "1", "--objective", "nsp"]) == 0
+    manifest = json.loads((shards / "manifest.json").read_text())
+    assert manifest["stats"]["documents"] == 130
+    assert manifest["params"]["input_format"] == "parquet"
+
+
+GERMAN = (
+    "Der Fluss fließt nach Norden an der alten Stadt vorbei, wo ein Dorf von Bauern das "
+    "ganze Jahr am Wasser lebt. Die Kinder lernen Lieder über Stürme, Könige und Brücken, "
+    "und die Boote bringen das Getreide zu den Märkten an der Küste."
+)
+
+
+def page(rng: random.Random, sentences: int) -> str:
+    """Sentences of 8-20 words, one per line: a page C4's and Gopher's rules keep."""
+    return "\n".join(document(rng, rng.randint(8, 20)) for _ in range(sentences))
+
+
+def test_filters_languages_and_decontamination_remove_with_named_reasons(tmp_path):
+    rng = random.Random(5)
+    good = [page(rng, rng.randint(6, 10)) for _ in range(30)]
+    benchmark = document(rng, 40)  # an evaluation text, 40 words
+    junk = {
+        "short": document(rng, 30),  # English, under Gopher's 50 words
+        "german": " ".join([GERMAN] * 3),
+        "lorem": "Lorem ipsum dolor sit amet. " + good[0],
+        "leaked": good[1] + "\n" + benchmark,
+    }
+    chinese = [
+        json.loads(line)["text"]
+        for line in (REPO / "tests/data/chinese/sample.jsonl").read_text().splitlines()[:5]
+    ]
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    with open(corpus / "docs.jsonl", "w") as f:
+        for text in [*good[2:], *junk.values()]:
+            f.write(json.dumps({"text": text}) + "\n")
+    (tmp_path / "eval.txt").write_text(benchmark + "\n")
+    out = tmp_path / "out"
+    argv = ["curate", "--input", str(corpus / "*.jsonl"), "--output", str(out), "--dedup", "none"]
+    argv += ["--languages", "en", "--filters", "gopher_quality,c4"]
+    assert main([*argv, "--decontaminate", str(tmp_path / "eval.txt")]) == 0
+    removed = json.loads((out / "report.json").read_text())["removed"]
+    assert removed["language"]["documents"] == 1  # the German page
+    assert removed["decontaminated"]["documents"] == 1
+    assert removed["c4.lorem_ipsum"]["documents"] == 1
+    assert removed["gopher_quality.word_count"]["documents"] == 1
+    assert set(curated_texts(out)) == set(good[2:])
+    # Chinese, not split by spaces, passes the rule sets that count words.
+    zh = tmp_path / "zh"
+    zh.mkdir()
+    with open(zh / "docs.jsonl", "w") as f:
+        for text in chinese:
+            f.write(json.dumps({"text": text}) + "\n")
+    argv = ["curate", "--input", str(zh / "*.jsonl"), "--output", str(tmp_path / "zh-out")]
+    assert main([*argv, "--languages", "zh", "--filters", "gopher_quality,fineweb"]) == 0
+    assert len(curated_texts(tmp_path / "zh-out")) == len(chinese)
+
+
+def test_bad_options_exit_2_naming_them(tmp_path, capfd):
+    argv = ["curate", "--input", str(tmp_path / "none*.jsonl"), "--output", str(tmp_path / "o")]
+    assert main(argv) == 2
+    assert "none*.jsonl" in capfd.readouterr().err
+    (tmp_path / "a.jsonl").write_text('{"text": "x"}\n')
+    argv[2] = str(tmp_path / "a.jsonl")
+    assert main([*argv, "--filters", "gopher,c4"]) == 2
+    err = capfd.readouterr().err
+    assert "--filters" in err and "'gopher'" in err and "gopher_quality" in err
+    assert main([*argv, "--minhash_bands", "0"]) == 2
+    assert "--minhash_bands" in capfd.readouterr().err
+    assert not (tmp_path / "o" / "manifest.json").exists()
