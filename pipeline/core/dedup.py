@@ -1,18 +1,19 @@
 """Near-duplicate detection: MinHash signatures and LSH band keys, plus n-grams for
 decontamination. Pure functions; ``pipeline/beam/curate*.py`` maps them over documents.
 
-The scheme is datatrove's MinHash (``datatrove.pipeline.dedup.minhash``), so that our
-keep/drop decisions can be compared with its: the same text simplification, word 5-gram
-shingles hashed with xxhash64, the same seeded permutation family
-``(a * h + b) mod (2**61 - 1)`` drawn from ``np.random.RandomState(seed)``, and 14 bands of 8
-rows. Two documents whose 5-gram Jaccard similarity is ``s`` share at least one band with
-probability ``1 - (1 - s**8)**14``: 0.92 at s = 0.8, 0.32 at s = 0.6, 0.0012 at s = 0.3.
+The scheme is datatrove's MinHash (``datatrove.pipeline.dedup.minhash``, as released in
+0.10.1), so that our keep/drop decisions can be compared with its: the same text
+simplification, word 5-gram shingles hashed with xxhash64, the same seeded permutation
+family ``(a * h + b) mod (2**61 - 1)`` drawn from ``np.random.RandomState(seed)``, and 14 bands
+of 8 rows. Given the same shingles, our signatures are datatrove's, bit for bit. Two
+documents whose 5-gram Jaccard similarity is ``s`` share at least one band with probability
+``1 - (1 - s**8)**14``: 0.92 at s = 0.8, 0.32 at s = 0.6, 0.0012 at s = 0.3.
 
 Where we differ from datatrove, and why:
 
-* Punctuation and symbols are folded to a space (datatrove deletes the characters of its
-  fixed ``PUNCTUATION`` string): ``"end.Start"`` and ``"a/b"`` stay two words, and every
-  Unicode punctuation or symbol character counts, not only those in the string.
+* The characters folded to a space are every Unicode punctuation (P*) and symbol (S*)
+  character and the controls, not only those of datatrove's ``PUNCTUATION`` string (which
+  has ``’`` but not ``‘``, and no ``°`` or box-drawing characters).
 * Words are what is between spaces, except that each CJK ideograph and kana is a word of its
   own (datatrove runs a per-language word tokenizer: NLTK for English, spaCy + jieba for
   Chinese, Stanza for Japanese). Characters need no model and no optional package, so every
@@ -20,6 +21,8 @@ Where we differ from datatrove, and why:
   and Japanese (a word is one to three characters).
 * A document of fewer than ``n`` words gets one shingle of all its words (datatrove gives it
   none and never deduplicates it): short exact and near-exact copies are still found.
+* An n-gram is hashed as the UTF-8 bytes of its words joined by spaces. datatrove passes the
+  ``str`` to xxhash, which xxhash 3 encoded as UTF-8 (the same hash) and xxhash 4 refuses.
 * ``MinHasher.signature`` processes shingles in chunks, so its memory stays bounded for any
   document (datatrove builds the whole ``shingles x permutations`` matrix at once). The
   values are the same.
@@ -76,7 +79,9 @@ _CJK_RANGES = (
     (0xFF66, 0xFF9F),
 )
 CJK_CHAR = re.compile("[" + "".join(f"{chr(a)}-{chr(b)}" for a, b in _CJK_RANGES) + "]")
-_NUMBERS = re.compile(r"\d+")
+# A number, with one decimal part after any of these separators (datatrove's pattern): it
+# becomes one "0" ("3.11", "1,000" -> "0"); \d is any script's decimal digit.
+_NUMBERS = re.compile(r"\d+(?:[.,،٫⎖⎗⎘]\d+)?")
 
 
 class _FoldTable(dict):
@@ -103,13 +108,15 @@ _FOLD = _FoldTable()
 def normalize(text: str) -> str:
     """The text as MinHash sees it: datatrove's ``simplify_text``, punctuation to spaces.
 
-    Steps: lowercase; decompose (NFD) and drop combining marks (``é`` -> ``e``); punctuation,
-    symbols and control characters to spaces; each run of digits to ``0``; whitespace runs to
+    Steps, in datatrove 0.10.1's order: lowercase; each number to ``0`` (digits of any script,
+    with one decimal part: ``3.11``, ``1,000``); punctuation, symbols and control characters
+    to spaces; decompose (NFD) and drop combining marks (``é`` -> ``e``); whitespace runs to
     one space; strip. Deterministic (``str.lower`` and ``unicodedata`` of this Python).
 
     Worked examples::
 
         normalize("Héllo,  WORLD!\\n42 times")  -> 'hello world 0 times'
+        normalize("Python 3.11: 1,000 x2")     -> 'python 0 0 x0'
         normalize("end.Start a/b don't")       -> 'end start a b don t'
         normalize("自然语言，处理。")             -> '自然语言 处理'
 
@@ -124,9 +131,8 @@ def normalize(text: str) -> str:
     """
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, got {type(text).__name__}")
-    text = unicodedata.normalize("NFD", text.lower()).translate(_FOLD)
-    text = _NUMBERS.sub("0", text)
-    return " ".join(text.split())
+    text = _NUMBERS.sub("0", text.lower())
+    return " ".join(unicodedata.normalize("NFD", text).translate(_FOLD).split())
 
 
 def words(normalized: str) -> list[str]:

@@ -2,10 +2,11 @@
 defaults. Pure functions; ``pipeline/beam/curate*.py`` maps :func:`apply_filters` over
 documents and counts each returned rule name.
 
-Each rule set follows its datatrove filter (``datatrove.pipeline.filters``:
-``GopherQualityFilter``, ``GopherRepetitionFilter``, ``C4QualityFilter``,
-``FineWebQualityFilter``): the same thresholds, the same order (the first rule that fails
-names the removal), the same arithmetic. Where we differ, and why:
+Each rule set follows its datatrove filter as released in datatrove 0.10.1
+(``datatrove.pipeline.filters``: ``GopherQualityFilter``, ``GopherRepetitionFilter``,
+``C4QualityFilter``, ``FineWebQualityFilter``): the same thresholds, the same order (the
+first rule that fails names the removal), the same arithmetic, the same comparisons (``<``
+or ``<=``), and its ``empty`` reasons. Where we differ, and why:
 
 * **Words.** datatrove runs a per-language tokenizer (NLTK's Treebank tokenizer for English,
   spaCy + jieba for Chinese, Stanza for Japanese). We need no model: a run of letters and
@@ -24,15 +25,19 @@ names the removal), the same arithmetic. Where we differ, and why:
   function characters (的 了 是 ... の に は ...) whatever ``language`` says; another
   language has no list and the rule does not apply (datatrove applies the English list to
   every language unless it is given one).
-* **Terminal punctuation** (C4 lines, FineWeb lines) also accepts the CJK full stops and
-  closing quotes ``。！？”」』``: datatrove's ASCII set would drop every Chinese line.
+* **C4's terminal punctuation** also accepts the CJK full stops and closing quotes
+  ``。！？”」』``: datatrove's ``. ? ! " '`` would drop every Chinese line. ``”`` closes
+  English quotations too, so an English line ending ``values.”`` is kept here, as
+  ``values."`` is by both. (FineWeb's line ends are already Unicode's sentence terminals
+  in datatrove, ``。`` among them.)
 * **Sentences** (C4, at least 5): counted with ``pipeline.core.text.split_sentences`` (CJK
   full stops included), not NLTK's punkt.
-* **Top n-gram length** (Gopher repetition) counts a space between two words only where
-  the text has whitespace (datatrove joins every n-gram with spaces, so a Chinese 4-gram of
-  4 characters counts as 7, and two repeats of a 4-character phrase in 80 characters fail).
-* **Empty text** fails instead of dividing by zero (datatrove raises ZeroDivisionError in the
-  repetition and FineWeb rules).
+* **Top n-gram length** (Gopher repetition) counts no space next to a CJK character where
+  the text has none (datatrove joins every n-gram with spaces, so a Chinese 4-gram of 4
+  characters counts as 7, and two repeats of a 4-character phrase in 80 characters fail).
+* **Non-symbol words** (Gopher) are tokens not made only of Unicode punctuation and symbols
+  (datatrove: of the characters of its ``PUNCTUATION`` string), so ``©`` or ``→`` alone is
+  no word here.
 
 C4 drops lines (``C4_LINE_RULES``) as datatrove's does, and we keep that: the text returned
 by :func:`apply_filters` is the text after those removals (kept lines joined by ``\\n``), and
@@ -66,9 +71,10 @@ RULE_SETS: dict[str, tuple[str, ...]] = {
         "bullet_lines",  # lines starting with "•" or "-" <= 90%
         "ellipsis_lines",  # lines ending with "..." or "…" <= 30%
         "alpha_words",  # words with a letter >= 80%
-        "stop_words",  # at least 2 stop words
+        "stop_words",  # at least 2 distinct stop words
     ),
     "gopher_repetition": (
+        "empty",  # no text
         "dup_para_frac",  # duplicate paragraphs <= 30%
         "dup_para_char_frac",  # their characters <= 20% of the text
         "dup_line_frac",  # duplicate lines <= 30%
@@ -83,10 +89,11 @@ RULE_SETS: dict[str, tuple[str, ...]] = {
         "curly_bracket",  # a kept line contains "{"
         "min_sentences",  # fewer than 5 sentences in the kept lines
     ),
-    "fineweb": (
-        "line_punct_ratio",  # lines ending with terminal punctuation <= 12%
-        "short_line_ratio",  # lines of <= 30 characters >= 67%
-        "char_dup_ratio",  # characters in duplicate lines >= 1%
+    "fineweb": (  # on the non-empty lines
+        "empty",  # no non-empty line
+        "line_punct_ratio",  # lines ending with a sentence terminal < 12%
+        "short_line_ratio",  # lines of <= 30 characters > 67%
+        "char_dup_ratio",  # characters in duplicate lines > 1% of the text's
         "list_ratio",  # newlines per word > 0.3
     ),
 }
@@ -122,8 +129,28 @@ STOP_WORDS = {"en": frozenset(["the", "be", "to", "of", "and", "that", "have", "
 # Function characters of Chinese and Japanese, each a word under the CJK rule.
 CJK_STOP_WORDS = frozenset("的了是在和有不这也就都我他们一个上说要与及而或但のにはをたがでてとしも")
 # Terminal punctuation: datatrove's (C4: . ? ! " ' ; FineWeb: the same), plus CJK's.
-_CJK_END = ("。", "！", "？", "”", "」", "』")
-C4_END = (".", "?", "!", '"', "'", *_CJK_END)
+# C4's line ends: datatrove's (. ? ! " '), plus the CJK full stops and closing quotes.
+C4_END = (".", "?", "!", '"', "'", "。", "！", "？", "”", "」", "』")
+# FineWeb's line ends: Unicode's Sentence_Terminal characters (datatrove's
+# TERMINAL_PUNCTUATION: ! . ? and the full stops of other scripts, 。 ！ ？ ｡ among them).
+_SENTENCE_TERMINAL = re.compile(
+    "["
+    r"!.?\u0589\u061d-\u061f\u06d4\u0700-\u0702\u07f9\u0837\u0839\u083d-\u083e"
+    r"\u0964-\u0965\u104a-\u104b\u1362\u1367-\u1368\u166e\u1735-\u1736\u17d4-\u17d6"
+    r"\u17d9-\u17da\u1803\u1809\u1944-\u1945\u1aa8-\u1aab\u1b5a-\u1b5b\u1b5e-\u1b5f"
+    r"\u1b7d-\u1b7e\u1c3b-\u1c3c\u1c7e-\u1c7f\u203c-\u203d\u2047-\u2049\u2e2e\u2e3c"
+    r"\u2e53-\u2e54\u3002\ua4ff\ua60e-\ua60f\ua6f3\ua6f7\ua876-\ua877\ua8ce-\ua8cf\ua92f"
+    r"\ua9c8-\ua9c9\uaa5d-\uaa5f\uaaf0-\uaaf1\uabeb\ufe52\ufe56-\ufe57\uff01\uff0e\uff1f"
+    r"\uff61\U00010a56-\U00010a57\U00010f55-\U00010f59\U00010f86-\U00010f89"
+    r"\U00011047-\U00011048\U000110be-\U000110c1\U00011141-\U00011143\U000111c5-\U000111c6"
+    r"\U000111cd\U000111de-\U000111df\U00011238-\U00011239\U0001123b-\U0001123c\U000112a9"
+    r"\U0001144b-\U0001144c\U000115c2-\U000115c3\U000115c9-\U000115d7\U00011641-\U00011642"
+    r"\U0001173c-\U0001173e\U00011944\U00011946\U00011a42-\U00011a43\U00011a9b-\U00011a9c"
+    r"\U00011c41-\U00011c42\U00011ef7-\U00011ef8\U00011f43-\U00011f44\U00016a6e-\U00016a6f"
+    r"\U00016af5\U00016b37-\U00016b38\U00016b44\U00016e98\U0001bc9f\U0001da88"
+    "]"
+)
+
 _CITATION = re.compile(r"\[\d*]|\[edit]|\[citation needed]")
 _POLICY = (
     "terms of use",
@@ -148,12 +175,18 @@ def tokens(text: str) -> list[str]:
 
 
 def _tokens_and_gaps(text: str) -> tuple[list[str], list[bool]]:
-    """The tokens and, for each, whether whitespace comes before it in the text."""
-    words, gaps, end = [], [], 0
+    """The tokens and, for each, whether an n-gram's length counts a space before it: yes,
+    as datatrove's ``" ".join`` does, unless the token or the one before it is a CJK
+    character written without whitespace between them (``"的时候"``: no spaces)."""
+    words: list[str] = []
+    gaps: list[bool] = []
+    end, previous_cjk = 0, False
     for match in _TOKEN.finditer(text):
-        words.append(match.group())
-        gaps.append(match.start() > end)
-        end = match.end()
+        word = match.group()
+        cjk = CJK_CHAR.match(word) is not None
+        gaps.append(match.start() > end or not (cjk or previous_cjk))
+        words.append(word)
+        end, previous_cjk = match.end(), cjk
     return words, gaps
 
 
@@ -191,7 +224,7 @@ def _gopher_quality(text: str, language: str) -> str | None:
     if sum(any(c.isalpha() for c in w) for w in words) / n_words < 0.8:
         return "alpha_words"
     stop_words = CJK_STOP_WORDS if 2 * len(spaced) < len(non_symbol) else STOP_WORDS.get(language)
-    if stop_words is not None and sum(w in stop_words for w in words) < 2:
+    if stop_words is not None and len(stop_words.intersection(words)) < 2:
         return "stop_words"
     return None
 
@@ -204,9 +237,9 @@ def _grams(words: list[str], n: int, separator: str) -> list[str]:
 
 
 def _top_gram_chars(words: list[str], gaps: list[bool], n: int) -> int:
-    """Characters of the most frequent word n-gram times its count. Its length is as the
-    text writes it: datatrove joins the words with spaces, which for Chinese counts a
-    4-character 4-gram as 7 characters; we add a space only where the text has whitespace."""
+    """Characters of the most frequent word n-gram times its count. datatrove joins the
+    words with spaces, which for Chinese counts a 4-character 4-gram as 7 characters; we
+    count no space next to a CJK character where the text has none (``gaps``)."""
     grams = _grams(words, n, " ")
     if not grams:
         return 0
@@ -235,7 +268,9 @@ def _repeated_gram_chars(words: list[str], n: int) -> int:
 
 
 def _gopher_repetition(text: str, language: str) -> str | None:
-    length = len(text) or 1
+    if not text:
+        return "empty"
+    length = len(text)
     paragraphs = re.split(r"\n{2,}", text.strip())
     count, chars = _duplicates(paragraphs)
     if count / len(paragraphs) > 0.3:
@@ -309,19 +344,17 @@ def c4_lines(text: str) -> tuple[str | None, str, dict[str, int]]:
 
 
 def _fineweb(text: str, language: str) -> str | None:
-    lines = text.split("\n")
-    if (
-        sum(line.endswith((".", "'", '"', "!", "?", *_CJK_END)) for line in lines) / len(lines)
-        <= 0.12
-    ):
+    lines = [line for line in text.split("\n") if line.strip()]
+    if not lines:
+        return "empty"
+    ends = sum(_SENTENCE_TERMINAL.fullmatch(line[-1]) is not None for line in lines)
+    if ends / len(lines) < 0.12:
         return "line_punct_ratio"
-    if sum(len(line) <= 30 for line in lines) / len(lines) >= 0.67:
+    if sum(len(line) <= 30 for line in lines) / len(lines) > 0.67:
         return "short_line_ratio"
-    non_empty = [line for line in lines if line.strip()]
-    if _duplicates(non_empty)[1] / (len(text.replace("\n", "")) or 1) >= 0.01:
+    if _duplicates(lines)[1] / len(text.replace("\n", "")) > 0.01:
         return "char_dup_ratio"
-    words = tokens(text)
-    if not words or text.count("\n") / len(words) > 0.3:
+    if text.count("\n") / len(tokens(text)) > 0.3:
         return "list_ratio"
     return None
 

@@ -52,6 +52,7 @@ def edit(rng: random.Random, text: list[str], rate: float) -> list[str]:
 
 def test_normalize_known_answers():
     assert normalize("Héllo,  WORLD!\n42 times") == "hello world 0 times"
+    assert normalize("Python 3.11: 1,000 x2 ٣٤") == "python 0 0 x0 0"  # numbers as datatrove
     assert normalize("end.Start a/b don't") == "end start a b don t"
     assert normalize("自然语言，处理。") == "自然语言 处理"
     assert normalize("tab\there\x00nul ©2024 😀") == "tab here nul 0"

@@ -86,7 +86,8 @@ GOPHER_QUALITY_BREAKERS = {
         "\n".join([*(line[:-1] + "..." for line in GOOD_LINES[:2]), *GOOD_LINES[2:]])
     ],
     "alpha_words": [GOOD + "\n" + " ".join(str(1000 + i) for i in range(30))],
-    "stop_words": ["\n".join(FILLER)],
+    # none, and one stop word three times (datatrove counts distinct ones)
+    "stop_words": ["\n".join(FILLER), "\n".join(FILLER) + " The the the."],
 }
 
 
@@ -138,6 +139,7 @@ def repeated_segment(m, x, copies):
 PARAGRAPHS = [" ".join(unique_words(12, t)) + "." for t in "abcdefgh"]
 LONG = " ".join(unique_words(80, "l")) + "."
 REPETITION_BREAKERS = {
+    "empty": "",
     "dup_para_frac": "\n\n".join([PARAGRAPHS[0], PARAGRAPHS[1], PARAGRAPHS[0], PARAGRAPHS[0]]),
     "dup_para_char_frac": "\n\n".join([LONG, *PARAGRAPHS[:6], LONG]),
     "dup_line_frac": "\n".join([PARAGRAPHS[0], PARAGRAPHS[1], PARAGRAPHS[0], PARAGRAPHS[0]]),
@@ -227,6 +229,7 @@ def test_c4_drops_lines_and_returns_the_text_after():
 # --- FineWeb ----------------------------------------------------------------------------
 
 FINEWEB_BREAKERS = {
+    "empty": "\n  \n",
     "line_punct_ratio": "\n".join(line.rstrip(".") for line in GOOD_LINES),
     "short_line_ratio": "\n".join(
         [*GOOD_LINES[:3], *(f"Item {w} is here." for w in unique_words(8, "q"))]
