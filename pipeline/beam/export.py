@@ -167,11 +167,18 @@ def check_output(config: ExportConfig) -> None:
         )
     existing = _existing(out, OUTPUT_PATTERNS[:-1])
     if existing and not config.overwrite:
-        names = ", ".join(sorted(os.path.basename(p) for p in existing)[:3])
+        names = ", ".join(sorted(_relative(p, out) for p in existing)[:3])
         raise FileExistsError(
             f"{out} already holds {len(existing)} file(s) of an earlier export ({names}, ...); "
             "pass --overwrite to replace them or choose another --output"
         )
+
+
+def _relative(path: str, directory: str) -> str:
+    """``path`` inside ``directory``, as the user names it: ``shard-00000-of-00002/index.json``."""
+    if shard_format.is_remote(path):
+        return path.removeprefix(directory.rstrip("/") + "/")
+    return os.path.relpath(path, directory)
 
 
 def _same_place(a: str, b: str) -> bool:
