@@ -473,7 +473,7 @@ class BertForPreTraining(nn.Module):
                     f"got {tuple(next_sentence_label.shape)}"
                 )
             # The mean over labelled rows (-100: none, as on MLM-only shards), 0 without any:
-            # torch's mean would be 0/0. Bitwise torch's mean when every row has a label.
+            # torch's mean would be 0/0. With every row labelled it is torch's mean (bitwise on CPU).
             labelled = (next_sentence_label != IGNORE_INDEX).sum().clamp(min=1)
             nsp_loss = (
                 F.cross_entropy(nsp_logits.float(), next_sentence_label.long(), reduction="sum")
