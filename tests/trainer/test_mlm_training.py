@@ -530,3 +530,16 @@ def test_a_killed_two_rank_mlm_run_resumes_to_the_same_weights(zero2_files, mlm_
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     difference = max_weight_difference(zero2_files / "mlm-straight", out, "step00000008")
     assert difference <= 1e-6  # test_resume.py's bound for two ZeRO-2 ranks
+
+
+def test_a_row_kind_the_trainer_does_not_know_is_refused(tmp_path, mlm_shards, caplog):
+    import json
+    import shutil
+
+    shards = tmp_path / "future"
+    shutil.copytree(mlm_shards, shards)
+    manifest = json.loads((shards / "manifest.json").read_text())
+    manifest["schema"]["kind"] = "future"
+    (shards / "manifest.json").write_text(json.dumps(manifest))
+    assert main(run_argv(tmp_path, shards, "out", "--max-steps", "1")) == 2
+    assert "row kind 'future' is unknown to this reader" in caplog.text
