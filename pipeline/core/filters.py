@@ -32,9 +32,9 @@ or ``<=``), and its ``empty`` reasons. Where we differ, and why:
   in datatrove, ``。`` among them.)
 * **Sentences** (C4, at least 5): counted with ``pipeline.core.text.split_sentences`` (CJK
   full stops included), not NLTK's punkt.
-* **Top n-gram length** (Gopher repetition) counts no space next to a CJK character where
-  the text has none (datatrove joins every n-gram with spaces, so a Chinese 4-gram of 4
-  characters counts as 7, and two repeats of a 4-character phrase in 80 characters fail).
+* **Top n-gram length** (Gopher repetition) counts no space next to a CJK character
+  (datatrove joins every n-gram with spaces, so a Chinese 4-gram of 4 characters counts as
+  7, and two repeats of a 4-character phrase in 80 characters fail).
 * **Non-symbol words** (Gopher) are tokens not made only of Unicode punctuation and symbols
   (datatrove: of the characters of its ``PUNCTUATION`` string), so ``©`` or ``→`` alone is
   no word here.
@@ -52,6 +52,8 @@ Use (tests: ``python -m pytest tests/pipeline/test_filters.py``)::
 
 from __future__ import annotations
 
+import functools
+import itertools
 import re
 import unicodedata
 from collections import Counter
@@ -171,23 +173,14 @@ def tokens(text: str) -> list[str]:
                                                       '(', 'now', ')!']
         tokens("BERT模型。")                        -> ['BERT', '模', '型', '。']
     """
-    return _TOKEN.findall(text)
+    return list(_tokens(text))
 
 
-def _tokens_and_gaps(text: str) -> tuple[list[str], list[bool]]:
-    """The tokens and, for each, whether an n-gram's length counts a space before it: yes,
-    as datatrove's ``" ".join`` does, unless the token or the one before it is a CJK
-    character written without whitespace between them (``"的时候"``: no spaces)."""
-    words: list[str] = []
-    gaps: list[bool] = []
-    end, previous_cjk = 0, False
-    for match in _TOKEN.finditer(text):
-        word = match.group()
-        cjk = CJK_CHAR.match(word) is not None
-        gaps.append(match.start() > end or not (cjk or previous_cjk))
-        words.append(word)
-        end, previous_cjk = match.end(), cjk
-    return words, gaps
+@functools.lru_cache(maxsize=2)
+def _tokens(text: str) -> tuple[str, ...]:
+    """:func:`tokens`, kept for the last texts: the rule sets of one :func:`apply_filters`
+    call tokenize the document once (a str caches its hash, so a hit costs nothing)."""
+    return tuple(_TOKEN.findall(text))
 
 
 def _duplicates(items: list[str]) -> tuple[int, int]:
@@ -204,7 +197,7 @@ def _duplicates(items: list[str]) -> tuple[int, int]:
 
 
 def _gopher_quality(text: str, language: str) -> str | None:
-    words = tokens(text)
+    words = _tokens(text)
     n_words = len(words) or 1
     non_symbol = [w for w in words if not _SYMBOL_ONLY.fullmatch(w)]
     if not 50 <= len(non_symbol) <= 100_000:
@@ -229,27 +222,28 @@ def _gopher_quality(text: str, language: str) -> str | None:
     return None
 
 
-def _grams(words: list[str], n: int, separator: str) -> list[str]:
+def _grams(words: Sequence[str], n: int, separator: str) -> list[str]:
     """The word n-grams, each joined by ``separator``: ``(["a", "b", "c"], 2, " ")`` ->
     ``["a b", "b c"]``."""
     # the shifted lists are shorter by design: zip stops at the last full n-gram
     return list(map(separator.join, zip(*(words[i:] for i in range(n)), strict=False)))
 
 
-def _top_gram_chars(words: list[str], gaps: list[bool], n: int) -> int:
-    """Characters of the most frequent word n-gram times its count. datatrove joins the
-    words with spaces, which for Chinese counts a 4-character 4-gram as 7 characters; we
-    count no space next to a CJK character where the text has none (``gaps``)."""
+def _top_gram_chars(words: Sequence[str], n: int) -> int:
+    """Characters of the most frequent word n-gram, joined by spaces, times its count; no
+    space is counted next to a CJK character (datatrove counts one at every word boundary,
+    so a 4-character Chinese 4-gram would count as 7)."""
     grams = _grams(words, n, " ")
     if not grams:
         return 0
     gram, count = Counter(grams).most_common(1)[0]
     first = grams.index(gram)
-    spaces = sum(gaps[first + 1 : first + n])
-    return (len(gram) - (n - 1) + spaces) * count
+    cjk = [CJK_CHAR.fullmatch(word) is not None for word in words[first : first + n]]
+    unwritten = sum(a or b for a, b in itertools.pairwise(cjk))
+    return (len(gram) - unwritten) * count
 
 
-def _repeated_gram_chars(words: list[str], n: int) -> int:
+def _repeated_gram_chars(words: Sequence[str], n: int) -> int:
     """Characters of n-grams (joined without spaces) seen before, skipping past each repeat:
     datatrove's ``find_all_duplicate``."""
     grams = _grams(words, n, "")
@@ -283,9 +277,9 @@ def _gopher_repetition(text: str, language: str) -> str | None:
         return "dup_line_frac"
     if chars / length > 0.2:
         return "dup_line_char_frac"
-    words, gaps = _tokens_and_gaps(text)
+    words = _tokens(text)
     for n, fraction in ((2, 0.2), (3, 0.18), (4, 0.16)):
-        if _top_gram_chars(words, gaps, n) / length > fraction:
+        if _top_gram_chars(words, n) / length > fraction:
             return f"top_{n}_gram"
     for n, fraction in zip(range(5, 11), (0.15, 0.14, 0.13, 0.12, 0.11, 0.10), strict=True):
         if _repeated_gram_chars(words, n) / length > fraction:
@@ -315,7 +309,7 @@ def c4_lines(text: str) -> tuple[str | None, str, dict[str, int]]:
     sentences = 0
     for raw in text.splitlines():
         line = raw.strip()
-        words = tokens(line) if CJK_CHAR.search(line) else line.split()
+        words = _TOKEN.findall(line) if CJK_CHAR.search(line) else line.split()
         if any(len(word) > 1000 for word in words):
             dropped["too_long_word"] += 1
             continue
@@ -354,7 +348,7 @@ def _fineweb(text: str, language: str) -> str | None:
         return "short_line_ratio"
     if _duplicates(lines)[1] / len(text.replace("\n", "")) > 0.01:
         return "char_dup_ratio"
-    if text.count("\n") / len(tokens(text)) > 0.3:
+    if text.count("\n") / len(_tokens(text)) > 0.3:
         return "list_ratio"
     return None
 

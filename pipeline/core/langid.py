@@ -1,17 +1,16 @@
 """Language identification for curation (``--languages en,zh`` with a score threshold).
 
-One call, :func:`detect`, over py3langid: langid.py's naive Bayes model on byte n-grams,
-trained on 97+ languages, shipped inside the wheel (``py3langid/data/model.npz.xz``, no
+One call, :func:`detect`, over py3langid: langid.py's naive Bayes model on byte n-grams
+(140 labels in py3langid 0.4), shipped inside the wheel (``py3langid/data/model.npz.xz``, no
 download at run time), numpy only. It is in the ``curate`` extra:
 ``pip install 'bert-pipeline[curate]'``.
 
-Why py3langid and not lingua (``lingua-language-detector``), measured on this machine's
-CPU, one core, 1000 stdlib docstring documents (0.34 MB): py3langid classified 2.6 MB/s
-after a 0.65 s model load, all 1000 as English, from a 4.5 MB install; lingua's high
-accuracy mode ran 0.083 MB/s (32x slower; low accuracy mode 0.19 MB/s) after a 17 s
-preload, held about 1.4 GB, from a 96 MB install, and called 2 of the 1000 Latin or French.
-Both get the Chinese and German samples right. At corpus scale the 30x decides it. (datatrove
-uses fastText's lid.176 model, which is downloaded at run time.)
+Why py3langid and not lingua (``lingua-language-detector``), measured on this CPU on the
+same 1000 stdlib docstring documents (the numbers are in the commit that chose it):
+lingua's high-accuracy mode is about 30 times slower (its low-accuracy mode about 14 times),
+preloads its models for many seconds, holds over a GB, and installs 20 times the bytes;
+both label the English, Chinese and German samples right. At corpus scale speed decides.
+(datatrove uses fastText's lid.176 model, which is downloaded at run time.)
 
 Use (tests: ``python -m pytest tests/pipeline/test_langid.py``)::
 
@@ -66,8 +65,9 @@ def detect(text: str) -> tuple[str, float]:
         text: one document (``str``).
 
     Returns:
-        ``(language, score)``: an ISO 639-1 code (py3langid's labels) and its probability
-        in [0, 1]; ``("und", 0.0)`` (BCP 47's "undetermined") for text without letters.
+        ``(language, score)``: py3langid's label, an ISO 639-1 code (``"en"``, ``"zh"``)
+        or, for a language without one, ISO 639-3 (``"ary"``), and its probability in
+        [0, 1]; ``("und", 0.0)`` (BCP 47's "undetermined") for text without letters.
 
     Raises:
         TypeError: ``text`` is not a ``str``.

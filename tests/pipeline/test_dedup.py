@@ -219,3 +219,9 @@ def test_ngram_set_for_decontamination():
     assert not ngram_set(" ".join(f"w{i}" for i in range(5, 17))) & ngram_set(eval_text)  # 12 only
     # CJK: characters are words, so a 13-character run is a 13-gram
     assert len(ngram_set("自然语言处理是计算机科学和人工智能")) == 17 - 13 + 1
+
+
+def test_missing_xxhash_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "xxhash", None)  # makes the import fail
+    with pytest.raises(ImportError, match=r"pip install 'bert-pipeline\[curate\]'"):
+        shingle_hashes(TEXT_A)
