@@ -276,3 +276,19 @@ def test_chinese_sample_through_c4():
     for first, second in zip(docs[::2], docs[1::2], strict=True):
         page = first + "\n" + second  # eight sentences
         assert apply_filters(page, list(RULE_SETS), "zh") == (None, page)
+
+
+JAPANESE = (
+    "東京は日本の首都であり、世界でも有数の大都市です。毎日たくさんの人が電車で通勤しています。"
+    "春になると公園の桜が咲き、多くの家族が花見を楽しみます。夜の街は明るく、食事や買い物をする人で"
+    "にぎわっています。"
+)
+
+
+def test_japanese_passes_the_word_counting_rule_sets():
+    assert len(tokens(JAPANESE)) > 90  # kanji and kana are words
+    for rule_set in ("gopher_quality", "gopher_repetition", "fineweb"):
+        for language in ("ja", "en"):
+            assert apply_filters(JAPANESE, [rule_set], language) == (None, JAPANESE), rule_set
+    # four sentences on one line: C4 keeps the line and wants a fifth sentence
+    assert c4_lines(JAPANESE)[:2] == ("min_sentences", JAPANESE)
