@@ -64,12 +64,13 @@ def cache_dir(output_dir: str, named: str | None) -> Path:
 def use_cache(directory: Path) -> None:
     """Point inductor's (and Triton's, on GPU) caches at ``directory``, before compiling.
 
-    The environment variables are read when a cache is first used; a variable the user set
-    is kept.
+    Both are read from the environment when a cache is first used. Set here whatever the
+    environment had, so that the run's directory is the one used: a cache shared by runs
+    is one named with ``--compile-cache``.
     """
     directory.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(directory))
-    os.environ.setdefault("TRITON_CACHE_DIR", str(directory / "triton"))
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(directory)
+    os.environ["TRITON_CACHE_DIR"] = str(directory / "triton")
 
 
 def apply(engine, config) -> None:
@@ -92,9 +93,28 @@ def compile_engine(engine, mode: str) -> None:
         return
     engine.compile(backend="inductor", compile_kwargs=dict(COMPILE_KWARGS))
     if mode == "step":
-        optimizer = torch_optimizer(engine.optimizer)
-        optimizer.step = torch.compile(optimizer.step, **COMPILE_KWARGS)
+        compile_step(torch_optimizer(engine.optimizer))
     logger.info("compiled: %s (torch.compile %s)", mode, COMPILE_KWARGS)
+
+
+def compile_step(optimizer: torch.optim.Optimizer) -> None:
+    """``optimizer.step`` compiled, but for a step at a learning rate of 0, which runs eager.
+
+    Compiled, torch's Adam and AdamW take their "capturable" form, which folds the step
+    size (lr / bias correction) into the denominator: at lr 0 a zero second moment (a
+    parameter whose gradient has been 0, such as a position no row reached) makes 0 / 0,
+    and the weights NaN (pytorch/pytorch#126514; measured with torch 2.13 on CPU, every
+    ``dynamic`` setting). A warmup from ``warmup_min_lr`` 0 (deploy/cpu.json) starts there.
+    The eager step keeps the same state (moments, step count) as the compiled one.
+    """
+    eager, compiled = optimizer.step, torch.compile(optimizer.step, **COMPILE_KWARGS)
+
+    def step(closure=None):
+        if any(float(group["lr"]) == 0.0 for group in optimizer.param_groups):
+            return eager(closure)
+        return compiled(closure)
+
+    optimizer.step = step
 
 
 def torch_optimizer(optimizer) -> torch.optim.Optimizer:

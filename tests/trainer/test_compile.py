@@ -4,11 +4,15 @@ set of graphs, and saves and exports plain state-dict names."""
 from __future__ import annotations
 
 import itertools
+import os
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from tests.helpers import args, records
+from trainer.compiling import CACHE_NAME, cache_dir, compile_step, torch_optimizer, use_cache
 from trainer.config import parse_args
 from trainer.run import main
 
@@ -28,14 +32,17 @@ LOSS_TOLERANCE = 1e-4
 MAX_GRAPHS = 24
 
 
-def _run(tmp_path_factory, tiny_shards, name: str, *extra: str):
+def _run(tmp_path_factory, tiny_shards, name: str, *extra: str, steps: int = STEPS):
     torch._dynamo.reset()  # graphs of an earlier test in this process do not count
     from torch._dynamo.utils import counters
 
     counters.clear()
     tmp = tmp_path_factory.mktemp(name)
-    flags = ["--max-steps", str(STEPS), "--log-every", "1", "--save-every", "0", "--dropout", "0"]
-    assert main(args(tmp, tiny_shards, *flags, *extra)) == 0
+    flags = ["--max-steps", str(steps), "--log-every", "1", "--save-every", "0", "--dropout", "0"]
+    with pytest.MonkeyPatch.context() as env:  # the cache directory --compile sets
+        env.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+        env.delenv("TRITON_CACHE_DIR", raising=False)
+        assert main(args(tmp, tiny_shards, *flags, *extra)) == 0
     return tmp / "out"
 
 
@@ -78,6 +85,55 @@ def test_compiled_graphs_are_bounded(compiled_run):
     assert counts[-1] <= MAX_GRAPHS, counts
     grew = [i for i in range(1, len(counts)) if counts[i] != counts[i - 1]]
     assert len(grew) <= 1, counts
+
+
+@pytest.mark.slow  # two runs, one compiled: over a minute on 2 cores
+def test_compile_cache_is_in_the_run_directory(compiled_run):
+    cached = [p for p in (compiled_run / CACHE_NAME).rglob("*") if p.is_file()]
+    assert cached  # inductor's FX graph cache and kernels
+
+
+@pytest.mark.slow  # a third run, its optimizer step compiled too
+def test_compiled_step_matches_eager(tmp_path_factory, tiny_shards, eager_run):
+    out = _run(tmp_path_factory, tiny_shards, "step", "--compile", "step", steps=4)
+    step, eager = records(out), records(eager_run)[:4]
+    diffs = [abs(a["loss"] - b["loss"]) for a, b in zip(eager, step, strict=True)]
+    assert max(diffs) < LOSS_TOLERANCE, diffs
+    grew = [i for i in range(1, 4) if step[i]["compiled_graphs"] != step[i - 1]["compiled_graphs"]]
+    assert len(grew) <= 1, [r["compiled_graphs"] for r in step]
+
+
+def test_compiled_step_at_learning_rate_0_keeps_weights_finite():
+    """A warmup from 0 starts at lr 0, where torch's compiled AdamW made NaN of every weight
+    whose gradient was 0 (pytorch/pytorch#126514); the next, compiled, step stays finite."""
+    torch.manual_seed(0)
+    weight = torch.nn.Parameter(torch.randn(8, 4))
+    optimizer = torch.optim.AdamW([weight], lr=0.0, eps=1e-6, weight_decay=0.01)
+    compile_step(optimizer)
+    for lr in (0.0, 1e-3):
+        optimizer.param_groups[0]["lr"] = lr
+        weight.grad = torch.cat([torch.randn(4, 4), torch.zeros(4, 4)])  # rows 4-7: no gradient
+        optimizer.step()
+        assert torch.isfinite(weight).all(), lr
+
+
+def test_the_torch_optimizer_inside_deepspeeds_wrappers_is_found():
+    sgd = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    zero = SimpleNamespace(optimizer=SimpleNamespace(optimizer=sgd))  # ZeRO's, bf16's
+    assert torch_optimizer(zero) is sgd and torch_optimizer(sgd) is sgd
+    with pytest.raises(ValueError, match="--compile step needs a torch optimizer"):
+        torch_optimizer(SimpleNamespace())
+
+
+def test_cache_directory_is_the_named_one_or_the_runs(tmp_path, monkeypatch):
+    assert cache_dir("runs/a", None) == Path("runs/a", CACHE_NAME)
+    assert cache_dir("runs/a", "/shared/cache") == Path("/shared/cache")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/elsewhere")
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    use_cache(tmp_path / "c")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "c")
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "c" / "triton")
+    assert (tmp_path / "c").is_dir()
 
 
 @pytest.mark.slow  # two runs, one compiled: over a minute on 2 cores
