@@ -77,6 +77,7 @@ def make_megatron_plan(config, manifest: dict) -> MegatronPlan:
         text_field=params.get("text_field", "text"),
         do_lower_case=manifest["vocab"]["do_lower_case"],
         vocab_size=len(vocab),
+        num_shards=len(manifest["shards"]),  # the parts (build.make_plan logs it as shards)
     )
     try:
         read_plan = make_plan(build)
