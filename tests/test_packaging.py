@@ -44,7 +44,8 @@ USED_BY_BEAM: list[str] = []
 # Imported only inside a function, for an option a worker never runs (`stats --plot`),
 # or for a runner of its own extra (`dask`: pipeline/beam/dask_compat.py, the DaskRunner's).
 # `streaming`: `export --to mds` only, its own extra (mds), imported when the export starts.
-OPTIONAL = {"matplotlib", "dask", "jieba", "streaming"}
+# `xxhash`, `py3langid`: `curate` only (MinHash shingles, --languages), its own extra.
+OPTIONAL = {"matplotlib", "dask", "jieba", "streaming", "xxhash", "py3langid"}
 # Import name -> distribution, for what model/, trainer/ and finetune/ import beyond the
 # base install:
 # each must be in the `train` extra.

@@ -52,9 +52,13 @@ INLINE = re.compile(r"(`+)(.+?)\1", flags=re.DOTALL)
 SHELL = {"bash", "sh", "shell", ""}  # the languages of fenced blocks that hold commands
 FLAG = re.compile(r"^(--?[A-Za-z][\w-]*)")
 ENV = re.compile(r"^[A-Z_][A-Z0-9_]*=")
-PIPELINE_COMMANDS = {"corpus", "build", "stats", "inspect", "validate", "export"}
+PIPELINE_COMMANDS = {"corpus", "curate", "build", "stats", "inspect", "validate", "export"}
 # The commands that hand Apache Beam every option they do not know.
-BEAM_COMMANDS = {"python -m pipeline build", "python -m pipeline export"}
+BEAM_COMMANDS = {
+    "python -m pipeline build",
+    "python -m pipeline curate",
+    "python -m pipeline export",
+}
 # Other programs whose flags are checked against their own --help.
 TOOLS = {"dask scheduler", "dask worker"}
 # Other projects' modules and flags that the docs name, with whose they are.

@@ -239,6 +239,7 @@ class Filter(beam.DoFn):
     def process(self, element, eval_ngrams=()) -> Iterator:
         doc_id, text = element
         config = self._config
+        language = "en"  # Gopher's stop words without language ID (CJK text picks its own)
         if config.language_list:
             from pipeline.core.langid import detect
 
@@ -249,7 +250,6 @@ class Filter(beam.DoFn):
         if config.rule_sets:
             from pipeline.core.filters import apply_filters
 
-            language = config.language_list[0] if len(config.language_list) == 1 else "en"
             failed, text = apply_filters(text, config.rule_sets, language=language)
             if failed is not None:
                 yield TaggedOutput(REMOVED, (failed, (doc_id, text)))
@@ -293,7 +293,10 @@ class BandKeys(beam.DoFn):
                 config.minhash_bands * config.minhash_rows, config.minhash_seed
             )
         doc_id, text = element
-        signature = self._hasher.signature(shingle_hashes(text, config.minhash_ngram))
+        shingles = shingle_hashes(text, config.minhash_ngram)
+        if not shingles.size:  # no word at all ("?!"): only its exact copies are its copies
+            return
+        signature = self._hasher.signature(shingles)
         for key in band_keys(signature, config.minhash_bands, config.minhash_rows):
             yield key, doc_id
 

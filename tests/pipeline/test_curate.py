@@ -258,3 +258,12 @@ def test_bad_options_exit_2_naming_them(tmp_path, capfd):
     assert main([*argv, "--minhash_bands", "0"]) == 2
     assert "--minhash_bands" in capfd.readouterr().err
     assert not (tmp_path / "o" / "manifest.json").exists()
+
+
+def test_a_document_without_words_is_kept_by_minhash(tmp_path):
+    corpus = tmp_path / "docs.jsonl"
+    texts = ["?!", "... --- ...", document(random.Random(1), 60)]
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in [*texts, "?!"]))
+    out = tmp_path / "out"
+    assert main(["curate", "--input", str(corpus), "--output", str(out)]) == 0
+    assert sorted(curated_texts(out)) == sorted(texts)  # the second "?!" is an exact copy
