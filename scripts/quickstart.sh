@@ -41,6 +41,11 @@
 #                on tiny, bf16 measured 1.1-1.2x faster on CPU, so fp32 stays the default)
 #   MASKING      static (the shards' masks) or dynamic (re-masked by the trainer each epoch,
 #                RoBERTa-style) (default: unset, the trainer's default: static)
+#   OBJECTIVE    nsp: Google's recipe, sentence pairs with static masks; mlm: MLM-only rows
+#                of packed sentences, unmasked, masked by the trainer (RoBERTa's, MosaicBERT's
+#                and ModernBERT's data; DUPE_FACTOR does not apply) (default: nsp)
+#   MASK_RATE    the trainer's dynamic masking rate, e.g. 0.3 (default: unset: 0.15, or the
+#                shards' rate); held-out MLM rows are evaluated at 15% whatever it is
 #   RANKS        training processes (default: GPUs present, else 2 CPU ranks)
 #   VERBOSE      1: every stage's full output on the console too (default: one line per stage)
 #
@@ -79,6 +84,12 @@ stage_time setup "$(stage_since "$started")"
 
 vocab_size="${VOCAB_SIZE:-8000}"
 dupe="${DUPE_FACTOR:-2}"
+objective="${OBJECTIVE:-nsp}"
+case "$objective" in
+  nsp) rows=(--dupe_factor "$dupe") heldout_rows=(--dupe_factor 1) ;;
+  mlm) rows=(--objective mlm) heldout_rows=(--objective mlm) ;;
+  *) echo "OBJECTIVE must be nsp or mlm, got '$objective'" >&2; exit 2 ;;
+esac
 max_seq="${MAX_SEQ:-128}"
 workers="${WORKERS:-2}"
 read -r -a beam_args <<< "${BEAM_ARGS:-}"
@@ -161,16 +172,16 @@ fi
 
 stage "pipeline: $corpus -> $run/shards" pipeline \
 python -m pipeline build --input $corpus --output "$run/shards" --overwrite \
-  --vocab_size "$vocab_size" --dupe_factor "$dupe" --max_seq_length "$max_seq" "${runner[@]}"
+  --vocab_size "$vocab_size" "${rows[@]}" --max_seq_length "$max_seq" "${runner[@]}"
 if [ -n "$heldout" ]; then
   stage "held-out shards: $heldout -> $run/heldout (same vocab)" heldout \
   python -m pipeline build --input $heldout --output "$run/heldout" --overwrite \
-    --vocab_file "$run/shards/vocab.txt" --dupe_factor 1 --max_seq_length "$max_seq" "${runner[@]}"
+    --vocab_file "$run/shards/vocab.txt" "${heldout_rows[@]}" --max_seq_length "$max_seq" "${runner[@]}"
 fi
 if [ -n "$heldout2" ]; then
   stage "second held-out shards: $heldout2 -> $run/heldout2 (same vocab)" heldout2 \
   python -m pipeline build --input $heldout2 --output "$run/heldout2" --overwrite \
-    --vocab_file "$run/shards/vocab.txt" --dupe_factor 1 --max_seq_length "$max_seq" "${runner[@]}"
+    --vocab_file "$run/shards/vocab.txt" "${heldout_rows[@]}" --max_seq_length "$max_seq" "${runner[@]}"
 fi
 stage "data statistics and plots -> $run/plots" stats \
 python -m pipeline stats "$run/shards" --plot --plot_dir "$run/plots"
@@ -181,6 +192,7 @@ eval_args=()
 train_opts=()  # the trainer options both training and the second evaluation take
 [ -n "${PRECISION:-}" ] && train_opts+=(--precision "$PRECISION")
 [ -n "${MASKING:-}" ] && train_opts+=(--masking "$MASKING")
+[ -n "${MASK_RATE:-}" ] && train_opts+=(--mask-rate "$MASK_RATE")
 
 stage "training stack: DeepSpeed's ops (built alongside), its import time" stack \
 stack_ready "$logs/stack_import_s"
