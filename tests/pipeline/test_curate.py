@@ -267,3 +267,36 @@ def test_a_document_without_words_is_kept_by_minhash(tmp_path):
     out = tmp_path / "out"
     assert main(["curate", "--input", str(corpus), "--output", str(out)]) == 0
     assert sorted(curated_texts(out)) == sorted(texts)  # the second "?!" is an exact copy
+
+
+def test_a_hot_band_key_of_many_near_copies_is_one_cluster(tmp_path):
+    """2,000 copies of a boilerplate page, each with its own number: one band key holds
+    them all (ids only), and one page stays."""
+    rng = random.Random(7)
+    page = document(rng, 120)
+    corpus = tmp_path / "docs.jsonl"
+    with open(corpus, "w") as f:
+        for i in range(2000):
+            f.write(json.dumps({"text": f"{page} Page {i}."}) + "\n")
+        f.write(json.dumps({"text": document(rng, 120)}) + "\n")
+    out = tmp_path / "out"
+    assert main(["curate", "--input", str(corpus), "--output", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["removed"]["near_duplicate"]["documents"] == 1999
+    assert len(curated_texts(out)) == 2
+    assert report["components_changed_in_last_round"] == 0
+
+
+@pytest.mark.slow
+def test_dask_gives_the_same_curated_bytes(planted, tmp_path):
+    pytest.importorskip("distributed", reason="Beam's DaskRunner needs the [dask] extra")
+    directory, _, reference = planted
+    out = tmp_path / "dask"
+    cmd = [sys.executable, "-m", "pipeline", "curate", "--input"]
+    cmd += [str(directory / "corpus" / "*.jsonl"), "--output", str(out), "--num_files", "3"]
+    cmd += ["--runner=apache_beam.runners.dask.dask_runner.DaskRunner"]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    for name in [f"part-{i:05d}-of-00003.parquet" for i in range(3)]:
+        assert (out / name).read_bytes() == (reference / name).read_bytes(), name
+    assert (out / "report.json").read_bytes() == (reference / "report.json").read_bytes()
