@@ -677,8 +677,15 @@ def run_curate(argv: Sequence[str], log_file: str | None, verbose: bool, handler
             if config.decontaminate
             else frozenset()
         )
-        if config.dedup == "minhash":
-            import pipeline.core.dedup  # noqa: F401  the extra's packages, before the job
+        # The curate extra's packages, here rather than in every worker (exit 2, naming it).
+        if config.dedup == "minhash" or config.decontaminate:
+            from pipeline.core.dedup import shingle_hashes
+
+            shingle_hashes("a package check")
+        if config.language_list:
+            from pipeline.core.langid import detect
+
+            detect("a package check")
         if not dry_run:
             _prepare(config)
     except (ValueError, OSError, ImportError) as e:

@@ -18,6 +18,13 @@ from pipeline.beam.curate import ConnectedComponents, star_edges
 from pipeline.cli.main import main
 from tests.helpers import REPO
 
+# The curate extra (MinHash's xxhash, py3langid): scripts/test.sh's base-install stage has
+# none of the extras, and skips here; its main stage installs them.
+pytest.importorskip("xxhash", reason="curate needs the curate extra (pip install -e '.[curate]')")
+pytest.importorskip(
+    "py3langid", reason="curate needs the curate extra (pip install -e '.[curate]')"
+)
+
 RUNNER = ["--runner=apache_beam.runners.portability.fn_api_runner.FnApiRunner"]
 WORDS = (
     "the river runs north past an old city where a village of farmers lives by water "
