@@ -5,6 +5,7 @@
     python bench/gpu_bench.py model-config large OUT.json --attention-dropout 0
     python bench/gpu_bench.py summarize RUN/metrics.jsonl --preset base --seq 512 --unpad true \\
         --micro 32 --gpus 1 --wall-s 41.5          # one JSON line
+    python bench/gpu_bench.py summarize RUN/metrics.jsonl ... --compile model   # a compiled run
     python bench/gpu_bench.py table results.jsonl  # padded against unpadded, per preset x seq
     python bench/gpu_bench.py compare A/metrics.jsonl B/metrics.jsonl --tolerance 2e-3 \
         --what "fp32 padded: cuda vs cpu"      # one JSON line; exit 1 when the curves part
@@ -108,6 +109,7 @@ def summarize(metrics: Path, **meta: Any) -> dict[str, Any]:
 
     mfu = median("mfu")
     return {
+        "compile": "off",
         **meta,
         "sequences_per_s": round(median("sequences_per_s"), 1),
         "tokens_per_s": round(median("tokens_per_s")),
@@ -115,6 +117,9 @@ def summarize(metrics: Path, **meta: Any) -> dict[str, Any]:
         "mfu": None if mfu is None else round(mfu, 4),
         "windows": len(windows),
         "final_loss": rows[-1]["loss"],
+        # trainer/compiling.py: the first step, compiling included; graphs over the run.
+        "first_step_s": rows[0].get("first_step_s"),
+        "compiled_graphs": rows[-1].get("compiled_graphs"),
     }
 
 
@@ -146,21 +151,22 @@ def compare(a: Path, b: Path, tolerance: float, what: str) -> dict[str, Any]:
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    """Padded against unpadded sequences/s and MFU, one line per preset and seq.
+    """Padded against unpadded sequences/s and MFU, one line per preset, seq and --compile.
 
     ``unpad/padded`` is the unpadded run's sequences/s over the padded run's.
     """
-    cells = {(r["preset"], r["seq"], r["unpad"]): r for r in results}
+    cells = {(r["preset"], r["seq"], r.get("compile", "off"), r["unpad"]): r for r in results}
     lines = [
-        f"{'preset':<7}{'seq':>5}{'micro':>7}{'padded seq/s':>14}{'unpadded seq/s':>16}"
-        f"{'unpad/padded':>14}{'MFU padded':>12}{'MFU unpadded':>14}"
+        f"{'preset':<7}{'seq':>5}{'compile':>8}{'micro':>7}{'padded seq/s':>14}"
+        f"{'unpadded seq/s':>16}{'unpad/padded':>14}{'MFU padded':>12}{'MFU unpadded':>14}"
     ]
 
     def mfu(r: dict | None) -> str:
         return "-" if r is None or r["mfu"] is None else f"{r['mfu']:.1%}"
 
-    for preset, seq in dict.fromkeys((r["preset"], r["seq"]) for r in results):
-        padded, unpadded = cells.get((preset, seq, False)), cells.get((preset, seq, True))
+    for preset, seq, compiled in dict.fromkeys(key[:3] for key in cells):
+        padded = cells.get((preset, seq, compiled, False))
+        unpadded = cells.get((preset, seq, compiled, True))
         either = padded or unpadded
         speeds = [f"{r['sequences_per_s']:.1f}" if r else "-" for r in (padded, unpadded)]
         ratio = (
@@ -169,7 +175,7 @@ def table(results: list[dict[str, Any]]) -> str:
             else "-"
         )
         lines.append(
-            f"{preset:<7}{seq:>5}{either['micro']:>7}{speeds[0]:>14}{speeds[1]:>16}"
+            f"{preset:<7}{seq:>5}{compiled:>8}{either['micro']:>7}{speeds[0]:>14}{speeds[1]:>16}"
             f"{ratio:>14}{mfu(padded):>12}{mfu(unpadded):>14}"
         )
     return "\n".join(lines)
@@ -205,6 +211,7 @@ def main(argv=None) -> int:
     m.add_argument(
         "--wall-s", type=float, required=True, help="the run's wall time, start-up included"
     )
+    m.add_argument("--compile", choices=("off", "model", "step"), default="off")
     t = sub.add_parser("table", help="the final table of a results.jsonl")
     t.add_argument("results", type=Path)
     k = sub.add_parser("compare", help="two runs' loss curves: one JSON line, exit 1 if apart")
@@ -230,7 +237,8 @@ def main(argv=None) -> int:
     elif args.command == "model-config":
         model_config(args.preset, args.attention_dropout).to_json(args.out)
     elif args.command == "summarize":
-        meta = {k: getattr(args, k) for k in ("preset", "seq", "unpad", "micro", "gpus", "wall_s")}
+        keys = ("preset", "seq", "unpad", "micro", "gpus", "wall_s", "compile")
+        meta = {k: getattr(args, k) for k in keys}
         print(json.dumps(summarize(args.metrics, **meta)), flush=True)
     elif args.command == "compare":
         result = compare(args.a, args.b, args.tolerance, args.what)

@@ -17,10 +17,15 @@
 #                path (--unpad false), then bench/model_speed.py's bare model steps (ours
 #                unpadded, ours padded, transformers) on Google-like rows and, at seq 128, on
 #                the main job's row lengths (--lengths docstrings: mean 73 of 128)
+#   compiled     the speed stage's trainer runs with --compile model (trainer/compiling.py)
+#                for each of PRESETS at COMPILE_SEQS (128), unpadded and padded
+#                (COMPILE_UNPADS), beside the eager rows in the same table; the first step's
+#                time (compiling included) and the graphs compiled are in each result line
 #
-# Sized to fit 10 minutes on one H200, start-up included (limits: IMPORT_LIMIT 300, SMOKE_LIMIT
-# 240, CHECK_LIMIT 300, SPEED_LIMIT 420 s). A failed stage is recorded and the next one runs
-# (speed does not need correctness); the exit code is 1 if any stage failed.
+# Sized to fit 10 minutes on one H200 without the compiled stage, start-up included (limits:
+# IMPORT_LIMIT 300, SMOKE_LIMIT 240, CHECK_LIMIT 300, SPEED_LIMIT 420, COMPILE_LIMIT 420 s;
+# STAGES="import compiled" runs the compiled rows alone). A failed stage is recorded and the
+# next one runs (speed does not need correctness); the exit code is 1 if any stage failed.
 #
 #   bash deploy/gpu_bench.sh                              # all GPUs of this node
 #   NUM_GPUS=1 STEPS=300 bash deploy/gpu_bench.sh
@@ -72,6 +77,7 @@ if [[ "$DEVICE" == cpu ]]; then
     # Every stage on tiny, a few steps: what the CPU mode checks is that each stage works.
     : "${PRESETS:=tiny}" "${STEPS:=6}" "${LOG_EVERY:=2}" "${ROWS:=512}" "${MICRO_TINY_128:=8}"
     : "${SMOKE_STEPS:=4}" "${CHECK_STEPS:=6}" "${MODEL_SPEED_BATCH_128:=8}"
+    : "${COMPILE_UNPADS:=true}"  # one compiled run: that the stage works
     export MICRO_TINY_128 MODEL_SPEED_BATCH_128
 fi
 export WORK="${WORK:-$(mktemp -d)}"
@@ -82,6 +88,7 @@ export STEPS="${STEPS:-150}" LOG_EVERY="${LOG_EVERY:-25}" PRESETS="${PRESETS:-ba
 export SEQS="${SEQS:-128}" ROWS="${ROWS:-16384}" SMOKE_STEPS="${SMOKE_STEPS:-10}"
 export CHECK_STEPS="${CHECK_STEPS:-50}"
 export TORCH_ADAM="${TORCH_ADAM:-1}"
+export COMPILE_SEQS="${COMPILE_SEQS:-128}" COMPILE_UNPADS="${COMPILE_UNPADS:-true false}"
 
 torch_adam() { if [[ "$TORCH_ADAM" == 1 ]]; then echo true; else echo false; fi; }
 peak() { if [[ -n "${PEAK_TFLOPS:-}" ]]; then echo --peak-tflops "$PEAK_TFLOPS"; fi; }
@@ -179,10 +186,11 @@ stage_correctness() {
     return $ok
 }
 
-speed_run() {  # preset seq unpad: one trainer run, one JSON line
-    local preset=$1 seq=$2 unpad=$3 micro name start model=$1 data
+speed_run() {  # preset seq unpad [compile]: one trainer run, one JSON line
+    local preset=$1 seq=$2 unpad=$3 compile=${4:-off} micro name start model=$1 data
     micro="$(micro_for "$preset" "$seq")"
     name="$preset-$seq-unpad-$unpad"
+    [[ "$compile" == off ]] || name="$name-compile-$compile"
     if [[ -n "${ATTENTION_DROPOUT:-}" ]]; then
         model="$WORK/model-$preset.json"
         python bench/gpu_bench.py model-config "$preset" "$model" \
@@ -193,11 +201,11 @@ speed_run() {  # preset seq unpad: one trainer run, one JSON line
     # shellcheck disable=SC2046
     train "$name" "$(ds_json "$name" "$micro" bf16)" "$data" "$model" --unpad "$unpad" \
         --max-steps "$STEPS" --log-every "$LOG_EVERY" --save-every 0 --export-hf false \
-        $(peak) || return 1
+        --compile "$compile" --compile-cache "$WORK/compile-cache" $(peak) || return 1
     cp "$WORK/runs/$name/metrics.jsonl" "$RES/$name.metrics.jsonl"
     python bench/gpu_bench.py summarize "$WORK/runs/$name/metrics.jsonl" --preset "$preset" \
         --seq "$seq" --unpad "$unpad" --micro "$micro" --gpus "$(gpus)" \
-        --wall-s $((SECONDS - start)) | tee -a "$RES/results.jsonl"
+        --wall-s $((SECONDS - start)) --compile "$compile" | tee -a "$RES/results.jsonl"
     rm -rf "$WORK/runs/$name"  # its checkpoint: GBs for BERT-Large
 }
 
@@ -231,6 +239,19 @@ stage_speed() {
     return $failed
 }
 
+stage_compiled() {
+    local failed=0 preset seq unpad
+    for preset in $PRESETS; do
+        for seq in $COMPILE_SEQS; do
+            for unpad in $COMPILE_UNPADS; do
+                speed_run "$preset" "$seq" "$unpad" model || failed=1
+            done
+        done
+    done
+    python bench/gpu_bench.py table "$RES/results.jsonl" | tee "$RES/table.txt"
+    return $failed
+}
+
 if [[ "${1:-}" == --stage ]]; then  # one stage, in its own process (main's timeout)
     "stage_$2"
     exit
@@ -253,8 +274,9 @@ main() {
     : > "$RES/results.jsonl"
     local failed=0 name
     declare -A limit=([import]="${IMPORT_LIMIT:-300}" [smoke]="${SMOKE_LIMIT:-240}"
-                      [correctness]="${CHECK_LIMIT:-300}" [speed]="${SPEED_LIMIT:-420}")
-    for name in ${STAGES:-import smoke correctness speed}; do
+                      [correctness]="${CHECK_LIMIT:-300}" [speed]="${SPEED_LIMIT:-420}"
+                      [compiled]="${COMPILE_LIMIT:-420}")
+    for name in ${STAGES:-import smoke correctness speed compiled}; do
         run_stage "$name" "${limit[$name]}" || failed=1
         if [[ "$name" == import && "$failed" == 1 ]]; then break; fi  # nothing else can run
     done

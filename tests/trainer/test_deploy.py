@@ -94,7 +94,8 @@ def test_cpu_config_is_fp32_without_zero():
 def test_gpu_bench_runs_every_stage_on_cpu(tmp_path):
     """DEVICE=cpu runs deploy/gpu_bench.sh's every stage on tiny: import, smoke (checkpoint,
     resume, export), correctness (bf16 unpadded against padded), speed (both paths and the
-    bare model steps); each stage's line is written, and the results table."""
+    bare model steps), compiled (one --compile model run); each stage's line is written,
+    and the results table."""
     env = {k: v for k, v in os.environ.items() if k not in ("WORK", "STAGES", "NUM_GPUS")}
     env.update(DEVICE="cpu", OUT=str(tmp_path), OMP_NUM_THREADS="1")
     done = subprocess.run(
@@ -113,12 +114,19 @@ def test_gpu_bench_runs_every_stage_on_cpu(tmp_path):
         ("smoke", True),
         ("correctness", True),
         ("speed", True),
+        ("compiled", True),
     ]
     checks = [json.loads(line) for line in (res / "correctness.jsonl").read_text().splitlines()]
     assert [c["ok"] for c in checks] == [True] and checks[0]["steps"] >= 6
     runs = [json.loads(line) for line in (res / "results.jsonl").read_text().splitlines()]
-    assert sorted(r["unpad"] for r in runs) == [False, True]
+    assert sorted((r["unpad"], r["compile"]) for r in runs) == [
+        (False, "off"),
+        (True, "model"),
+        (True, "off"),
+    ]
     assert all(r["sequences_per_s"] > 0 for r in runs)
+    (compiled,) = [r for r in runs if r["compile"] == "model"]
+    assert compiled["compiled_graphs"] > 0 and compiled["first_step_s"] > 0
     assert "tiny" in (res / "table.txt").read_text()
     assert "resumed from" in (res / "smoke.log").read_text() + done.stdout
 
@@ -196,8 +204,21 @@ def test_gpu_bench_summary_drops_the_first_window_and_table_has_the_ratio(tmp_pa
     assert unpadded["sequences_per_s"] == 110.0 and unpadded["mfu"] == 0.45
     assert unpadded["windows"] == 2 and unpadded["final_loss"] == 7.5
     padded = {**unpadded, "unpad": False, "sequences_per_s": 100.0, "mfu": None}
-    table = gpu_bench.table([unpadded, padded]).splitlines()
-    assert table[1].split() == ["base", "128", "128", "100.0", "110.0", "1.100", "-", "45.0%"]
+    assert unpadded["compile"] == "off" and unpadded["first_step_s"] is None
+    compiled = {**unpadded, "compile": "model", "sequences_per_s": 150.0}
+    table = gpu_bench.table([unpadded, padded, compiled]).splitlines()
+    assert table[1].split() == [
+        "base",
+        "128",
+        "off",
+        "128",
+        "100.0",
+        "110.0",
+        "1.100",
+        "-",
+        "45.0%",
+    ]
+    assert table[2].split() == ["base", "128", "model", "128", "-", "150.0", "-", "-", "45.0%"]
 
 
 STUBS = {  # SLURM's commands and the deepspeed launcher, as far as deploy/slurm.sbatch uses them
