@@ -48,8 +48,9 @@ def bare_step(preset: str, batch: int, seq: int):
     return model_speed.step_fn("ours", net, opt, model_speed.make_batch(cfg, batch, seq, "cpu"))
 
 
-def trainer_step(preset: str, batch: int, workers: int, tmp: Path, ds_config: Path):
-    """A Trainer on one rank (as trainer/run.py builds it) and a function doing one step."""
+def trainer_step(preset: str, batch: int, workers: int, tmp: Path, ds_config: Path, *extra: str):
+    """A Trainer on one rank (as trainer/run.py builds it, with more trainer flags ``extra``)
+    and a function doing one step."""
     data = tmp / "shards"
     data.mkdir()
     write_synthetic(data, rows=20 * batch, shards=2, seq=128, max_pred=20)
@@ -68,6 +69,7 @@ def trainer_step(preset: str, batch: int, workers: int, tmp: Path, ds_config: Pa
             str(tmp / "out"),
             "--num-workers",
             str(workers),
+            *extra,
         ]
     )
     trainer = Trainer(config, distributed.init_distributed())
