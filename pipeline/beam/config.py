@@ -186,8 +186,17 @@ class BuildConfig:
         """A --max_predictions_per_seq that lowers the rate of full-length rows."""
         if not self.masked:
             return False
-        wanted = round(self.max_seq_length * self.masked_lm_prob)
-        return self.max_predictions_per_seq < wanted
+        return int(self.uncapped_predictions()[-1]) > self.max_predictions_per_seq
+
+    def uncapped_predictions(self):
+        """int64 [max_seq_length + 1]: the predictions a row of each length would get at
+        --masked_lm_prob without a cap (Google's rule, pipeline/core/masking.py)."""
+        import numpy as np
+
+        from pipeline.core.masking import MaskingConfig, num_to_predict
+
+        uncapped = MaskingConfig(self.masked_lm_prob, 2**31 - 1, self.do_whole_word_mask)
+        return num_to_predict(np.arange(self.max_seq_length + 1), uncapped)
 
     def _resolve_masking(self) -> None:
         """Fill the masking options left unset: static masks at 0.15, a cap that follows

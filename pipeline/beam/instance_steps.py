@@ -344,16 +344,14 @@ class MakeInstances(beam.DoFn):
         A segmenter's word joins (``--wwm_segmenter``) are laid out as the ids are."""
         flat, _, offsets = assemble_rows(bucket.ids, plans, self._special)
         joins = None if bucket.joins is None else assemble_joins(bucket.joins, plans)
-        masked, selected = mask_flat(flat, offsets, keys, self._masking, self._vocab, joins)
-        masked = masked.astype(flat.dtype)
-        row_of = np.searchsorted(offsets, selected, side="right") - 1
-        return RowBlock(
+        rows = RowBlock(
             keys=keys,
-            input_ids=masked,
+            input_ids=flat,
             b_starts=(plans[:, 1] - plans[:, 0] + 2).astype(np.uint16),  # [CLS] A [SEP]
             row_offsets=offsets,
-            masked_lm_positions=(selected - offsets[row_of]).astype(np.uint16),
-            masked_lm_ids=flat[selected],
-            mlm_offsets=np.searchsorted(selected, offsets).astype(np.int64),
+            masked_lm_positions=np.zeros(0, np.uint16),
+            masked_lm_ids=np.zeros(0, flat.dtype),
+            mlm_offsets=np.zeros(len(keys) + 1, np.int64),
             next_sentence_label=plans[:, 4].astype(np.uint8),
         )
+        return self._masked(rows, joins)

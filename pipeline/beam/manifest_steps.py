@@ -92,8 +92,7 @@ def write_manifest(
         "input": dict(sorted(noticed.items())),
     }
     if config.capped_rate:  # rows whose prediction count the cap lowered (by their length)
-        lengths = np.arange(config.max_seq_length + 1)
-        wanted = np.maximum(1, np.rint(lengths * config.masked_lm_prob))
+        wanted = config.uncapped_predictions()
         histogram = np.asarray(stats["length_histogram"])
         stats["rows_capped"] = int(histogram[wanted > config.max_predictions_per_seq].sum())
     params = {**config.params(), "num_shards": num_shards}

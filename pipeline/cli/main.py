@@ -166,7 +166,7 @@ def _build(
             config.max_seq_length,
             config.max_predictions_per_seq,
             config.masked_lm_prob,
-            round(config.max_seq_length * config.masked_lm_prob),
+            int(config.uncapped_predictions()[-1]),
             100 * config.max_predictions_per_seq / config.max_seq_length,
             100 * config.masked_lm_prob,
         )

@@ -44,6 +44,8 @@ import unicodedata
 
 import numpy as np
 
+from pipeline.core.segment import IDEOGRAPH_RANGES
+
 __all__ = [
     "MinHasher",
     "band_keys",
@@ -61,18 +63,11 @@ MERSENNE_PRIME = np.uint64((1 << 61) - 1)
 # per temporary, so a document of a million shingles needs no more memory than one of 2048.
 _CHUNK = 2048
 
-# CJK ideographs (BERT's _is_chinese_char ranges, as pipeline/core/segment.py), hiragana,
+# CJK ideographs (BERT's _is_chinese_char ranges, pipeline/core/segment.py), hiragana,
 # katakana (and its phonetic extensions, halfwidth forms): scripts written without spaces,
 # whose characters are words here.
 _CJK_RANGES = (
-    (0x4E00, 0x9FFF),
-    (0x3400, 0x4DBF),
-    (0x20000, 0x2A6DF),
-    (0x2A700, 0x2B73F),
-    (0x2B740, 0x2B81F),
-    (0x2B820, 0x2CEAF),
-    (0xF900, 0xFAFF),
-    (0x2F800, 0x2FA1F),
+    *IDEOGRAPH_RANGES,
     (0x3040, 0x309F),
     (0x30A0, 0x30FF),
     (0x31F0, 0x31FF),

@@ -34,7 +34,7 @@ SEGMENTERS = ("none", "jieba")
 EXTRA = "cjk"
 
 # BERT's _is_chinese_char ranges (google-research/bert tokenization.py), inclusive.
-_IDEOGRAPH_RANGES = (
+IDEOGRAPH_RANGES = (
     (0x4E00, 0x9FFF),
     (0x3400, 0x4DBF),
     (0x20000, 0x2A6DF),
@@ -44,7 +44,7 @@ _IDEOGRAPH_RANGES = (
     (0xF900, 0xFAFF),
     (0x2F800, 0x2FA1F),
 )
-_IDEOGRAPH = re.compile("[" + "".join(f"{chr(a)}-{chr(b)}" for a, b in _IDEOGRAPH_RANGES) + "]")
+_IDEOGRAPH = re.compile("[" + "".join(f"{chr(a)}-{chr(b)}" for a, b in IDEOGRAPH_RANGES) + "]")
 
 
 def is_ideograph(codes: np.ndarray) -> np.ndarray:
@@ -53,7 +53,7 @@ def is_ideograph(codes: np.ndarray) -> np.ndarray:
     Example: the code points of ``"BERT模型"`` -> ``[F, F, F, F, T, T]``.
     """
     out = np.zeros(codes.shape, dtype=bool)
-    for low, high in _IDEOGRAPH_RANGES:
+    for low, high in IDEOGRAPH_RANGES:
         out |= (codes >= low) & (codes <= high)
     return out
 
