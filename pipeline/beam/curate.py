@@ -120,19 +120,22 @@ class CurateConfig:
         if not self.input:
             raise ValueError("--input: give at least one path or glob")
         checks = {
-            "minhash_ngram": self.minhash_ngram >= 1,
-            "minhash_bands": self.minhash_bands >= 1,
-            "minhash_rows": self.minhash_rows >= 1,
-            "cc_rounds": 1 <= self.cc_rounds <= 64,
-            "language_threshold": 0.0 <= self.language_threshold <= 1.0,
-            "decontaminate_ngram": self.decontaminate_ngram >= 1,
-            "num_files": self.num_files is None or 1 <= self.num_files <= 99999,
-            "samples_per_reason": self.samples_per_reason >= 0,
-            "dedup": self.dedup in DEDUP,
+            "minhash_ngram": (self.minhash_ngram >= 1, "must be at least 1"),
+            "minhash_bands": (self.minhash_bands >= 1, "must be at least 1"),
+            "minhash_rows": (self.minhash_rows >= 1, "must be at least 1"),
+            "cc_rounds": (1 <= self.cc_rounds <= 64, "must be in 1..64"),
+            "language_threshold": (0.0 <= self.language_threshold <= 1.0, "must be in [0, 1]"),
+            "decontaminate_ngram": (self.decontaminate_ngram >= 1, "must be at least 1"),
+            "num_files": (
+                self.num_files is None or 1 <= self.num_files <= 99999,
+                "must be in 1..99999 (file names have 5 digits)",
+            ),
+            "samples_per_reason": (self.samples_per_reason >= 0, "must be 0 or more"),
+            "dedup": (self.dedup in DEDUP, f"one of {DEDUP}"),
         }
-        for name, ok in checks.items():
+        for name, (ok, allowed) in checks.items():
             if not ok:
-                raise ValueError(f"--{name}: invalid value {getattr(self, name)!r}")
+                raise ValueError(f"--{name}: invalid value {getattr(self, name)!r}: {allowed}")
         if self.filters:
             from pipeline.core.filters import RULE_SETS
 
