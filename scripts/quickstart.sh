@@ -47,6 +47,8 @@
 #   MASK_RATE    the trainer's dynamic masking rate, e.g. 0.3 (default: unset: 0.15, or the
 #                shards' rate); held-out MLM rows are evaluated at 15% whatever it is
 #   RANKS        training processes (default: GPUs present, else 2 CPU ranks)
+#   MASTER_PORT  the ranks' rendezvous port (default: one free on this machine, so that two
+#                quickstarts, or a quickstart beside other training, can run at once)
 #   VERBOSE      1: every stage's full output on the console too (default: one line per stage)
 #
 # Console: one line per stage ("[2/6] pipeline ... done in 80 s"), live on a terminal with
@@ -200,9 +202,14 @@ plan_training "$(cat "$logs/stack_import_s")" "$(python -c 'import json, sys
 print(sum(json.load(open(f"{p}/manifest.json"))["num_rows"] for p in sys.argv[1:]))' \
   ${heldout:+"$run/heldout"} ${heldout2:+"$run/heldout2"})"
 
+# The launcher's default port (29500) would join a second run on this machine to the first.
+master_port="${MASTER_PORT:-$(python -c 'import socket
+s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}"
+launch=(deepspeed --num_gpus "$ranks" --master_port "$master_port")
+
 rm -rf "$run/train"
 stage "training: $preset, $budget_text, $ranks rank(s), ${DS_CONFIG:-deploy/cpu.json}${PRECISION:+, $PRECISION}" train \
-deepspeed --num_gpus "$ranks" trainer/run.py --ds-config "${DS_CONFIG:-deploy/cpu.json}" "${train_opts[@]}" \
+"${launch[@]}" trainer/run.py --ds-config "${DS_CONFIG:-deploy/cpu.json}" "${train_opts[@]}" \
   --data "$run/shards" "${eval_args[@]}" --model "$preset" --output-dir "$run/train" \
   --dropout "${DROPOUT:-0}" "${budget[@]}" --log-every 50 --save-every 1000
 
@@ -211,7 +218,7 @@ if [ -n "$heldout2" ]; then
   # checkpoint with its budget already spent (no step runs), into its own output directory.
   rm -rf "$run/eval2"
   stage "second held-out evaluation: $run/heldout2 -> $run/eval2" eval2 \
-  deepspeed --num_gpus "$ranks" trainer/run.py --ds-config "${DS_CONFIG:-deploy/cpu.json}" \
+  "${launch[@]}" trainer/run.py --ds-config "${DS_CONFIG:-deploy/cpu.json}" \
     "${train_opts[@]}" --data "$run/shards" --eval-data "$run/heldout2" --model "$preset" \
     --output-dir "$run/eval2" --resume "$run/train/checkpoints" --dropout "${DROPOUT:-0}" \
     "${budget[@]}" --export-hf false --save-every 0
