@@ -25,8 +25,10 @@ Steps, in order, each removal a counted, named reason (``report.json``):
 
 Output: ``part-NNNNN-of-MMMMM.parquet`` files with ``id`` and ``text`` columns (text: a
 jsonl or parquet record's text as it was, a txt document's lines one per line, so
-``build`` splits it as it splits the source; id: a hash of that text), rows in id order, each file written atomically; then ``report.json`` (documents and bytes in and
-out of each step, a count per rule, the documents read per input file),
+``build`` splits it as it splits the source; id: a hash of that text), rows in id order,
+each file written atomically; then ``report.json`` (documents and bytes in and out of each
+step, a count per rule, documents and bytes in and out per input file: a kept document
+counts to the first path, in sorted order, of its exact copies),
 ``removed_samples.jsonl`` (a few removed documents per reason, seeded) and, with
 matplotlib, ``funnel.png``; ``manifest.json`` last: a directory without it is unfinished.
 
@@ -52,7 +54,13 @@ from apache_beam.pvalue import TaggedOutput
 
 from pipeline.beam.build import Plan, match_inputs, resolve_input_format
 from pipeline.beam.config import INPUT_FORMATS, BuildConfig
-from pipeline.beam.document_steps import COUNTS, FILE_DOCUMENTS, ReadDocuments, add_up
+from pipeline.beam.document_steps import (
+    COUNTS,
+    FILE_DOCUMENTS,
+    DocumentBatch,
+    ReadDocuments,
+    add_up,
+)
 from pipeline.beam.shard_steps import write_atomic
 from pipeline.core.rng import derive_seed
 from pipeline.core.sources import range_bytes, split_ranges
@@ -65,6 +73,7 @@ DEDUP = ("none", "exact", "minhash")
 CURATE_VERSION = 1  # of the curated manifest's keys
 FILE_BYTES = 128 * 2**20  # output files aim at this many bytes of text (--num_files default)
 REMOVED = "removed"  # tagged output: (reason, (id, text)) of a removed document
+ORIGINS = "origins"  # ReadTexts' tagged output: (id, (input path, UTF-8 bytes)) per document
 # Output files of a curate: --overwrite and a failed job remove these (manifest first).
 OUTPUT_PATTERNS = (
     "manifest.json",
@@ -200,6 +209,50 @@ def documents_of(batch) -> Iterator[tuple[str, str]]:
     as it was (read unsplit), a txt document's lines one per line."""
     for doc_id, sentences in zip(batch.doc_ids, batch.documents, strict=True):
         yield doc_id, "\n".join(sentences)
+
+
+def utf8_bytes(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+class ReadTexts(ReadDocuments):
+    """FileRange -> (content id, text) per document (:func:`documents_of`), and tagged
+    ``ORIGINS``: (id, (its file's path, its UTF-8 bytes)), for the report's counts per
+    input file. ReadDocuments' other tagged outputs pass through."""
+
+    def process(self, part) -> Iterator:
+        for item in super().process(part):
+            if not isinstance(item, DocumentBatch):
+                yield item
+                continue
+            for doc_id, text in documents_of(item):
+                yield doc_id, text
+                yield TaggedOutput(ORIGINS, (doc_id, (part.path, utf8_bytes(text))))
+
+
+def file_counts(element) -> Iterator[tuple[str, tuple[int, int, int, int]]]:
+    """(id, {"origin": its copies' (path, bytes), "kept": [the kept text's bytes]}) ->
+    (path, (documents in, bytes in, documents out, bytes out)): one in per copy read, and
+    one out for a kept document, counted to the smallest path of its copies (they are
+    identical, so the rule only names the file; no runner or file order changes it).
+
+    Example: ``("d1", {"origin": [("b", 5), ("a", 5)], "kept": [4]})`` ->
+    ``("b", (1, 5, 0, 0)), ("a", (1, 5, 0, 0)), ("a", (0, 0, 1, 4))``.
+    """
+    _, grouped = element
+    origins = list(grouped["origin"])
+    for path, nbytes in origins:
+        yield path, (1, nbytes, 0, 0)
+    for nbytes in grouped["kept"]:
+        yield min(path for path, _ in origins), (0, 0, 1, nbytes)
+
+
+def add_counts(counts: Iterable[tuple[int, ...]]) -> tuple[int, ...]:
+    """Element-wise sums: ``[(1, 5, 0, 0), (0, 0, 1, 4)]`` -> ``(1, 5, 1, 4)``."""
+    total = (0, 0, 0, 0)
+    for more in counts:
+        total = tuple(a + b for a, b in zip(total, more, strict=True))
+    return total
 
 
 class KeepOne(beam.CombineFn):
@@ -434,7 +487,12 @@ def write_file(element, config: CurateConfig, num_files: int) -> dict:
 def step_totals(element) -> tuple[str, tuple[int, int]]:
     """(step, (id, text)) -> (step, (1 document, its UTF-8 bytes))."""
     step, (_, text) = element
-    return step, (1, len(text.encode("utf-8", "surrogatepass")))
+    return step, (1, utf8_bytes(text))
+
+
+def kept_bytes(element) -> tuple[str, int]:
+    doc_id, text = element
+    return doc_id, utf8_bytes(text)
 
 
 def add_pairs(pairs: Iterable[tuple[int, int]]) -> tuple[int, int]:
@@ -454,6 +512,7 @@ def write_outputs(
     reasons: dict,
     samples: dict,
     input_files: dict,
+    file_totals: dict,
     skipped: dict,
     converged: int,
     config: CurateConfig,
@@ -477,7 +536,10 @@ def write_outputs(
         "removed": {
             reason: {"documents": n, "bytes": b} for reason, (n, b) in sorted(reasons.items())
         },
-        "input_files": {path: counts[0] for path, counts in sorted(input_files.items())},
+        "input_files": {
+            path: dict(zip(FILE_KEYS, file_totals.get(path, (0, 0, 0, 0)), strict=True))
+            for path in sorted(input_files)
+        },
         "skipped": dict(sorted(skipped.items())),
         "components_changed_in_last_round": converged,
     }
@@ -508,6 +570,9 @@ def write_outputs(
     }
     write_atomic(join(config.output, "manifest.json"), encode_manifest(manifest))
     return manifest
+
+
+FILE_KEYS = ("documents_in", "bytes_in", "documents_out", "bytes_out")
 
 
 def funnel_png(funnel: list[dict]) -> bytes | None:
@@ -566,8 +631,8 @@ def curate_graph(
         p
         | "ListRanges" >> beam.Create(plan.ranges)
         | "ReadDocuments"
-        >> beam.ParDo(ReadDocuments(reading, plan.format_origin, split=False)).with_outputs(
-            COUNTS, FILE_DOCUMENTS, main="documents"
+        >> beam.ParDo(ReadTexts(reading, plan.format_origin, split=False)).with_outputs(
+            COUNTS, FILE_DOCUMENTS, ORIGINS, main="documents"
         )
     )
     per_file = read[FILE_DOCUMENTS] | "SumPerFile" >> beam.CombinePerKey(add_up)
@@ -577,7 +642,7 @@ def curate_graph(
         | "SkipKinds" >> beam.Map(lambda kv: (kv[0][1], kv[1]))
         | "SumSkipped" >> beam.CombinePerKey(sum)
     )
-    docs = read.documents | "Documents" >> beam.FlatMap(documents_of)
+    docs = read.documents
     stages = [("read", docs)]
     removed = []
     if config.dedup != "none":
@@ -616,6 +681,12 @@ def curate_graph(
         docs = kept.kept
         removed.append(kept[REMOVED])
         stages.append(("near_dedup", docs))
+    file_totals = (
+        {"origin": read[ORIGINS], "kept": docs | "KeptBytes" >> beam.Map(kept_bytes)}
+        | "JoinOrigins" >> beam.CoGroupByKey()
+        | "FileCounts" >> beam.FlatMap(file_counts)
+        | "SumFileCounts" >> beam.CombinePerKey(add_counts)
+    )
     seed = config.random_seed
     files = (
         docs
@@ -647,6 +718,7 @@ def curate_graph(
         reasons=beam.pvalue.AsDict(reasons),
         samples=beam.pvalue.AsDict(samples),
         input_files=beam.pvalue.AsDict(per_file),
+        file_totals=beam.pvalue.AsDict(file_totals),
         skipped=beam.pvalue.AsDict(skipped),
         converged=beam.pvalue.AsSingleton(changed),
         config=config,

@@ -14,7 +14,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipeline.beam.curate import ConnectedComponents, star_edges
+from pipeline.beam.curate import FILE_KEYS, ConnectedComponents, file_counts, star_edges
 from pipeline.cli.main import main
 from tests.helpers import REPO
 
@@ -251,6 +251,48 @@ def test_filters_languages_and_decontamination_remove_with_named_reasons(tmp_pat
     argv = ["curate", "--input", str(zh / "*.jsonl"), "--output", str(tmp_path / "zh-out")]
     assert main([*argv, "--languages", "zh", "--filters", "gopher_quality,fineweb"]) == 0
     assert len(curated_texts(tmp_path / "zh-out")) == len(chinese)
+
+
+def test_the_report_counts_documents_and_bytes_in_and_out_per_input_file(tmp_path):
+    """a.jsonl: x, y, a short page (Gopher's word count); b.jsonl: a copy of x, z. A kept
+    document counts to the first path of its copies, so x is a's and b keeps z alone."""
+    rng = random.Random(7)
+    x, y, z = (page(rng, 8) for _ in range(3))
+    short = document(rng, 20)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name, texts in {"a.jsonl": [x, y, short], "b.jsonl": [x, z]}.items():
+        (corpus / name).write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    (corpus / "c.jsonl").write_text("")  # a file of no documents is in the report too
+    out = tmp_path / "out"
+    argv = ["curate", "--input", str(corpus / "*.jsonl"), "--output", str(out)]
+    assert main([*argv, "--dedup", "exact", "--filters", "gopher_quality"]) == 0
+    size = {t: len(t.encode()) for t in (x, y, z, short)}
+    assert json.loads((out / "report.json").read_text())["input_files"] == {
+        str(corpus / "a.jsonl"): {
+            "documents_in": 3,
+            "bytes_in": size[x] + size[y] + size[short],
+            "documents_out": 2,
+            "bytes_out": size[x] + size[y],
+        },
+        str(corpus / "b.jsonl"): {
+            "documents_in": 2,
+            "bytes_in": size[x] + size[z],
+            "documents_out": 1,
+            "bytes_out": size[z],
+        },
+        str(corpus / "c.jsonl"): dict.fromkeys(FILE_KEYS, 0),
+    }
+
+
+def test_file_counts_count_a_kept_document_to_its_first_path():
+    element = ("d1", {"origin": [("b", 5), ("a", 5)], "kept": [4]})
+    assert list(file_counts(element)) == [
+        ("b", (1, 5, 0, 0)),
+        ("a", (1, 5, 0, 0)),
+        ("a", (0, 0, 1, 4)),
+    ]
+    assert list(file_counts(("d2", {"origin": [("b", 5)], "kept": []}))) == [("b", (1, 5, 0, 0))]
 
 
 def test_bad_options_exit_2_naming_them(tmp_path, capfd):
