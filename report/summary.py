@@ -6,9 +6,10 @@
 RUN_DIR is a trainer output directory (``metrics.jsonl``, ``checkpoints/``, ``hf/``,
 ``logs/``) or a quickstart run, which holds one in ``train/`` beside ``shards/`` and
 ``heldout/``. Reads the ``metrics.jsonl`` (and a quickstart's ``shards/manifest.json``) and
-prints the output paths that exist, the throughput, the last training record and each held-out accuracy beside its
-trivial baseline on the same rows (trainer/evaluate.py): always predicting the most frequent
-token for MLM, the majority class for NSP. An accuracy less than ``MARGIN`` above its baseline
+prints the output paths that exist, the throughput with the time to the first step
+(compiling included: ``--compile``), the last training record and each held-out accuracy
+beside its trivial baseline on the same rows (trainer/evaluate.py): always predicting the
+most frequent token for MLM, the majority class for NSP. An accuracy less than ``MARGIN`` above its baseline
 means the model learned token or label frequencies, not context (the unigram plateau); the
 summary then ends with a loud warning instead of a success line. So it does when the model
 memorises instead of generalizing (:func:`overfitting`): a held-out loss ending more than
@@ -78,7 +79,10 @@ def summary_lines(records: list[dict], second: list[dict] | None = None) -> list
     if speed:
         sequences = sum(r["sequences_per_s"] for r in speed) / len(speed)
         tokens = sum(r["tokens_per_s"] for r in speed) / len(speed)
-        lines.append(f"throughput:  {sequences:.1f} sequences/s, {tokens:.0f} real tokens/s")
+        lines.append(
+            f"throughput:  {sequences:.1f} sequences/s, {tokens:.0f} real tokens/s"
+            + first_step(train[-1])
+        )
     if train:
         t = train[-1]
         epochs = f", {t['epoch']:.2f} epochs" if t.get("epoch") is not None else ""
@@ -108,6 +112,21 @@ def summary_lines(records: list[dict], second: list[dict] | None = None) -> list
             f"{ACCURACY_GAP}."
         )
     return lines
+
+
+def first_step(record: dict) -> str:
+    """The time to the first step (``first_step_s``: compiling included, trainer/compiling.py)
+    as the throughput line's end, or "" for records without it.
+
+    Example: first_step_s 21.4, compiled_graphs 8 -> ``"; first step 21.4 s (compiled, 8
+    graphs)"``; first_step_s 0.09, compiled_graphs None -> ``"; first step 0.1 s"``.
+    """
+    seconds = record.get("first_step_s")
+    if seconds is None:
+        return ""
+    graphs = record.get("compiled_graphs")
+    compiled = f" (compiled, {graphs} graphs)" if graphs is not None else ""
+    return f"; first step {seconds:.1f} s{compiled}"
 
 
 def _heldout_lines(

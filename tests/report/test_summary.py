@@ -61,6 +61,15 @@ def test_a_plateau_gives_a_loud_warning_instead_of_success(mlm, nsp, named):
     assert not any(line.startswith("OK") for line in lines)
 
 
+def test_the_time_to_the_first_step_is_beside_the_throughput():
+    eager = [{**r, "first_step_s": 0.09, "compiled_graphs": None} for r in TRAIN]
+    compiled = [{**r, "first_step_s": 21.44, "compiled_graphs": 8} for r in TRAIN]
+    throughput = "throughput:  52.5 sequences/s, 3000 real tokens/s"
+    assert summary_lines(eager)[0] == f"{throughput}; first step 0.1 s"
+    assert summary_lines(compiled)[0] == f"{throughput}; first step 21.4 s (compiled, 8 graphs)"
+    assert summary_lines(TRAIN)[0] == throughput  # records from before first_step_s
+
+
 def test_older_records_without_baselines_print_without_a_verdict():
     lines = summary_lines([*TRAIN, evaluation(0.312, 0.7)])
     assert "  MLM accuracy 0.312 (no baseline in this run's records)" in lines
