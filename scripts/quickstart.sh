@@ -46,6 +46,8 @@
 #                and ModernBERT's data; DUPE_FACTOR does not apply) (default: nsp)
 #   MASK_RATE    the trainer's dynamic masking rate, e.g. 0.3 (default: unset: 0.15, or the
 #                shards' rate); held-out MLM rows are evaluated at 15% whatever it is
+#   COMPILE      off, model or step: torch.compile for training (trainer/compiling.py), its
+#                compile time inside the training budget (default: unset: off)
 #   RANKS        training processes (default: GPUs present, else 2 CPU ranks)
 #   MASTER_PORT  the ranks' rendezvous port (default: one free on this machine, so that two
 #                quickstarts, or a quickstart beside other training, can run at once)
@@ -195,6 +197,8 @@ train_opts=()  # the trainer options both training and the second evaluation tak
 [ -n "${PRECISION:-}" ] && train_opts+=(--precision "$PRECISION")
 [ -n "${MASKING:-}" ] && train_opts+=(--masking "$MASKING")
 [ -n "${MASK_RATE:-}" ] && train_opts+=(--mask-rate "$MASK_RATE")
+compile_opts=()  # training's only: the second evaluation, one pass, would pay the compile
+[ -n "${COMPILE:-}" ] && compile_opts=(--compile "$COMPILE")
 
 stage "training stack: DeepSpeed's ops (built alongside), its import time" stack \
 stack_ready "$logs/stack_import_s"
@@ -208,8 +212,8 @@ s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}"
 launch=(deepspeed --num_gpus "$ranks" --master_port "$master_port")
 
 rm -rf "$run/train"
-stage "training: $preset, $budget_text, $ranks rank(s), ${DS_CONFIG:-deploy/cpu.json}${PRECISION:+, $PRECISION}" train \
-"${launch[@]}" trainer/run.py --ds-config "${DS_CONFIG:-deploy/cpu.json}" "${train_opts[@]}" \
+stage "training: $preset, $budget_text, $ranks rank(s), ${DS_CONFIG:-deploy/cpu.json}${PRECISION:+, $PRECISION}${COMPILE:+, compile $COMPILE}" train \
+"${launch[@]}" trainer/run.py --ds-config "${DS_CONFIG:-deploy/cpu.json}" "${train_opts[@]}" "${compile_opts[@]}" \
   --data "$run/shards" "${eval_args[@]}" --model "$preset" --output-dir "$run/train" \
   --dropout "${DROPOUT:-0}" "${budget[@]}" --log-every 50 --save-every 1000
 
