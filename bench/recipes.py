@@ -7,7 +7,7 @@ MLM-only rows masked by the trainer at 15%, and at 30%.
 
 Each recipe is ``bash scripts/quickstart.sh`` with its defaults (the same corpus, vocab,
 model ``tiny``, batch, held-out documents) and ``OBJECTIVE``/``MASK_RATE`` set, in
-``OUT/NAME``. The three run at the same time by default (``--one-at-a-time`` to run them in
+``OUT/NAME``; the quickstart's default corpus is written once, into ``OUT/corpus``. The three run at the same time by default (``--one-at-a-time`` to run them in
 turn), so they share the machine's load: their training times, under the same load, are
 what one budget would give each. With ``--max-steps`` (default) the runs are reproducible
 step for step; with ``--train-minutes`` each gets that budget.
@@ -60,9 +60,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def write_corpus(out: Path) -> dict[str, str]:
+    """The quickstart's default corpus and held-out files, written once into ``out`` for
+    every recipe: the quickstart's settings that name them."""
+    if not (out / "corpus.json").is_file():
+        cmd = [sys.executable, "-m", "pipeline", "corpus", "--output", str(out), "--files", "10"]
+        cmd += ["--sources", "docstrings", "reference", "--packages", "default"]
+        subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    return {
+        "CORPUS": f"{out}/stdlib-docs-00[0-8].txt {out}/packages-00?.txt",
+        "HELDOUT": f"{out}/stdlib-docs-009.txt",
+        "HELDOUT2": f"{out}/packages-heldout.txt",
+    }
+
+
 def quickstart(run: Path, settings: dict[str, str], budget: dict[str, str]) -> subprocess.Popen:
     run.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, **settings, **budget, "RUN_DIR": str(run)}
+    corpus = run.parent / "corpus"
+    if not (run / "corpus").exists():  # what the summary says the run trained on
+        (run / "corpus").symlink_to(corpus)
+    env = {**os.environ, **write_corpus(corpus), **settings, **budget, "RUN_DIR": str(run)}
     console = open(run.with_suffix(".console"), "w")  # noqa: SIM115 (closed with the process)
     return subprocess.Popen(
         ["bash", "scripts/quickstart.sh"], cwd=ROOT, env=env, stdout=console, stderr=console
