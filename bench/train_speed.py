@@ -49,8 +49,8 @@ def bare_step(preset: str, batch: int, seq: int):
 
 
 def trainer_step(preset: str, batch: int, workers: int, tmp: Path, ds_config: Path, *extra: str):
-    """A Trainer on one rank (as trainer/run.py builds it, with more trainer flags ``extra``)
-    and a function doing one step."""
+    """A Trainer on one rank (as trainer/run.py builds it, with more trainer flags ``extra``):
+    a function doing one step, and its loader (close it when done: its workers)."""
     data = tmp / "shards"
     data.mkdir()
     write_synthetic(data, rows=20 * batch, shards=2, seq=128, max_pred=20)
@@ -74,8 +74,9 @@ def trainer_step(preset: str, batch: int, workers: int, tmp: Path, ds_config: Pa
     )
     trainer = Trainer(config, distributed.init_distributed())
     trainer.build_engine()
-    batches = trainer._loader()
-    return lambda: trainer._optimizer_step(batches, None)
+    loader = trainer._loader()
+    batches = iter(loader)  # the step takes an iterator, as Trainer.train hands it
+    return lambda: trainer._optimizer_step(batches, None), loader
 
 
 def timed(step) -> float:
@@ -97,7 +98,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:
         steps = {"bare": bare_step(args.preset, args.batch, 128)}
-        steps["trainer"] = trainer_step(
+        steps["trainer"], loader = trainer_step(
             args.preset, args.batch, args.workers, Path(tmp), Path(args.ds_config)
         )
         times: dict[str, list[float]] = {k: [] for k in steps}
@@ -107,6 +108,7 @@ def main(argv=None) -> int:
         for _ in range(args.steps):
             for k, step in steps.items():
                 times[k].append(timed(step))
+        loader.close()
         distributed.shutdown()
     bare, trainer = (statistics.median(times[k]) for k in ("bare", "trainer"))
     row = {
