@@ -117,28 +117,11 @@ fi
 # or after another venv's build), built in the background from here on: the corpus stage
 # leaves a core free, and the build's time is spent before training's budget is set, not
 # inside it. A build that is up to date costs an import.
-ops_code='
-import json, sys
-import torch
-from deepspeed.accelerator import get_accelerator
-from trainer import dskeys, ops
-ops.use_environment_cache()  # where the trainer looks for them
-names = [] if torch.cuda.is_available() else ["ShareMemCommBuilder"]
-with open(sys.argv[1]) as f:
-    optimizer = dskeys.optimizer_class(json.load(f))
-if optimizer is not None and optimizer.__name__ in ops.OPTIMIZER_BUILDERS:
-    names.append(ops.OPTIMIZER_BUILDERS[optimizer.__name__])
-for name in names:
-    if ops.compile_directory(name) is not None:
-        print(f"building DeepSpeed op {name} (once; cached)", flush=True)
-        get_accelerator().create_op_builder(name).load()
-print(f"DeepSpeed ops ready: {names}")
-'
 ops_exit="$logs/ops.exit"
 rm -f "$ops_exit"
 (
   rc=0
-  python -c "$ops_code" "${DS_CONFIG:-deploy/cpu.json}" >"$logs/ops.log" 2>&1 || rc=$?
+  python -m trainer.ops "${DS_CONFIG:-deploy/cpu.json}" >"$logs/ops.log" 2>&1 || rc=$?
   echo "$rc" >"$ops_exit"
 ) &
 

@@ -99,3 +99,36 @@ def announce_optimizer(ds: dict[str, Any]) -> None:
     cls = optimizer_class(ds)
     if cls is not None and cls.__name__ in OPTIMIZER_BUILDERS:
         announce(OPTIMIZER_BUILDERS[cls.__name__], f"{cls.__name__} optimizer")
+
+
+def build(ds: dict[str, Any]) -> list[str]:
+    """Compile now, once, the ops a run of DeepSpeed config ``ds`` will load (on CPU the
+    shared-memory all-reduce; the optimizer's, if it has one), so that a launch later pays
+    only their import: the quickstart builds them before training's budget is set, the
+    tests before any launch they time. Returns the builders' names; an op already built
+    costs nothing.
+    """
+    import torch
+    from deepspeed.accelerator import get_accelerator
+
+    from .dskeys import optimizer_class
+
+    use_environment_cache()  # where the trainer will look for them
+    names = [] if torch.cuda.is_available() else ["ShareMemCommBuilder"]
+    cls = optimizer_class(ds)
+    if cls is not None and cls.__name__ in OPTIMIZER_BUILDERS:
+        names.append(OPTIMIZER_BUILDERS[cls.__name__])
+    for name in names:
+        if compile_directory(name) is not None:
+            print(f"building DeepSpeed op {name} (once; cached)", flush=True)
+            get_accelerator().create_op_builder(name).load()
+    return names
+
+
+if __name__ == "__main__":  # python -m trainer.ops DS_CONFIG.json: what build() does
+    import json
+
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m trainer.ops DS_CONFIG.json")
+    with open(sys.argv[1], encoding="utf-8") as f:
+        print(f"DeepSpeed ops ready: {build(json.load(f))}")

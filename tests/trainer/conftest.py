@@ -3,13 +3,28 @@ every interrupted and resumed run of that configuration must end as."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import shutil
 
 import pytest
 
-from tests.helpers import launch, write_launch_files
+from tests.helpers import CPU_DS, launch, write_launch_files
 
 STRAIGHT_STEPS = 14
+
+
+@pytest.fixture(scope="session", autouse=True)
+def deepspeed_ops():
+    """DeepSpeed's CPU ops built once, before any test launches ranks: in a fresh environment
+    the first launch would otherwise compile them inside its own time bound (a minute or two
+    quiet, several on a loaded machine: the fault tests' 300 s bound was spent so once). An
+    op already built costs an import."""
+    if importlib.util.find_spec("deepspeed") is None:
+        return
+    from trainer import ops
+
+    ops.build(json.loads(CPU_DS.read_text()))
 
 
 @pytest.fixture(scope="session")
