@@ -48,9 +48,9 @@ from .unpad import (
     Packing,
     attention,
     attention_path,
-    bucket_rows,
     packed_attention,
     pad_rows,
+    pad_to_bucket,
 )
 
 IGNORE_INDEX = -100
@@ -293,9 +293,8 @@ class BertModel(nn.Module):
             padding = packing.num_tokens < packing.batch * packing.width
             if padding and packing.min_seqlen > 0:
                 x = self.embeddings(input_ids, segment_ids, packing)  # (N, H)
-                n = packing.num_tokens
-                x = self.encoder(pad_rows(x, bucket_rows(x, n)), packing)
-                return x[:n], packing
+                x = self.encoder(pad_to_bucket(x, x), packing)
+                return x[: packing.num_tokens], packing
         x = self.embeddings(input_ids, segment_ids)
         # Additive key-padding mask (B, 1, 1, T): 0 where attended, the dtype's
         # minimum where padding, as the reference does (a fully padded row stays finite).
@@ -449,8 +448,7 @@ class BertForPreTraining(nn.Module):
                 rows = packing.rows_of(masked_lm_positions).flatten()[index]  # (M,)
                 # A row bucket on CPU in bf16 (model/unpad.py): extra rows read token 0
                 # and their logits are dropped below.
-                m = rows.shape[0]
-                rows = pad_rows(rows, bucket_rows(hidden, m, floor=16))
+                rows = pad_to_bucket(rows, hidden, floor=16)
                 gathered = hidden[rows]  # (M, H)
             else:
                 index = torch.arange(shape[0] * shape[1], device=masked_lm_positions.device)
@@ -458,7 +456,7 @@ class BertForPreTraining(nn.Module):
                 gathered = hidden.gather(1, positions).flatten(0, 1)  # (B * P, H)
             prediction_logits = self.cls.predictions(gathered)  # (R, V)
             if packing is not None:
-                prediction_logits = prediction_logits[:m]
+                prediction_logits = prediction_logits[: index.shape[0]]
             if masked_lm_ids is not None:
                 targets = masked_lm_ids.long().masked_fill(masked_lm_positions == 0, IGNORE_INDEX)
                 mlm_loss = F.cross_entropy(

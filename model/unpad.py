@@ -257,14 +257,36 @@ def bucket_rows(x: torch.Tensor, n: int, floor: int = 64) -> int:
     Example: 1170 bf16 rows on CPU -> 1216 (a multiple of 64); 5000 -> 5120 (of 256);
     fp32 or CUDA -> 1170.
     """
-    if x.device.type != "cpu" or n == 0:
-        return n
-    low = (torch.bfloat16, torch.float16)
-    autocast = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") in low
-    if x.dtype not in low and not autocast:
+    if n == 0 or not low_precision_cpu(x):
         return n
     step = max(floor, 1 << max(n.bit_length() - 5, 0))
     return -(-n // step) * step
+
+
+def low_precision_cpu(x: torch.Tensor) -> bool:
+    """Whether matmuls on ``x`` run in bf16/fp16 on CPU (its dtype, or autocast's)."""
+    if x.device.type != "cpu":
+        return False
+    low = (torch.bfloat16, torch.float16)
+    return x.dtype in low or (
+        torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") in low
+    )
+
+
+def pad_to_bucket(x: torch.Tensor, like: torch.Tensor, floor: int = 64) -> torch.Tensor:
+    """``x`` (n, ...) with zero rows after it, up to :func:`bucket_rows` of ``like`` (whose
+    dtype decides) and n; ``x`` itself where no bucket applies (fp32, CUDA).
+
+    The rounding is host arithmetic on n (``n.bit_length()``): traced by torch.compile, it
+    would make dynamo guard on n's value and recompile at every batch, so it runs outside
+    the graphs; the check before it traces (it reads only dtypes and autocast's state).
+    """
+    return _pad_to_bucket(x, like, floor) if low_precision_cpu(like) else x
+
+
+@torch.compiler.disable  # host arithmetic on n (pad_to_bucket)
+def _pad_to_bucket(x: torch.Tensor, like: torch.Tensor, floor: int) -> torch.Tensor:
+    return pad_rows(x, bucket_rows(like, x.shape[0], floor))
 
 
 def pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:

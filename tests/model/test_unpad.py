@@ -251,7 +251,6 @@ def test_bf16_on_cpu_buckets_rows_and_matches_the_unbucketed_step(weights, monke
     assert bucket > n and bucket in rows and n not in rows
     assert out.hidden.shape[0] == n and out.prediction_logits.shape[0] == m
     monkeypatch.setattr(unpad, "bucket_rows", lambda x, n, floor=64: n)
-    monkeypatch.setattr("model.bert.bucket_rows", lambda x, n, floor=64: n)
     with torch.autocast("cpu", torch.bfloat16, enabled=weights == "autocast"):
         ref = plain(*batch)
     ref.loss.backward()
@@ -260,6 +259,27 @@ def test_bf16_on_cpu_buckets_rows_and_matches_the_unbucketed_step(weights, monke
     for (name, a), (_, b) in zip(model.named_parameters(), plain.named_parameters(), strict=True):
         if not name.endswith("attention.self.key.bias"):  # rounding noise (assert_grads_close)
             assert rel(a.grad.float(), b.grad.float()) < 5e-2, name
+
+
+@pytest.mark.parametrize("weights", ["fp32", "autocast"])
+def test_compiled_model_is_not_recompiled_per_row_count(weights):
+    """Under torch.compile (dynamo alone: backend "eager"), batches of other real-token
+    counts N reuse the graphs: the bf16 row bucket is rounded outside them (pad_to_bucket),
+    where traced it guarded on N and compiled again at every batch."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    _, model = pair()
+    model.compile(backend="eager", dynamic=True)  # trainer/compiling.py's dynamic shapes
+    graphs = []
+    for extra in range(5):  # N = 180 + 7 * extra
+        batch = varied_batch([60, 50, 40 + 7 * extra, 30], 64, seed=extra)
+        with torch.autocast("cpu", torch.bfloat16, enabled=weights == "autocast"):
+            model(*batch).loss.backward()
+        graphs.append(int(counters["stats"]["unique_graphs"]))
+    assert graphs[0] > 0 and graphs[-1] == graphs[1], graphs
+    torch._dynamo.reset()
 
 
 def test_cpu_attention_runs_in_fp32_for_bf16_inputs():
