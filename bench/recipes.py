@@ -99,7 +99,10 @@ def last_eval(path: Path) -> dict:
 
 
 def evaluate(run: Path, name: str, held_out: Path, out: Path, budget: list[str]) -> dict:
-    """The final checkpoint of ``run`` on ``held_out`` (no step runs): its eval record."""
+    """The final checkpoint of ``run`` on ``held_out`` (no step runs): its eval record (one
+    already in ``out`` is read, for ``--reuse``)."""
+    if (out / "metrics.jsonl").is_file():
+        return last_eval(out / "metrics.jsonl")
     options = ["--mask-rate", RECIPES[name]["MASK_RATE"]] if "MASK_RATE" in RECIPES[name] else []
     cmd = [
         "deepspeed",
@@ -227,6 +230,20 @@ def main(argv=None) -> int:
         result["fill_mask"] = {"top1": top1, "top5": top5, "n": n}
         results[name] = result
         print(f"{name}: evaluated", flush=True)
+
+    # Under one load the recipes' step times compare: what each had done when the first
+    # one ended (its training seconds) is what that budget gives it, with the held-out MLM
+    # accuracy of its last evaluation by then.
+    budget_s = min(r["train_seconds"] for r in results.values() if r["train_seconds"])
+    print(f"\nat the first recipe's end ({budget_s:.0f} s of training, the three running):")
+    for name, run in runs.items():
+        logged = records(run / "train/metrics.jsonl")
+        train = [r for r in logged if r.get("split") != "eval" and r.get("train_seconds")]
+        reached = max((r["step"] for r in train if r["train_seconds"] <= budget_s), default=0)
+        evals = [r for r in logged if r.get("split") == "eval" and r["step"] <= reached]
+        last = f"{accuracy(evals[-1], 'mlm')} at step {evals[-1]['step']}" if evals else "-"
+        results[name]["at_budget"] = {"seconds": budget_s, "steps": reached}
+        print(f"  {LABELS[name]}: step {reached}; stdlib set's MLM then: {last}")
 
     sets = list(next(iter(results.values()))["eval"])
     print("\nheld-out MLM accuracy at 15% (most-frequent-token baseline on the same rows):")
