@@ -339,10 +339,12 @@ def launch(
     fault=None,
     ds="ds.json",
     port=None,
+    timeout=300,
 ):
     """trainer/run.py on ``ranks`` CPU ranks of this machine (one: without a launcher);
     ``port``: the launcher's --master_port (default: a free one); ``fault``: see
-    :func:`rank_env` (when it strikes is appended to ``OUT.faults``)."""
+    :func:`rank_env` (when it strikes is appended to ``OUT.faults``); ``timeout``: seconds
+    (a run that compiles, --compile, takes minutes more on a loaded machine)."""
     import shutil
     import subprocess
     import sys
@@ -365,5 +367,5 @@ def launch(
         env=rank_env(fault, BERT_TEST_FAULT_LOG=f"{out}.faults"),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
     )
