@@ -34,9 +34,19 @@ starts before the first step).
     python trainer/run.py --ds-config deploy/cpu.json --data shards/ --model tiny \\
         --output-dir runs/tiny --max-steps 200 --compile model
 
+In bf16 on CPU the packed rows are rounded up to a bucket (model/unpad.py); that rounding
+runs outside the graphs too (``pad_to_bucket``), else dynamo would guard on N and
+recompile every batch.
+
 bench/compile_speed.py measures what pays (compiled/eager step ratios, interleaved, with
-ranges over repeats) and lists the graph breaks (``--explain``). On this project's 2-core
-CPU nothing paid yet (docs/results.md has the numbers), so the default is off.
+ranges over repeats; ``--batches probe`` for issue 35's probe batches, ``--dynamic`` and
+``--compile-mode`` for torch.compile's options) and lists the graph breaks (``--explain``:
+``Packing.from_mask`` and each layer's ``packed_attention``, on purpose). What compiling
+can gain on CPU is bounded by the share of a step that is not matmuls: the matmuls stay
+extern calls to the same MKL/oneDNN kernels, and fusing removes only the memory passes of
+the elementwise work, the LayerNorms, the softmax of the MLM loss and the optimizer. On
+this project's 2-core CPU that bound kept the gains under the targets (docs/training.md
+gives them), so the default is off.
 """
 
 from __future__ import annotations
