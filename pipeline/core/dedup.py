@@ -15,10 +15,11 @@ Where we differ from datatrove, and why:
   character and the controls, not only those of datatrove's ``PUNCTUATION`` string (which
   has ``’`` but not ``‘``, and no ``°`` or box-drawing characters).
 * Words are what is between spaces, except that each CJK ideograph and kana is a word of its
-  own (datatrove runs a per-language word tokenizer: NLTK for English, spaCy + jieba for
-  Chinese, Stanza for Japanese). Characters need no model and no optional package, so every
-  worker finds the same shingles; a 5-gram of characters is a sensible shingle for Chinese
-  and Japanese (a word is one to three characters).
+  own (datatrove 0.10.1 runs a per-language word tokenizer: spaCy's rule-based tokenizer
+  for English, with jieba for Chinese, with SudachiPy for Japanese). Characters need no
+  model and no optional package, so every worker finds the same shingles; a 5-gram of
+  characters is a sensible shingle for Chinese and Japanese (a word is one to three
+  characters).
 * A document of fewer than ``n`` words gets one shingle of all its words (datatrove gives it
   none and never deduplicates it): short exact and near-exact copies are still found.
 * An n-gram is hashed as the UTF-8 bytes of its words joined by spaces. datatrove passes the

@@ -8,15 +8,15 @@ Each rule set follows its datatrove filter as released in datatrove 0.10.1
 first rule that fails names the removal), the same arithmetic, the same comparisons (``<``
 or ``<=``), and its ``empty`` reasons. Where we differ, and why:
 
-* **Words.** datatrove runs a per-language tokenizer (NLTK's Treebank tokenizer for English,
-  spaCy + jieba for Chinese, Stanza for Japanese). We need no model: a run of letters and
-  digits, with inner punctuation kept (``don't``, ``e-mail``, ``3.5``), is a word, a run of
-  punctuation or symbols is a token of its own (Treebank also makes ``,`` ``(`` a token), and
-  each CJK ideograph or kana is a word (the rule of ``pipeline.core.dedup.words``). So a
-  Chinese document of 80 characters has about 70 words, not 1 (``str.split``) and not 40
-  (jieba, which would fail Gopher's 50-word minimum on most paragraphs). C4 splits lines
-  with ``str.split`` in datatrove; we use the same words there, so a Chinese line has more
-  than 3 words.
+* **Words.** datatrove 0.10.1 runs a per-language tokenizer (spaCy's rule-based tokenizer
+  for English, with jieba for Chinese, with SudachiPy for Japanese). We need no model: a
+  run of letters and digits, with inner punctuation kept (``don't``, ``e-mail``, ``3.5``),
+  is a word, a run of punctuation or symbols is a token of its own (spaCy also makes ``,``
+  ``(`` a token), and each CJK ideograph or kana is a word (the rule of
+  ``pipeline.core.dedup.words``). So a Chinese document of 80 characters has about 70
+  words, not 1 (``str.split``) and not 40 (jieba, which would fail Gopher's 50-word
+  minimum on most paragraphs). C4 splits lines with ``str.split`` in datatrove; we use the
+  same words there, so a Chinese line has more than 3 words.
 * **Mean word length** (Gopher, 3 to 10) is measured on the words that are not CJK
   characters, and only when they are at least half of the words: a character of Chinese is
   one word of length 1, and the rule would drop every Chinese page.
@@ -31,7 +31,7 @@ or ``<=``), and its ``empty`` reasons. Where we differ, and why:
   ``values."`` is by both. (FineWeb's line ends are already Unicode's sentence terminals
   in datatrove, ``。`` among them.)
 * **Sentences** (C4, at least 5): counted with ``pipeline.core.text.split_sentences`` (CJK
-  full stops included), not NLTK's punkt.
+  full stops included), not spaCy's sentencizer.
 * **Top n-gram length** (Gopher repetition) counts no space next to a CJK character
   (datatrove joins every n-gram with spaces, so a Chinese 4-gram of 4 characters counts as
   7, and two repeats of a 4-character phrase in 80 characters fail).
