@@ -174,6 +174,7 @@ SCHEDULE = {
 
 
 @pytest.mark.slow  # two runs, one compiled, in bf16: minutes on 2 cores
+@pytest.mark.long
 def test_compiled_bf16_with_accumulation_matches_eager(tmp_path_factory, tiny_shards):
     """Gradient accumulation (2 micro-batches a step) and bf16 together, compiled as eager,
     and the row buckets of bf16 on CPU (model/unpad.py) cost no recompiles."""
@@ -224,6 +225,7 @@ CURVE_TOLERANCE = 1e-4
 
 
 @pytest.mark.slow  # 400 steps in process, one run compiled: 40 min at load 14 on 2 cores
+@pytest.mark.long
 def test_200_step_loss_curves_of_compiled_and_eager_agree(tmp_path_factory, tiny_shards):
     curves = {}
     for name, extra in (("curve-eager", ()), ("curve-compiled", ("--compile", "model"))):

@@ -15,7 +15,8 @@ import pytest
 from tests.helpers import launch, max_weight_difference, records
 from trainer.checkpoint import tag_for
 
-pytestmark = pytest.mark.slow  # four launches of two ranks, three of them compiled
+# Four launches of two ranks, three of them compiled: 22 min at load 10-15 on 2 cores.
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 STEPS, SAVE_EVERY, KILL_AFTER = 8, 4, 6  # resumes at step 4, repeats steps 5 and 6
 # Two ranks compiling at once: over 300 s (launch's default) on the loaded 2-core machine.
