@@ -231,7 +231,7 @@ def profile_steps(
         pipeline.beam.instance_steps.plan_document = real_plan
     # MakeInstances beyond planning and masking: seeds, the bucket's concat and sort,
     # the rows' shard keys and grouping, their bytes.
-    s["seeds, keys, row bytes"] = s.pop("instances") - s["nsp plan"] - s["masking"]
+    s["seeds, keys, row bytes"] = s.pop("instances") - s.get("nsp plan", 0) - s.get("masking", 0)
     with timed(s, "write"):
         writer, parts = WriteShard(config, plan.num_shards), defaultdict(list)
         for group in sorted(groups):
@@ -329,6 +329,21 @@ def one_file_runs(args, work: Path, given: list[str]) -> list[dict]:
     return results
 
 
+def unmasked_mlm(flags: list[str]) -> bool:
+    """Whether build ``flags`` make MLM rows without static masks (which refuse a dupe
+    factor other than 1)."""
+
+    def value(name: str) -> str | None:
+        for i, flag in enumerate(flags):
+            if flag == name and i + 1 < len(flags):
+                return flags[i + 1]
+            if flag.startswith(name + "="):
+                return flag.split("=", 1)[1]
+        return None
+
+    return value("--objective") == "mlm" and value("--static_masks") != "true"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -353,6 +368,8 @@ def main(argv=None) -> int:
     )
     args = p.parse_args(argv)
     flags = shlex.split(args.flags)
+    if unmasked_mlm(flags):  # a dupe factor shapes static masks only: these rows have none
+        args.dupe_factor = 1
 
     work = Path(args.keep or tempfile.mkdtemp(prefix="pipeline-bench-"))
     if args.one_file:  # the vocab (if learned) from the first corpus
