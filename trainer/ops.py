@@ -92,13 +92,21 @@ def announce(builder_name: str, what: str) -> None:
         )
 
 
-def announce_optimizer(ds: dict[str, Any]) -> None:
-    """:func:`announce` the op of the optimizer DeepSpeed will build from ``ds``, if any."""
+def optimizer_builder(ds: dict[str, Any]) -> str | None:
+    """The op builder of the optimizer DeepSpeed will build from ``ds``; None without one."""
     from .dskeys import optimizer_class
 
     cls = optimizer_class(ds)
-    if cls is not None and cls.__name__ in OPTIMIZER_BUILDERS:
-        announce(OPTIMIZER_BUILDERS[cls.__name__], f"{cls.__name__} optimizer")
+    return OPTIMIZER_BUILDERS.get(cls.__name__) if cls is not None else None
+
+
+def announce_optimizer(ds: dict[str, Any]) -> None:
+    """:func:`announce` the op of the optimizer DeepSpeed will build from ``ds``, if any."""
+    builder = optimizer_builder(ds)
+    if builder is not None:
+        from .dskeys import optimizer_class
+
+        announce(builder, f"{optimizer_class(ds).__name__} optimizer")
 
 
 def build(ds: dict[str, Any]) -> list[str]:
@@ -111,13 +119,9 @@ def build(ds: dict[str, Any]) -> list[str]:
     import torch
     from deepspeed.accelerator import get_accelerator
 
-    from .dskeys import optimizer_class
-
     use_environment_cache()  # where the trainer will look for them
     names = [] if torch.cuda.is_available() else ["ShareMemCommBuilder"]
-    cls = optimizer_class(ds)
-    if cls is not None and cls.__name__ in OPTIMIZER_BUILDERS:
-        names.append(OPTIMIZER_BUILDERS[cls.__name__])
+    names += [b for b in [optimizer_builder(ds)] if b is not None]
     for name in names:
         if compile_directory(name) is not None:
             print(f"building DeepSpeed op {name} (once; cached)", flush=True)
@@ -126,9 +130,15 @@ def build(ds: dict[str, Any]) -> list[str]:
 
 
 if __name__ == "__main__":  # python -m trainer.ops DS_CONFIG.json: what build() does
+    import argparse
     import json
 
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m trainer.ops DS_CONFIG.json")
-    with open(sys.argv[1], encoding="utf-8") as f:
-        print(f"DeepSpeed ops ready: {build(json.load(f))}")
+    parser = argparse.ArgumentParser(description="Build the DeepSpeed ops a run will load.")
+    parser.add_argument("ds_config", help="the run's DeepSpeed JSON, e.g. deploy/cpu.json")
+    path = parser.parse_args().ds_config
+    try:
+        with open(path, encoding="utf-8") as f:
+            ds = json.load(f)
+    except (OSError, ValueError) as err:
+        parser.exit(2, f"python -m trainer.ops: cannot read {path}: {err}\n")
+    print(f"DeepSpeed ops ready: {build(ds)}")
