@@ -243,7 +243,7 @@ def main(argv=None) -> int:
         evals = [r for r in logged if r.get("split") == "eval" and r["step"] <= reached]
         last = f"{accuracy(evals[-1], 'mlm')} at step {evals[-1]['step']}" if evals else "-"
         results[name]["at_budget"] = {"seconds": budget_s, "steps": reached}
-        print(f"  {LABELS[name]}: step {reached}; stdlib set's MLM then: {last}")
+        print(f"  {LABELS[name]}: step {reached}; MLM on its own stdlib rows then: {last}")
 
     sets = list(next(iter(results.values()))["eval"])
     print("\nheld-out MLM accuracy at 15% (most-frequent-token baseline on the same rows):")
