@@ -59,13 +59,20 @@ def parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
 
 
-def option(default: Any = dataclasses.MISSING, help: str = "", **argparse_kwargs: Any) -> Any:
+def option(
+    default: Any = dataclasses.MISSING,
+    help: str = "",
+    *,
+    kw_only: bool | Any = dataclasses.MISSING,
+    **argparse_kwargs: Any,
+) -> Any:
     """A dataclass field with its ``--help`` line; no default makes it required.
 
-    ``argparse_kwargs`` (``choices``, ``metavar``) go to ``add_argument`` as they are.
+    ``kw_only`` as dataclasses.field's (a subclass's new default for a keyword-only field
+    of its base). ``argparse_kwargs`` (``choices``, ``metavar``) go to ``add_argument``.
     """
     metadata = {"help": help, **argparse_kwargs}
-    return dataclasses.field(default=default, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata, kw_only=kw_only)
 
 
 def flag(name: str, sep: str) -> str:

@@ -47,6 +47,14 @@ from pipeline.beam.config import (
     BuildConfig,
     resolve_row_spool,
 )
+from pipeline.beam.curation_steps import (
+    Curate,
+    as_sentences,
+    batch_documents,
+    check_packages,
+    documents_of,
+    eval_ngram_set,
+)
 from pipeline.beam.document_steps import (
     COUNTS,
     FILE_DOCUMENTS,
@@ -227,6 +235,7 @@ class Plan(NamedTuple):
     vocab: list[str] | None  # from --vocab_file, or None to learn one
     input_format: str  # txt, jsonl or parquet: --input_format, or inferred
     format_origin: str  # where input_format came from, for error messages
+    eval_ngrams: frozenset[int] = frozenset()  # --decontaminate's n-gram hashes
 
 
 def read_head(path: str) -> bytes:
@@ -305,7 +314,14 @@ def make_plan(config: BuildConfig) -> Plan:
         )
     if len(whole) > 3:
         logger.warning("... and %d more compressed files over %.0f MB", len(whole) - 3, size / 1e6)
-    return Plan(paths, [n for _, n in files], ranges, num_shards, vocab, input_format, origin)
+    eval_ngrams = frozenset()
+    if config.curating:
+        check_packages(config)  # the curate extra's, here rather than in every worker
+        if config.decontaminate:
+            eval_ngrams = eval_ngram_set(config.decontaminate, config.decontaminate_ngram)
+    return Plan(
+        paths, [n for _, n in files], ranges, num_shards, vocab, input_format, origin, eval_ngrams
+    )
 
 
 class ReadCorpus(beam.PTransform):
@@ -318,7 +334,9 @@ class ReadCorpus(beam.PTransform):
         self._config, self._plan = config, plan
 
     def expand(self, pbegin):
-        read_documents = ReadDocuments(self._config, self._plan.format_origin)
+        # Curation reads records' texts whole (its rules need a document's own lines).
+        split = not self._config.curating
+        read_documents = ReadDocuments(self._config, self._plan.format_origin, split=split)
         read = (
             pbegin
             | "ListRanges" >> beam.Create(self._plan.ranges)  # reshuffled: spread to workers
@@ -331,6 +349,38 @@ class ReadCorpus(beam.PTransform):
             | "FileNotes" >> beam.FlatMap(file_notes, self._plan.input_format)
         )
         return read.documents, (read[COUNTS], file_counts) | "ReadNotes" >> beam.Flatten()
+
+
+class CurateDocuments(beam.PTransform):
+    """Unsplit DocumentBatches -> (DocumentBatches of the documents curation keeps, split
+    into sentences as ``build`` splits curate's output; ((group, kind), count) pairs: group
+    ``removed`` per reason, ``curation`` the components' last-round changes and
+    ``skipped`` what splitting left empty)."""
+
+    def __init__(self, config: BuildConfig, plan: Plan):
+        super().__init__()
+        self._config, self._plan = config, plan
+
+    def expand(self, batches):
+        curated = (
+            batches
+            | "AsTexts" >> beam.FlatMap(documents_of)
+            | "Steps" >> Curate(self._config, self._plan.eval_ngrams)
+        )
+        split = curated.documents | "AsSentences" >> beam.FlatMap(as_sentences).with_outputs(
+            COUNTS, main="documents"
+        )
+        documents = (
+            split.documents
+            | "Batch" >> beam.BatchElements(min_batch_size=64, max_batch_size=512)
+            | "AsBatches" >> beam.FlatMap(batch_documents)
+        )
+        removed = curated.removed | "RemovedReasons" >> beam.Map(lambda r: (("removed", r[0]), 1))
+        changed = curated.changed | "Unconverged" >> beam.Map(
+            lambda n: (("curation", "components_changed_in_last_round"), n)
+        )
+        counts = (split[COUNTS], removed, changed) | "CurationCounts" >> beam.Flatten()
+        return documents, counts
 
 
 class LearnVocabulary(beam.PTransform):
@@ -445,6 +495,9 @@ def build_graph(p: beam.Pipeline, config: BuildConfig, plan: Plan) -> beam.PColl
     """
     config = dataclasses.replace(config, input_format=plan.input_format)
     documents, read_counts = p | "ReadCorpus" >> ReadCorpus(config, plan)
+    if config.curating:
+        documents, curation_counts = documents | "Curate" >> CurateDocuments(config, plan)
+        read_counts = (read_counts, curation_counts) | "ReadAndCurationNotes" >> beam.Flatten()
     if plan.vocab is not None:
         vocab = p | "VocabFromFile" >> beam.Create([plan.vocab])
     else:

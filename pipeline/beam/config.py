@@ -33,8 +33,84 @@ TARGET_SHARD_BYTES = 128 * 2**20
 OUTPUT_BYTES_PER_INPUT_BYTE = 0.9
 
 
+DEDUP = ("none", "exact", "minhash")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CurationOptions:
+    """The curation steps' options (pipeline/beam/curation_steps.py), the same flags in
+    ``python -m pipeline curate`` and ``build``; nothing is removed by default in
+    ``build`` (``curate`` dedups with MinHash by default)."""
+
+    dedup: str = option(
+        "none",
+        "minhash: near and exact copies; exact: exact copies; none",
+        choices=DEDUP,
+    )
+    minhash_ngram: int = option(5, "MinHash: words per shingle")
+    minhash_bands: int = option(14, "MinHash LSH bands (datatrove's default)")
+    minhash_rows: int = option(8, "MinHash LSH rows per band (datatrove's default)")
+    minhash_seed: int = option(1, "seed of MinHash's hash functions")
+    # Label propagation with pointer jumping halves the longest path to a cluster's
+    # smallest id each round; 8 rounds join chains of 2**8 documents (curate's report.json
+    # says whether the last round changed anything).
+    cc_rounds: int = option(8, "connected components: rounds of label propagation (a bound)")
+    filters: str = option(
+        "",
+        "comma-separated quality rule sets (gopher_quality, gopher_repetition, c4, "
+        "fineweb); none by default",
+    )
+    languages: str = option("", "comma-separated languages to keep, e.g. en,zh; all by default")
+    language_threshold: float = option(0.65, "language ID: the lowest score kept")
+    decontaminate: tuple[str, ...] = option(
+        (), "evaluation texts (files or globs): drop documents sharing an n-gram with them"
+    )
+    decontaminate_ngram: int = option(13, "decontamination: words per n-gram")
+
+    def check_curation(self) -> None:
+        """Raises ValueError naming the first curation flag with a value out of range."""
+        checks = {
+            "dedup": (self.dedup in DEDUP, f"one of {DEDUP}"),
+            "minhash_ngram": (self.minhash_ngram >= 1, "must be at least 1"),
+            "minhash_bands": (self.minhash_bands >= 1, "must be at least 1"),
+            "minhash_rows": (self.minhash_rows >= 1, "must be at least 1"),
+            "cc_rounds": (1 <= self.cc_rounds <= 64, "must be in 1..64"),
+            "language_threshold": (0.0 <= self.language_threshold <= 1.0, "must be in [0, 1]"),
+            "decontaminate_ngram": (self.decontaminate_ngram >= 1, "must be at least 1"),
+        }
+        for name, (ok, allowed) in checks.items():
+            if not ok:
+                raise ValueError(f"--{name}: invalid value {getattr(self, name)!r}: {allowed}")
+        if self.filters:
+            from pipeline.core.filters import RULE_SETS
+
+            unknown = [s for s in self.rule_sets if s not in RULE_SETS]
+            if unknown:
+                raise ValueError(
+                    f"--filters: unknown rule set(s) {unknown}; known: {sorted(RULE_SETS)}"
+                )
+
+    @property
+    def rule_sets(self) -> list[str]:
+        return [s.strip() for s in self.filters.split(",") if s.strip()]
+
+    @property
+    def language_list(self) -> list[str]:
+        return [s.strip() for s in self.languages.split(",") if s.strip()]
+
+    @property
+    def curating(self) -> bool:
+        """Whether any curation step runs."""
+        return bool(
+            self.dedup != "none" or self.rule_sets or self.language_list or self.decontaminate
+        )
+
+
+CURATION_OPTIONS = tuple(f.name for f in dataclasses.fields(CurationOptions))
+
+
 @dataclass(frozen=True)
-class BuildConfig:
+class BuildConfig(CurationOptions):
     """Everything that decides the pipeline's output (all of it goes into the manifest)."""
 
     input: tuple[str, ...] = option(
@@ -159,6 +235,7 @@ class BuildConfig:
     def __post_init__(self) -> None:
         if not self.input:
             raise ValueError("input: give at least one path or glob")
+        self.check_curation()
         self._resolve_masking()
         for name, (ok, allowed) in self._checks().items():
             if not ok:
@@ -287,6 +364,11 @@ class BuildConfig:
             values.pop(key)
         if self.wwm_segmenter == "none":
             values.pop("wwm_segmenter")
+        if not self.curating:  # builds without curation keep the manifests they had
+            for key in CURATION_OPTIONS:
+                values.pop(key)
+        else:
+            values["decontaminate"] = list(self.decontaminate)
         if self.objective == "nsp":
             for key in ("objective", "mlm_packing", "static_masks"):
                 values.pop(key)

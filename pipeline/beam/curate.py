@@ -5,7 +5,8 @@
         --filters gopher_quality,c4 --languages en --decontaminate 'eval/*.txt'
     python -m pipeline build --input 'curated/*.parquet' --output shards/ ...   # then build
 
-Steps, in order, each removal a counted, named reason (``report.json``):
+Steps, in order (pipeline/beam/curation_steps.py, shared with ``build``), each removal a
+counted, named reason (``report.json``):
 
 1. read: the inputs ``build`` reads (txt, jsonl, parquet; byte ranges of big files; gz),
    documents identified by their content (pipeline/core/sources.py ``content_id``);
@@ -39,7 +40,6 @@ input found before the job.
 from __future__ import annotations
 
 import dataclasses
-import glob
 import io
 import json
 import logging
@@ -53,7 +53,13 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.pvalue import TaggedOutput
 
 from pipeline.beam.build import Plan, match_inputs, resolve_input_format
-from pipeline.beam.config import INPUT_FORMATS, BuildConfig
+from pipeline.beam.config import DEDUP, INPUT_FORMATS, BuildConfig, CurationOptions
+from pipeline.beam.curation_steps import (
+    Curate,
+    check_packages,
+    documents_of,
+    eval_ngram_set,
+)
 from pipeline.beam.document_steps import (
     COUNTS,
     FILE_DOCUMENTS,
@@ -69,10 +75,8 @@ from pipeline.shards.shard_writer import created_by, encode_manifest
 
 logger = logging.getLogger(__name__)
 
-DEDUP = ("none", "exact", "minhash")
 CURATE_VERSION = 1  # of the curated manifest's keys
 FILE_BYTES = 128 * 2**20  # output files aim at this many bytes of text (--num_files default)
-REMOVED = "removed"  # tagged output: (reason, (id, text)) of a removed document
 ORIGINS = "origins"  # ReadTexts' tagged output: (id, (input path, UTF-8 bytes)) per document
 # Output files of a curate: --overwrite and a failed job remove these (manifest first).
 OUTPUT_PATTERNS = (
@@ -86,8 +90,9 @@ OUTPUT_PATTERNS = (
 
 
 @dataclass(frozen=True)
-class CurateConfig:
-    """Everything that decides the curated output (all of it goes into the manifest)."""
+class CurateConfig(CurationOptions):
+    """Everything that decides the curated output (all of it goes into the manifest);
+    the curation steps' options are :class:`CurationOptions`, shared with ``build``."""
 
     input: tuple[str, ...] = option(help="files or globs, as build reads them", metavar="PATTERN")
     output: str = option(help="output directory (local or a URI)")
@@ -98,27 +103,11 @@ class CurateConfig:
     )
     text_field: str = option("text", "field (jsonl) or column (parquet) holding the text")
     dedup: str = option(
-        "minhash", "minhash: near and exact copies; exact: exact copies; none", choices=DEDUP
+        "minhash",
+        "minhash: near and exact copies; exact: exact copies; none",
+        choices=DEDUP,
+        kw_only=True,
     )
-    minhash_ngram: int = option(5, "MinHash: words per shingle")
-    minhash_bands: int = option(14, "MinHash LSH bands (datatrove's default)")
-    minhash_rows: int = option(8, "MinHash LSH rows per band (datatrove's default)")
-    minhash_seed: int = option(1, "seed of MinHash's hash functions")
-    # Label propagation with pointer jumping halves the longest path to a cluster's
-    # smallest id each round; 8 rounds join chains of 2**8 documents (report.json says
-    # whether the last round changed anything).
-    cc_rounds: int = option(8, "connected components: rounds of label propagation (a bound)")
-    filters: str = option(
-        "",
-        "comma-separated quality rule sets (gopher_quality, gopher_repetition, c4, "
-        "fineweb); none by default",
-    )
-    languages: str = option("", "comma-separated languages to keep, e.g. en,zh; all by default")
-    language_threshold: float = option(0.65, "language ID: the lowest score kept")
-    decontaminate: tuple[str, ...] = option(
-        (), "evaluation texts (files or globs): drop documents sharing an n-gram with them"
-    )
-    decontaminate_ngram: int = option(13, "decontamination: words per n-gram")
     num_files: int | None = option(None, "output Parquet files (default: ~128 MB of text each)")
     random_seed: int = option(12345, "seed of the removed documents' sample")
     samples_per_reason: int = option(5, "removed documents sampled per reason")
@@ -128,39 +117,17 @@ class CurateConfig:
     def __post_init__(self) -> None:
         if not self.input:
             raise ValueError("--input: give at least one path or glob")
+        self.check_curation()
         checks = {
-            "minhash_ngram": (self.minhash_ngram >= 1, "must be at least 1"),
-            "minhash_bands": (self.minhash_bands >= 1, "must be at least 1"),
-            "minhash_rows": (self.minhash_rows >= 1, "must be at least 1"),
-            "cc_rounds": (1 <= self.cc_rounds <= 64, "must be in 1..64"),
-            "language_threshold": (0.0 <= self.language_threshold <= 1.0, "must be in [0, 1]"),
-            "decontaminate_ngram": (self.decontaminate_ngram >= 1, "must be at least 1"),
             "num_files": (
                 self.num_files is None or 1 <= self.num_files <= 99999,
                 "must be in 1..99999 (file names have 5 digits)",
             ),
             "samples_per_reason": (self.samples_per_reason >= 0, "must be 0 or more"),
-            "dedup": (self.dedup in DEDUP, f"one of {DEDUP}"),
         }
         for name, (ok, allowed) in checks.items():
             if not ok:
                 raise ValueError(f"--{name}: invalid value {getattr(self, name)!r}: {allowed}")
-        if self.filters:
-            from pipeline.core.filters import RULE_SETS
-
-            unknown = [s for s in self.rule_sets if s not in RULE_SETS]
-            if unknown:
-                raise ValueError(
-                    f"--filters: unknown rule set(s) {unknown}; known: {sorted(RULE_SETS)}"
-                )
-
-    @property
-    def rule_sets(self) -> list[str]:
-        return [s.strip() for s in self.filters.split(",") if s.strip()]
-
-    @property
-    def language_list(self) -> list[str]:
-        return [s.strip() for s in self.languages.split(",") if s.strip()]
 
     def params(self) -> dict:
         values = dataclasses.asdict(self)
@@ -202,13 +169,6 @@ def parse_curate_args(argv: Sequence[str]) -> tuple[CurateConfig, list[str]]:
 
 def file_name(index: int, num_files: int) -> str:
     return f"part-{index:05d}-of-{num_files:05d}.parquet"
-
-
-def documents_of(batch) -> Iterator[tuple[str, str]]:
-    """A DocumentBatch -> (content id, text) per document: a jsonl or parquet record's text
-    as it was (read unsplit), a txt document's lines one per line."""
-    for doc_id, sentences in zip(batch.doc_ids, batch.documents, strict=True):
-        yield doc_id, "\n".join(sentences)
 
 
 def utf8_bytes(text: str) -> int:
@@ -253,212 +213,6 @@ def add_counts(counts: Iterable[tuple[int, ...]]) -> tuple[int, ...]:
     for more in counts:
         total = tuple(a + b for a, b in zip(total, more, strict=True))
     return total
-
-
-class KeepOne(beam.CombineFn):
-    """Copies of one content id -> (one text, how many copies): copies are identical."""
-
-    def create_accumulator(self):
-        return None, 0
-
-    def add_input(self, accumulator, text):
-        kept, count = accumulator
-        return (kept if kept is not None else text), count + 1
-
-    def merge_accumulators(self, accumulators):
-        kept, count = None, 0
-        for text, n in accumulators:
-            kept = kept if kept is not None else text
-            count += n
-        return kept, count
-
-    def extract_output(self, accumulator):
-        return accumulator
-
-
-def drop_copies(element) -> Iterator:
-    """(id, (text, copies)) -> (id, text), and each copy after the first as removed."""
-    doc_id, (text, copies) = element
-    for _ in range(copies - 1):
-        yield TaggedOutput(REMOVED, ("exact_duplicate", (doc_id, text)))
-    yield doc_id, text
-
-
-class Filter(beam.DoFn):
-    """(id, text) -> (id, text) kept, or ``REMOVED`` (reason, (id, text)): language ID,
-    then quality rule sets (which may drop lines: the text goes on without them), then
-    decontamination against a side input of n-gram hashes."""
-
-    def __init__(self, config: CurateConfig):
-        self._config = config
-
-    def process(self, element, eval_ngrams=()) -> Iterator:
-        doc_id, text = element
-        config = self._config
-        language = "en"  # Gopher's stop words without language ID (CJK text picks its own)
-        if config.language_list:
-            from pipeline.core.langid import detect
-
-            language, score = detect(text)
-            if language not in config.language_list or score < config.language_threshold:
-                yield TaggedOutput(REMOVED, ("language", (doc_id, text)))
-                return
-        if config.rule_sets:
-            from pipeline.core.filters import apply_filters
-
-            failed, text = apply_filters(text, config.rule_sets, language=language)
-            if failed is not None:
-                yield TaggedOutput(REMOVED, (failed, (doc_id, text)))
-                return
-        if eval_ngrams:
-            from pipeline.core.dedup import ngram_set
-
-            if not eval_ngrams.isdisjoint(ngram_set(text, config.decontaminate_ngram)):
-                yield TaggedOutput(REMOVED, ("decontaminated", (doc_id, text)))
-                return
-        yield doc_id, text
-
-
-def eval_ngram_set(patterns: Sequence[str], n: int) -> frozenset[int]:
-    """The n-gram hashes of every evaluation file (read here, on the driver: they are
-    small; a missing one is an error naming it)."""
-    from pipeline.core.dedup import ngram_set
-
-    out: set[int] = set()
-    for pattern in patterns:
-        paths = sorted(glob.glob(pattern)) or [pattern]
-        for path in paths:
-            with open(path, encoding="utf-8") as f:  # FileNotFoundError names it
-                out |= ngram_set(f.read(), n)
-    return frozenset(out)
-
-
-class BandKeys(beam.DoFn):
-    """(id, text) -> (band key, id) for each MinHash LSH band of the document."""
-
-    def __init__(self, config: CurateConfig):
-        self._config = config
-        self._hasher = None
-
-    def process(self, element) -> Iterator:
-        from pipeline.core.dedup import MinHasher, band_keys, shingle_hashes
-
-        config = self._config
-        if self._hasher is None:
-            self._hasher = MinHasher(
-                config.minhash_bands * config.minhash_rows, config.minhash_seed
-            )
-        doc_id, text = element
-        shingles = shingle_hashes(text, config.minhash_ngram)
-        if not shingles.size:  # no word at all ("?!"): only its exact copies are its copies
-            return
-        signature = self._hasher.signature(shingles)
-        for key in band_keys(signature, config.minhash_bands, config.minhash_rows):
-            yield key, doc_id
-
-
-def star_edges(element) -> Iterator[tuple[str, str]]:
-    """(band key, ids sharing it) -> (id, the smallest of them) for every other id: a star
-    per band key. The ids are iterated twice and never held (a hot key's 10,000 copies
-    stream through, as the runner gives them)."""
-    _, ids = element
-    smallest = min(ids, default=None)
-    for doc_id in ids:
-        if doc_id != smallest:
-            yield doc_id, smallest
-
-
-class ConnectedComponents(beam.PTransform):
-    """Edges (u, v) -> (node, label): for each node but its component's smallest id, that
-    id, by Kiveris et al.'s alternating large-star and small-star operations ("Connected
-    Components in MapReduce and Beyond", 2014) as Beam steps, ``rounds`` pairs of them:
-
-    - large-star: each node u links its larger neighbours to m(u), the smallest of u and
-      its neighbours;
-    - small-star: each node u links itself and its smaller neighbours to the smallest of
-      them.
-
-    Each operation is a GroupByKey on node ids (a node's neighbours' ids, never texts,
-    iterated twice as the runner streams them) and a Distinct of the new edges. The edge set
-    becomes one star per component around its smallest id in O(log^2 n) rounds (a chain of
-    1,000 documents: 10; random graphs of 120 nodes: 4). Also returns, as a second
-    PCollection, the number of edges the last round changed: 0 when the components converged
-    within the bound; before that, a node's label is its smallest neighbour, which still
-    joins only connected documents.
-    """
-
-    def __init__(self, rounds: int):
-        super().__init__()
-        self._rounds = rounds
-
-    def expand(self, edges):
-        edges = edges | "Ordered" >> beam.Map(_ordered) | "Unique" >> beam.Distinct()
-        previous = edges
-        for r in range(self._rounds):
-            previous = edges
-            for name, star in (("Large", _large_star), ("Small", _small_star)):
-                edges = (
-                    edges
-                    | f"{name}Adjacency{r}" >> beam.FlatMap(_both_ways)
-                    | f"{name}Group{r}" >> beam.GroupByKey()
-                    | f"{name}Star{r}" >> beam.FlatMap(star)
-                    | f"{name}Distinct{r}" >> beam.Distinct()
-                )
-        changed = (
-            {
-                "before": previous | "KeyBefore" >> beam.Map(lambda e: (e, 1)),
-                "after": edges | "KeyAfter" >> beam.Map(lambda e: (e, 1)),
-            }
-            | "CompareLastRound" >> beam.CoGroupByKey()
-            | "Changed" >> beam.Map(lambda kv: int(not (kv[1]["before"] and kv[1]["after"])))
-            | "CountChanged" >> beam.CombineGlobally(sum)
-        )
-        labels = (
-            edges
-            | "Larger" >> beam.Map(lambda e: (e[1], e[0]))  # (larger id, smaller id)
-            | "SmallestNeighbour" >> beam.CombinePerKey(min)
-        )
-        return labels, changed
-
-
-def _ordered(edge) -> tuple[str, str]:
-    u, v = edge
-    return (u, v) if u <= v else (v, u)
-
-
-def _both_ways(edge) -> Iterator[tuple[str, str]]:
-    u, v = edge
-    yield u, v
-    yield v, u
-
-
-def _large_star(element) -> Iterator[tuple[str, str]]:
-    node, neighbours = element
-    smallest = min(node, min(neighbours))
-    for v in neighbours:
-        if v > node:
-            yield (smallest, v) if smallest < v else (v, smallest)
-
-
-def _small_star(element) -> Iterator[tuple[str, str]]:
-    node, neighbours = element
-    smaller = [v for v in neighbours if v <= node]
-    smallest = min([node, *smaller])
-    for v in [node, *smaller]:
-        if v != smallest:
-            yield smallest, v
-
-
-def keep_cluster_minimum(element) -> Iterator:
-    """(id, {doc: [text], label: [its cluster's smallest id]}) -> (id, text), or
-    ``near_duplicate`` removed when the cluster's smallest id is another document's."""
-    doc_id, grouped = element
-    for text in grouped["doc"]:
-        label = min(grouped["label"], default=doc_id)
-        if label != doc_id:
-            yield TaggedOutput(REMOVED, ("near_duplicate", (doc_id, text)))
-        else:
-            yield doc_id, text
 
 
 # ----------------------------------------------------------------------------- output
@@ -642,45 +396,8 @@ def curate_graph(
         | "SkipKinds" >> beam.Map(lambda kv: (kv[0][1], kv[1]))
         | "SumSkipped" >> beam.CombinePerKey(sum)
     )
-    docs = read.documents
-    stages = [("read", docs)]
-    removed = []
-    if config.dedup != "none":
-        kept = (
-            docs
-            | "CopiesById" >> beam.CombinePerKey(KeepOne())
-            | "DropCopies" >> beam.FlatMap(drop_copies).with_outputs(REMOVED, main="kept")
-        )
-        docs = kept.kept
-        removed.append(kept[REMOVED])
-        stages.append(("exact_dedup", docs))
-    if config.language_list or config.rule_sets or eval_ngrams:
-        side = p | "EvalNgrams" >> beam.Create([eval_ngrams])
-        kept = docs | "Filter" >> beam.ParDo(
-            Filter(config), eval_ngrams=beam.pvalue.AsSingleton(side)
-        ).with_outputs(REMOVED, main="kept")
-        docs = kept.kept
-        removed.append(kept[REMOVED])
-        stages.append(("filters", docs))
-    changed = p | "NoComponents" >> beam.Create([0])
-    if config.dedup == "minhash":
-        edges = (
-            docs
-            | "BandKeys" >> beam.ParDo(BandKeys(config))
-            | "GroupBands" >> beam.GroupByKey()
-            | "StarEdges" >> beam.FlatMap(star_edges)
-            | "DistinctEdges" >> beam.Distinct()
-        )
-        labels, changed = edges | "Components" >> ConnectedComponents(config.cc_rounds)
-        kept = (
-            {"doc": docs, "label": labels}
-            | "JoinLabels" >> beam.CoGroupByKey()
-            | "KeepClusterMinimum"
-            >> beam.FlatMap(keep_cluster_minimum).with_outputs(REMOVED, main="kept")
-        )
-        docs = kept.kept
-        removed.append(kept[REMOVED])
-        stages.append(("near_dedup", docs))
+    curated = read.documents | "Curate" >> Curate(config, eval_ngrams)
+    docs, stages, changed = curated.documents, curated.stages, curated.changed
     file_totals = (
         {"origin": read[ORIGINS], "kept": docs | "KeptBytes" >> beam.Map(kept_bytes)}
         | "JoinOrigins" >> beam.CoGroupByKey()
@@ -701,9 +418,7 @@ def curate_graph(
         | "StepTotals" >> beam.Map(step_totals)
         | "SumSteps" >> beam.CombinePerKey(add_pairs)
     )
-    removed_all = (
-        removed or [p | "NothingRemoved" >> beam.Create([])]
-    ) | "AllRemoved" >> beam.Flatten()
+    removed_all = curated.removed
     reasons = (
         removed_all
         | "ReasonTotals" >> beam.Map(step_totals)
@@ -752,15 +467,7 @@ def run_curate(argv: Sequence[str], log_file: str | None, verbose: bool, handler
             if config.decontaminate
             else frozenset()
         )
-        # The curate extra's packages, here rather than in every worker (exit 2, naming it).
-        if config.dedup == "minhash" or config.decontaminate:
-            from pipeline.core.dedup import shingle_hashes
-
-            shingle_hashes("a package check")
-        if config.language_list:
-            from pipeline.core.langid import detect
-
-            detect("a package check")
+        check_packages(config)  # the curate extra's, here: exit 2, naming it
         if not dry_run:
             _prepare(config)
     except (ValueError, OSError, ImportError) as e:

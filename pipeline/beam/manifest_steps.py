@@ -91,6 +91,14 @@ def write_manifest(
         "buckets": buckets,
         "input": dict(sorted(noticed.items())),
     }
+    if config.curating:  # only then: builds without curation keep the manifests they had
+        removed = {kind: n for (group, kind), n in counts.items() if group == "removed"}
+        stats["curation"] = {
+            "removed": dict(sorted(removed.items())),
+            "components_changed_in_last_round": counts.get(
+                ("curation", "components_changed_in_last_round"), 0
+            ),
+        }
     if config.capped_rate:  # rows whose prediction count the cap lowered (by their length)
         wanted = config.uncapped_predictions()
         histogram = np.asarray(stats["length_histogram"])

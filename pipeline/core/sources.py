@@ -341,7 +341,7 @@ def read_txt(f: BinaryIO, start: int = 0, end: int | None = None) -> Iterator[It
     yield from ((None, reason) for reason in skipped)
 
 
-def _document(text: str, split: bool = True) -> Item:
+def document_sentences(text: str, split: bool = True) -> Item:
     """A record's text as sentences; unsplit (``split`` False: curation, whose line rules
     need the document's own lines), the whole text as one item."""
     if not split:
@@ -374,7 +374,7 @@ def read_jsonl(
         if not isinstance(text, str):
             yield None, "non_string_text"
             continue
-        yield _document(text, split)
+        yield document_sentences(text, split)
 
 
 def row_group_start(metadata, index: int) -> int:
@@ -429,7 +429,7 @@ def read_parquet(
             return
     for batch in parquet.iter_batches(columns=[text_field], batch_size=1024, row_groups=groups):
         for text in batch.column(0).to_pylist():
-            yield (None, "missing_text_field") if text is None else _document(text, split)
+            yield (None, "missing_text_field") if text is None else document_sentences(text, split)
 
 
 def read_documents(

@@ -14,7 +14,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipeline.beam.curate import FILE_KEYS, ConnectedComponents, file_counts, star_edges
+from pipeline.beam.curate import FILE_KEYS, file_counts
+from pipeline.beam.curation_steps import ConnectedComponents, star_edges
 from pipeline.cli.main import main
 from tests.helpers import REPO
 

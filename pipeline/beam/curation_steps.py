@@ -1,0 +1,348 @@
+"""Curation's Beam steps, shared by ``python -m pipeline curate`` (pipeline/beam/curate.py)
+and ``python -m pipeline build`` run with the same flags (pipeline/beam/build.py).
+
+:class:`Curate`: (content id, text) documents -> the documents kept, and every removed one
+tagged with its reason (``REMOVED``), in this order:
+
+1. ``--dedup exact`` or ``minhash``: exact copies (the same content id) are one document:
+   every copy after the first is ``exact_duplicate`` (copies are identical, so which one
+   stays changes no byte);
+2. ``--languages``: language ID (pipeline/core/langid.py) below ``--language_threshold``
+   or of another language: ``language``;
+3. ``--filters``: rule sets (pipeline/core/filters.py): the rule's name;
+4. ``--decontaminate FILES``: a document sharing a word ``--decontaminate_ngram``-gram with
+   the evaluation texts: ``decontaminated``;
+5. ``--dedup minhash``: MinHash LSH (pipeline/core/dedup.py): documents sharing a band key
+   are candidates; clusters are the connected components of the candidate graph
+   (:class:`ConnectedComponents`); one document per cluster stays, the one with the
+   smallest id (a rule no runner changes), the others are ``near_duplicate``.
+"""
+
+from __future__ import annotations
+
+import glob
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple
+
+import apache_beam as beam
+from apache_beam.pvalue import TaggedOutput
+
+from pipeline.beam.config import CurationOptions
+from pipeline.beam.document_steps import DocumentBatch, ReadDocuments, skipped
+from pipeline.core.sources import content_id, document_sentences
+
+REMOVED = "removed"  # tagged output: (reason, (id, text)) of a removed document
+
+
+def documents_of(batch) -> Iterator[tuple[str, str]]:
+    """A DocumentBatch read unsplit -> (content id, text) per document: a jsonl or parquet
+    record's text as it was, a txt document's lines one per line."""
+    for doc_id, sentences in zip(batch.doc_ids, batch.documents, strict=True):
+        yield doc_id, "\n".join(sentences)
+
+
+def as_sentences(element) -> Iterator:
+    """(id, curated text) -> (content id, sentences) as ``build`` reads the text from
+    curate's Parquet output (pipeline/core/sources.py), or a counted skip: so a build that
+    curates makes the rows of curate-then-build."""
+    _, text = element
+    sentences, reason = document_sentences(text)
+    if reason is not None:
+        yield from skipped(reason)
+        return
+    yield content_id(sentences), sentences
+
+
+def batch_documents(items) -> Iterator:
+    """(content id, sentences) of a bundle -> DocumentBatches of up to 512 documents."""
+    batch = DocumentBatch([], [])
+    for doc_id, sentences in items:
+        batch.doc_ids.append(doc_id)
+        batch.documents.append(sentences)
+        if len(batch.doc_ids) == ReadDocuments.BATCH_DOCUMENTS:
+            yield batch
+            batch = DocumentBatch([], [])
+    if batch.doc_ids:
+        yield batch
+
+
+class KeepOne(beam.CombineFn):
+    """Copies of one content id -> (one text, how many copies): copies are identical."""
+
+    def create_accumulator(self):
+        return None, 0
+
+    def add_input(self, accumulator, text):
+        kept, count = accumulator
+        return (kept if kept is not None else text), count + 1
+
+    def merge_accumulators(self, accumulators):
+        kept, count = None, 0
+        for text, n in accumulators:
+            kept = kept if kept is not None else text
+            count += n
+        return kept, count
+
+    def extract_output(self, accumulator):
+        return accumulator
+
+
+def drop_copies(element) -> Iterator:
+    """(id, (text, copies)) -> (id, text), and each copy after the first as removed."""
+    doc_id, (text, copies) = element
+    for _ in range(copies - 1):
+        yield TaggedOutput(REMOVED, ("exact_duplicate", (doc_id, text)))
+    yield doc_id, text
+
+
+class Filter(beam.DoFn):
+    """(id, text) -> (id, text) kept, or ``REMOVED`` (reason, (id, text)): language ID,
+    then quality rule sets (which may drop lines: the text goes on without them), then
+    decontamination against a side input of n-gram hashes."""
+
+    def __init__(self, config: CurationOptions):
+        self._config = config
+
+    def process(self, element, eval_ngrams=()) -> Iterator:
+        doc_id, text = element
+        config = self._config
+        language = "en"  # Gopher's stop words without language ID (CJK text picks its own)
+        if config.language_list:
+            from pipeline.core.langid import detect
+
+            language, score = detect(text)
+            if language not in config.language_list or score < config.language_threshold:
+                yield TaggedOutput(REMOVED, ("language", (doc_id, text)))
+                return
+        if config.rule_sets:
+            from pipeline.core.filters import apply_filters
+
+            failed, text = apply_filters(text, config.rule_sets, language=language)
+            if failed is not None:
+                yield TaggedOutput(REMOVED, (failed, (doc_id, text)))
+                return
+        if eval_ngrams:
+            from pipeline.core.dedup import ngram_set
+
+            if not eval_ngrams.isdisjoint(ngram_set(text, config.decontaminate_ngram)):
+                yield TaggedOutput(REMOVED, ("decontaminated", (doc_id, text)))
+                return
+        yield doc_id, text
+
+
+def eval_ngram_set(patterns: Sequence[str], n: int) -> frozenset[int]:
+    """The n-gram hashes of every evaluation file (read here, on the driver: they are
+    small; a missing one is an error naming it)."""
+    from pipeline.core.dedup import ngram_set
+
+    out: set[int] = set()
+    for pattern in patterns:
+        paths = sorted(glob.glob(pattern)) or [pattern]
+        for path in paths:
+            with open(path, encoding="utf-8") as f:  # FileNotFoundError names it
+                out |= ngram_set(f.read(), n)
+    return frozenset(out)
+
+
+class BandKeys(beam.DoFn):
+    """(id, text) -> (band key, id) for each MinHash LSH band of the document."""
+
+    def __init__(self, config: CurationOptions):
+        self._config = config
+        self._hasher = None
+
+    def process(self, element) -> Iterator:
+        from pipeline.core.dedup import MinHasher, band_keys, shingle_hashes
+
+        config = self._config
+        if self._hasher is None:
+            self._hasher = MinHasher(
+                config.minhash_bands * config.minhash_rows, config.minhash_seed
+            )
+        doc_id, text = element
+        shingles = shingle_hashes(text, config.minhash_ngram)
+        if not shingles.size:  # no word at all ("?!"): only its exact copies are its copies
+            return
+        signature = self._hasher.signature(shingles)
+        for key in band_keys(signature, config.minhash_bands, config.minhash_rows):
+            yield key, doc_id
+
+
+def star_edges(element) -> Iterator[tuple[str, str]]:
+    """(band key, ids sharing it) -> (id, the smallest of them) for every other id: a star
+    per band key. The ids are iterated twice and never held (a hot key's 10,000 copies
+    stream through, as the runner gives them)."""
+    _, ids = element
+    smallest = min(ids, default=None)
+    for doc_id in ids:
+        if doc_id != smallest:
+            yield doc_id, smallest
+
+
+class ConnectedComponents(beam.PTransform):
+    """Edges (u, v) -> (node, label): for each node but its component's smallest id, that
+    id, by Kiveris et al.'s alternating large-star and small-star operations ("Connected
+    Components in MapReduce and Beyond", 2014) as Beam steps, ``rounds`` pairs of them:
+
+    - large-star: each node u links its larger neighbours to m(u), the smallest of u and
+      its neighbours;
+    - small-star: each node u links itself and its smaller neighbours to the smallest of
+      them.
+
+    Each operation is a GroupByKey on node ids (a node's neighbours' ids, never texts,
+    iterated twice as the runner streams them) and a Distinct of the new edges. The edge set
+    becomes one star per component around its smallest id in O(log^2 n) rounds (a chain of
+    1,000 documents: 10; random graphs of 120 nodes: 4). Also returns, as a second
+    PCollection, the number of edges the last round changed: 0 when the components converged
+    within the bound; before that, a node's label is its smallest neighbour, which still
+    joins only connected documents.
+    """
+
+    def __init__(self, rounds: int):
+        super().__init__()
+        self._rounds = rounds
+
+    def expand(self, edges):
+        edges = edges | "Ordered" >> beam.Map(_ordered) | "Unique" >> beam.Distinct()
+        previous = edges
+        for r in range(self._rounds):
+            previous = edges
+            for name, star in (("Large", _large_star), ("Small", _small_star)):
+                edges = (
+                    edges
+                    | f"{name}Adjacency{r}" >> beam.FlatMap(_both_ways)
+                    | f"{name}Group{r}" >> beam.GroupByKey()
+                    | f"{name}Star{r}" >> beam.FlatMap(star)
+                    | f"{name}Distinct{r}" >> beam.Distinct()
+                )
+        changed = (
+            {
+                "before": previous | "KeyBefore" >> beam.Map(lambda e: (e, 1)),
+                "after": edges | "KeyAfter" >> beam.Map(lambda e: (e, 1)),
+            }
+            | "CompareLastRound" >> beam.CoGroupByKey()
+            | "Changed" >> beam.Map(lambda kv: int(not (kv[1]["before"] and kv[1]["after"])))
+            | "CountChanged" >> beam.CombineGlobally(sum)
+        )
+        labels = (
+            edges
+            | "Larger" >> beam.Map(lambda e: (e[1], e[0]))  # (larger id, smaller id)
+            | "SmallestNeighbour" >> beam.CombinePerKey(min)
+        )
+        return labels, changed
+
+
+def _ordered(edge) -> tuple[str, str]:
+    u, v = edge
+    return (u, v) if u <= v else (v, u)
+
+
+def _both_ways(edge) -> Iterator[tuple[str, str]]:
+    u, v = edge
+    yield u, v
+    yield v, u
+
+
+def _large_star(element) -> Iterator[tuple[str, str]]:
+    node, neighbours = element
+    smallest = min(node, min(neighbours))
+    for v in neighbours:
+        if v > node:
+            yield (smallest, v) if smallest < v else (v, smallest)
+
+
+def _small_star(element) -> Iterator[tuple[str, str]]:
+    node, neighbours = element
+    smaller = [v for v in neighbours if v <= node]
+    smallest = min([node, *smaller])
+    for v in [node, *smaller]:
+        if v != smallest:
+            yield smallest, v
+
+
+def keep_cluster_minimum(element) -> Iterator:
+    """(id, {doc: [text], label: [its cluster's smallest id]}) -> (id, text), or
+    ``near_duplicate`` removed when the cluster's smallest id is another document's."""
+    doc_id, grouped = element
+    for text in grouped["doc"]:
+        label = min(grouped["label"], default=doc_id)
+        if label != doc_id:
+            yield TaggedOutput(REMOVED, ("near_duplicate", (doc_id, text)))
+        else:
+            yield doc_id, text
+
+
+class Curated(NamedTuple):
+    """What :class:`Curate` gives."""
+
+    documents: beam.PCollection  # (id, text) kept
+    removed: beam.PCollection  # (reason, (id, text)) removed
+    stages: list[tuple[str, beam.PCollection]]  # (step name, (id, text) after it), read first
+    changed: beam.PCollection  # one int: edges the components' last round changed (0: converged)
+
+
+class Curate(beam.PTransform):
+    """(content id, text) -> :class:`Curated`: the steps of this module's docstring that
+    the options ask for (``eval_ngrams``: :func:`eval_ngram_set` of ``--decontaminate``)."""
+
+    def __init__(self, config: CurationOptions, eval_ngrams: frozenset[int]):
+        super().__init__()
+        self._config, self._eval_ngrams = config, eval_ngrams
+
+    def expand(self, docs):
+        config, eval_ngrams, p = self._config, self._eval_ngrams, docs.pipeline
+        stages = [("read", docs)]
+        removed = []
+        if config.dedup != "none":
+            kept = (
+                docs
+                | "CopiesById" >> beam.CombinePerKey(KeepOne())
+                | "DropCopies" >> beam.FlatMap(drop_copies).with_outputs(REMOVED, main="kept")
+            )
+            docs = kept.kept
+            removed.append(kept[REMOVED])
+            stages.append(("exact_dedup", docs))
+        if config.language_list or config.rule_sets or eval_ngrams:
+            side = p | "EvalNgrams" >> beam.Create([eval_ngrams])
+            kept = docs | "Filter" >> beam.ParDo(
+                Filter(config), eval_ngrams=beam.pvalue.AsSingleton(side)
+            ).with_outputs(REMOVED, main="kept")
+            docs = kept.kept
+            removed.append(kept[REMOVED])
+            stages.append(("filters", docs))
+        changed = p | "NoComponents" >> beam.Create([0])
+        if config.dedup == "minhash":
+            edges = (
+                docs
+                | "BandKeys" >> beam.ParDo(BandKeys(config))
+                | "GroupBands" >> beam.GroupByKey()
+                | "StarEdges" >> beam.FlatMap(star_edges)
+                | "DistinctEdges" >> beam.Distinct()
+            )
+            labels, changed = edges | "Components" >> ConnectedComponents(config.cc_rounds)
+            kept = (
+                {"doc": docs, "label": labels}
+                | "JoinLabels" >> beam.CoGroupByKey()
+                | "KeepClusterMinimum"
+                >> beam.FlatMap(keep_cluster_minimum).with_outputs(REMOVED, main="kept")
+            )
+            docs = kept.kept
+            removed.append(kept[REMOVED])
+            stages.append(("near_dedup", docs))
+        removed_all = (
+            removed or [p | "NothingRemoved" >> beam.Create([])]
+        ) | "AllRemoved" >> beam.Flatten()
+        return Curated(docs, removed_all, stages, changed)
+
+
+def check_packages(config: CurationOptions) -> None:
+    """Import the curate extra's packages that the options need, here on the driver rather
+    than in every worker (ImportError names the extra)."""
+    if config.dedup == "minhash" or config.decontaminate:
+        from pipeline.core.dedup import shingle_hashes
+
+        shingle_hashes("a package check")
+    if config.language_list:
+        from pipeline.core.langid import detect
+
+        detect("a package check")
