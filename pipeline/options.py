@@ -119,7 +119,9 @@ def add_options(parser: argparse.ArgumentParser, cls: type, *, sep: str) -> None
         help="JSON object of any of the settings below, keyed by their names with "
         "underscores; flags given too override it",
     )
-    for f in dataclasses.fields(cls):
+    # A keyword-only base's fields (build's and curate's shared curation options) come
+    # first in dataclasses.fields; --help lists them after the command's own.
+    for f in sorted(dataclasses.fields(cls), key=lambda f: f.kw_only is True):
         kind, _ = _kind(f)
         kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": _help(f)}
         if kind is bool:
