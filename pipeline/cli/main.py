@@ -208,6 +208,22 @@ def _build(
         config.max_seq_length,
         skipped or "nothing",
     )
+    curation = stats.get("curation")
+    if curation:
+        removed = curation["removed"]
+        logger.info(
+            "curation removed %d documents before tokenizing: %s",
+            sum(removed.values()),
+            ", ".join(f"{reason} {n}" for reason, n in removed.items()) or "none",
+        )
+        if curation["components_changed_in_last_round"]:
+            logger.warning(
+                "near-duplicate clusters had not converged after --cc_rounds %d (%d "
+                "documents changed cluster in the last round): some near copies may "
+                "remain; raise it",
+                config.cc_rounds,
+                curation["components_changed_in_last_round"],
+            )
     long = stats.get("input", {}).get("long_sentences", 0)
     if long:
         logger.warning(

@@ -56,7 +56,7 @@ def test_minhash_in_build_makes_the_shards_of_curate_then_build(tmp_path):
     assert plain_manifest["stats"]["documents"] == 78  # 60 + 18 planted copies, all kept
 
 
-def test_filters_and_exact_dedup_on_txt_in_build_match_curate_then_build(tmp_path):
+def test_filters_and_exact_dedup_on_txt_in_build_match_curate_then_build(tmp_path, capfd):
     """txt documents (blank-line separated), an exact copy and a page too short for
     Gopher's word count: both go, in one job as in two."""
     rng = random.Random(4)
@@ -69,7 +69,9 @@ def test_filters_and_exact_dedup_on_txt_in_build_match_curate_then_build(tmp_pat
     two_manifest, two_shards = curate_then_build(str(corpus / "*.txt"), tmp_path, curation)
     out = tmp_path / "one-job"
     argv = ["build", "--input", str(corpus / "*.txt"), "--output", str(out), *BUILD, *curation]
+    capfd.readouterr()
     assert main(argv) == 0
+    assert "curation removed 2 documents before tokenizing" in capfd.readouterr().err
     manifest, shards = shard_bytes(out)
     assert shards == two_shards
     assert manifest["stats"]["documents"] == 20
