@@ -34,6 +34,7 @@ OUTPUT_BYTES_PER_INPUT_BYTE = 0.9
 
 
 DEDUP = ("none", "exact", "minhash")
+DEDUP_HELP = "minhash: near and exact copies; exact: exact copies; none"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,11 +43,7 @@ class CurationOptions:
     ``python -m pipeline curate`` and ``build``; nothing is removed by default in
     ``build`` (``curate`` dedups with MinHash by default)."""
 
-    dedup: str = option(
-        "none",
-        "minhash: near and exact copies; exact: exact copies; none",
-        choices=DEDUP,
-    )
+    dedup: str = option("none", DEDUP_HELP, choices=DEDUP)
     minhash_ngram: int = option(5, "MinHash: words per shingle")
     minhash_bands: int = option(14, "MinHash LSH bands (datatrove's default)")
     minhash_rows: int = option(8, "MinHash LSH rows per band (datatrove's default)")

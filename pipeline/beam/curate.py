@@ -5,24 +5,12 @@
         --filters gopher_quality,c4 --languages en --decontaminate 'eval/*.txt'
     python -m pipeline build --input 'curated/*.parquet' --output shards/ ...   # then build
 
-Steps, in order (pipeline/beam/curation_steps.py, shared with ``build``), each removal a
-counted, named reason (``report.json``):
-
-1. read: the inputs ``build`` reads (txt, jsonl, parquet; byte ranges of big files; gz),
-   documents identified by their content (pipeline/core/sources.py ``content_id``);
-2. ``--dedup exact`` or ``minhash``: exact copies (the same content id) are one document:
-   every copy after the first is ``exact_duplicate`` (copies are identical, so which one
-   stays changes no byte);
-3. ``--languages``: language ID (pipeline/core/langid.py) below ``--language_threshold``
-   or of another language: ``language``;
-4. ``--filters``: rule sets (pipeline/core/filters.py): the rule's name;
-5. ``--decontaminate FILES``: a document sharing a word ``--decontaminate_ngram``-gram with
-   the evaluation texts: ``decontaminated``;
-6. ``--dedup minhash``: MinHash LSH (pipeline/core/dedup.py; 5-gram shingles, 14 bands of 8
-   by default, datatrove's): documents sharing a band key are candidates; clusters are the
-   connected components of the candidate graph (:class:`ConnectedComponents`); one document
-   per cluster stays, the one with the smallest id (a rule no runner changes), the others
-   are ``near_duplicate``.
+The job reads the inputs ``build`` reads (txt, jsonl, parquet; byte ranges of big files;
+gz), each document identified by its content (pipeline/core/sources.py ``content_id``).
+Then the curation steps run, in the order that pipeline/beam/curation_steps.py's docstring
+gives (they are shared with ``build``): exact copies, language ID, quality rules,
+decontamination, MinHash near copies. Each removal counts under a named reason in
+``report.json``.
 
 Output: ``part-NNNNN-of-MMMMM.parquet`` files with ``id`` and ``text`` columns (text: a
 jsonl or parquet record's text as it was, a txt document's lines one per line, so
@@ -53,7 +41,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.pvalue import TaggedOutput
 
 from pipeline.beam.build import Plan, match_inputs, resolve_input_format
-from pipeline.beam.config import DEDUP, INPUT_FORMATS, BuildConfig, CurationOptions
+from pipeline.beam.config import DEDUP, DEDUP_HELP, INPUT_FORMATS, BuildConfig, CurationOptions
 from pipeline.beam.curation_steps import (
     Curate,
     check_packages,
@@ -102,11 +90,8 @@ class CurateConfig(CurationOptions):
         choices=INPUT_FORMATS,
     )
     text_field: str = option("text", "field (jsonl) or column (parquet) holding the text")
-    dedup: str = option(
-        "minhash",
-        "minhash: near and exact copies; exact: exact copies; none",
-        choices=DEDUP,
-        kw_only=True,
+    dedup: str = option(  # curate's default; the help and choices are CurationOptions'
+        "minhash", DEDUP_HELP, choices=DEDUP, kw_only=True
     )
     num_files: int | None = option(None, "output Parquet files (default: ~128 MB of text each)")
     random_seed: int = option(12345, "seed of the removed documents' sample")
