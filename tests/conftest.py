@@ -17,6 +17,32 @@ import pytest
 
 from tests.helpers import build_shards
 
+# scripts/test.sh runs tests/pipeline's fast tier first on the base install (.venv-base, no
+# torch), then the whole suite in .venv. Those two environment variables let each test run
+# once: the first run lists the tests that passed (BERT_TEST_PASSED_TO), and the second leaves
+# out the tests of that list (BERT_TEST_PASSED_IN). A test the base install skipped (an extra
+# it lacks) is not listed, so it runs in .venv.
+PASSED_TO, PASSED_IN = "BERT_TEST_PASSED_TO", "BERT_TEST_PASSED_IN"
+
+
+def pytest_runtest_logreport(report):
+    path = os.environ.get(PASSED_TO)
+    if path and report.when == "call" and report.passed:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(report.nodeid + "\n")
+
+
+def pytest_collection_modifyitems(config, items):
+    path = os.environ.get(PASSED_IN)
+    if not path:
+        return
+    passed = set(Path(path).read_text(encoding="utf-8").splitlines())
+    again = [item for item in items if item.nodeid in passed]
+    if again:
+        config.hook.pytest_deselected(items=again)
+        items[:] = [item for item in items if item.nodeid not in passed]
+        print(f"\n[test] {len(again)} tests passed on the base install already ({path})")
+
 
 @pytest.fixture
 def umask_022():
