@@ -48,7 +48,9 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 . "$root/scripts/setup.sh"
 cd "$root"
 export DS_ACCELERATOR="${DS_ACCELERATOR:-cpu}"
-ruff check . && ruff format --check .
+# Two commands, not `a && b`: set -e does not stop at a failed command left of &&.
+ruff check .
+ruff format --check .
 
 # What .venv-base and .venv-gcp install: their stamp.
 deps_stamp="$(cat pyproject.toml setup.py scripts/test.sh | python -c \

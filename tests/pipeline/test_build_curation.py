@@ -66,7 +66,7 @@ def test_filters_and_exact_dedup_on_txt_in_build_match_curate_then_build(tmp_pat
     corpus.mkdir()
     (corpus / "a.txt").write_text("\n\n".join([*pages, pages[3], short]) + "\n")
     curation = ["--dedup", "exact", "--filters", "gopher_quality"]
-    two_manifest, two_shards = curate_then_build(str(corpus / "*.txt"), tmp_path, curation)
+    _, two_shards = curate_then_build(str(corpus / "*.txt"), tmp_path, curation)
     out = tmp_path / "one-job"
     argv = ["build", "--input", str(corpus / "*.txt"), "--output", str(out), *BUILD, *curation]
     capfd.readouterr()
