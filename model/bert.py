@@ -255,6 +255,9 @@ class BertModel(nn.Module):
         super().__init__()
         self.config = config
         self.unpad = unpad
+        # Unpadded, a batch without padding runs the padded path too, unless this is set
+        # (set_unpadded's ``every_batch``: what the trainer's data-parallel ranks need).
+        self.unpad_every_batch = False
         self.embeddings = BertEmbeddings(config)
         self.encoder = BertEncoder(config)
         self.pooler = BertPooler(config) if add_pooling_layer else None
@@ -282,16 +285,17 @@ class BertModel(nn.Module):
 
         ``predicted`` (B, P) bool marks real MLM predictions: the Packing then indexes
         them too (``prediction_index``). The padded path runs when ``unpad`` is off,
-        when the batch has no padding, and when a row has no real token at all. Any
-        padding is worth removing, a little of it too: the Linears, the GELU and the
-        LayerNorms then run on real tokens only (bench/model_speed.py prints unpadded
-        against padded: ``--lengths google`` for nearly full rows, ``--lengths docstrings``
-        for the main job's); on CUDA the varlen and jagged kernels need no grid at all.
+        when the batch has no padding (unless ``unpad_every_batch``), and when a row has
+        no real token at all. Any padding is worth removing, a little of it too: the
+        Linears, the GELU and the LayerNorms then run on real tokens only
+        (bench/model_speed.py prints unpadded against padded: ``--lengths google`` for
+        nearly full rows, ``--lengths docstrings`` for the main job's); on CUDA the varlen
+        and jagged kernels need no grid at all.
         """
         if self.unpad:
             packing = Packing.from_mask(attention_mask, predicted)
             padding = packing.num_tokens < packing.batch * packing.width
-            if padding and packing.min_seqlen > 0:
+            if (padding or self.unpad_every_batch) and packing.min_seqlen > 0:
                 x = self.embeddings(input_ids, segment_ids, packing)  # (N, H)
                 x = self.encoder(pad_to_bucket(x, x), packing)
                 return x[: packing.num_tokens], packing
@@ -395,9 +399,12 @@ class BertForPreTraining(nn.Module):
         forward runs twice)."""
         self.bert.encoder.gradient_checkpointing = enabled
 
-    def set_unpadded(self, enabled: bool = True, *, attention_path: str = "auto") -> None:
-        """Run the encoder on real tokens only (default) or padded (see model/unpad.py)."""
-        set_unpadded(self.bert, enabled, attention_path=attention_path)
+    def set_unpadded(
+        self, enabled: bool = True, *, attention_path: str = "auto", every_batch: bool = False
+    ) -> None:
+        """Run the encoder on real tokens only (default) or padded (see model/unpad.py);
+        ``every_batch``: see :func:`set_unpadded`."""
+        set_unpadded(self.bert, enabled, attention_path=attention_path, every_batch=every_batch)
 
     def forward(
         self,
@@ -515,8 +522,18 @@ def load_hf(directory: str | os.PathLike, *, strict: bool = True) -> BertForPreT
     return BertForPreTraining.from_hf(directory, strict=strict)
 
 
-def set_unpadded(bert: BertModel, enabled: bool, *, attention_path: str = "auto") -> None:
+def set_unpadded(
+    bert: BertModel, enabled: bool, *, attention_path: str = "auto", every_batch: bool = False
+) -> None:
     """Switch ``bert`` between the unpadded and the padded encoder; pick the attention path.
+
+    ``every_batch``: unpadded, a batch without padding runs the unpadded path too, instead
+    of the padded one. Then every batch runs the same code, which data-parallel training
+    needs: ranks whose batches take different paths give DeepSpeed's ZeRO hooks another
+    order of parameters. Measured on two CPU ranks: compiled, ZeRO-2 summed one
+    parameter's gradient with another's (its buckets follow each rank's backward order);
+    eager, ZeRO-3 waited forever on its parameter gathers. With ``every_batch`` both
+    train as one rank does (docs/results.md).
 
     Raises:
         ValueError: an unknown attention path.
@@ -524,6 +541,7 @@ def set_unpadded(bert: BertModel, enabled: bool, *, attention_path: str = "auto"
     if attention_path not in PATHS:
         raise ValueError(f"attention_path must be one of {PATHS}, got {attention_path!r}")
     bert.unpad = enabled
+    bert.unpad_every_batch = every_batch
     for layer in bert.encoder.layer:
         layer.attention.self.attention_path = attention_path
 

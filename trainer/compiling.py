@@ -21,8 +21,9 @@ Bounded recompiles: the unpadded path changes N (the batch's real tokens), M (it
 predictions) and the padded width every batch. The graphs are compiled with
 ``dynamic=True`` (symbolic sizes from the first batch) instead of bucketing N: the
 attention grids would still differ per batch, and a symbolic N costs no recompile. A run
-then compiles a bounded set of graphs (the padded path's too, for a batch without
-padding); :func:`graph_count` reports them and each train record carries the count
+then compiles a bounded set of graphs (a batch without padding runs them too: the trainer
+unpads every batch, so that every rank runs the same graphs, see :func:`check_zero`);
+:func:`graph_count` reports them and each train record carries the count
 (``compiled_graphs``), and tests/trainer/test_compile.py fails if it keeps growing.
 
 Caches: inductor's FX graph and kernel caches go to ``--compile-cache`` (default
@@ -89,6 +90,28 @@ def apply(engine, config) -> None:
         return
     use_cache(cache_dir(config.output_dir, config.compile_cache))
     compile_engine(engine, config.compile)
+
+
+def check_zero(ds: dict, mode: str, *, where: str) -> None:
+    """Refuse ``--compile`` with ZeRO stage 3.
+
+    Stage 3 partitions the parameters themselves and gathers each one around its module's
+    forward; compiled through ``engine.compile``, the graphs meet the empty partitions and
+    the first step fails inside inductor ("b must be 2D", on one CPU rank and on two).
+    Stages 1 and 2 compiled on two ranks train as eager: the trainer runs every batch on
+    the same path (``set_unpadded(every_batch=True)``, model/bert.py), which stage 2's
+    gradient buckets need (docs/results.md).
+
+    Raises:
+        ValueError: ``mode`` is not off and ``ds`` enables stage 3.
+    """
+    stage = (ds.get("zero_optimization") or {}).get("stage", 0)
+    if mode != "off" and stage == 3:
+        raise ValueError(
+            f"{where}: --compile {mode} does not run with ZeRO stage 3 (the compiled graphs "
+            f'meet its partitioned parameters); use "zero_optimization": {{"stage": 2}}, '
+            f"or --compile off"
+        )
 
 
 def compile_engine(engine, mode: str) -> None:

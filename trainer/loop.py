@@ -127,6 +127,7 @@ class Trainer:
         self.ds, self.sizes = resolve_ds_config(
             ds, info.world_size, config.step_limit or 0, where=where
         )
+        compiling.check_zero(self.ds, config.compile, where=where)
         self.scheduler_factory = (  # None: DeepSpeed builds the JSON's scheduler
             time_budget_scheduler(self.ds, config.budget_s, where=where)
             if config.budget_s is not None

@@ -347,7 +347,9 @@ def build_model(config: TrainConfig, cfg: BertConfig) -> BertForPreTraining:
         model.load_state_dict(load_hf(config.init_from_hf).state_dict())
     else:
         model = BertForPreTraining(cfg)
-    model.set_unpadded(config.unpad)
+    # Every batch on the same path, whatever its padding: each rank's backward then hands
+    # the gradients to ZeRO in the same order (model/bert.py, set_unpadded).
+    model.set_unpadded(config.unpad, every_batch=True)
     return model
 
 

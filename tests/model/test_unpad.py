@@ -138,6 +138,51 @@ def test_dense_batches_and_empty_rows_take_the_padded_path():
     assert unpadded.bert.encode(*nearly_dense[:3])[1] is not None
 
 
+def test_every_batch_runs_a_dense_batch_unpadded_with_the_same_results():
+    """set_unpadded(every_batch=True), as the trainer sets it: a batch without padding takes
+    the unpadded path too (one path for every batch, which ZeRO's ranks need); a row with
+    no real token still takes the padded one."""
+    padded, unpadded = pair()
+    unpadded.set_unpadded(True, every_batch=True)
+    dense = varied_batch([16, 16], 16)
+    hidden, packing = unpadded.bert.encode(*dense[:3])
+    assert packing is not None and packing.num_tokens == 32 and hidden.shape == (32, 32)
+    out, ref = unpadded(*dense), padded(*dense)
+    out.loss.backward()
+    ref.loss.backward()
+    assert rel(out.loss, ref.loss) < 1e-5
+    assert_grads_close(unpadded, padded)
+    assert unpadded.bert.encode(*varied_batch([16, 0, 5], 16)[:3])[1] is None
+    unpadded.set_unpadded(True)
+    assert unpadded.bert.encode(*dense[:3])[1] is None  # the default: padded when dense
+
+
+@pytest.mark.slow  # compiles the model (inductor): about half a minute on 2 cores
+def test_compiled_backward_hands_gradients_over_in_one_order_for_every_batch():
+    """What ZeRO-2 needs of data-parallel ranks: its gradient buckets are laid out in the
+    order the backward hands the gradients over (post-accumulate-grad hooks, as DeepSpeed
+    registers them), and the ranks' buckets are summed slice by slice. Compiled, the padded
+    graph hands them over in another order than the unpadded one, so with every_batch a
+    dense batch must run the unpadded graph, in the unpadded batch's order."""
+    torch._dynamo.reset()
+    _, model = pair()
+    model.set_unpadded(True, every_batch=True)
+    names = {p: n for n, p in model.named_parameters()}
+    order: list[str] = []
+    for p in names:
+        p.register_post_accumulate_grad_hook(lambda p: order.append(names[p]))
+    model.compile(backend="inductor", dynamic=True)  # trainer/compiling.py's options
+    orders = []
+    for lengths in ([60, 50, 40, 30], [64, 64, 64, 64], [64, 20, 64, 33]):
+        order.clear()
+        model.zero_grad()
+        model(*varied_batch(lengths, 64)).loss.backward()
+        orders.append(list(order))
+    torch._dynamo.reset()
+    assert len(orders[0]) == len(names)
+    assert orders[1] == orders[0] and orders[2] == orders[0]
+
+
 def test_packing_known_answer():
     p = Packing.from_mask(torch.tensor([[1, 1, 0], [1, 0, 0], [0, 1, 1]]))
     assert p.index.tolist() == [0, 1, 3, 7, 8]

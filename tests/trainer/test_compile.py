@@ -12,7 +12,14 @@ import pytest
 import torch
 
 from tests.helpers import args, records
-from trainer.compiling import CACHE_NAME, cache_dir, compile_step, torch_optimizer, use_cache
+from trainer.compiling import (
+    CACHE_NAME,
+    cache_dir,
+    check_zero,
+    compile_step,
+    torch_optimizer,
+    use_cache,
+)
 from trainer.config import parse_args
 from trainer.run import main
 
@@ -26,9 +33,9 @@ STEPS = 16
 # a step or two, and the losses here change by more than that from step to step.
 LOSS_TOLERANCE = 1e-4
 # Graphs of a run of TINY: the embeddings, each layer's output and the next one's
-# projections, the heads and loss (8, measured), and 2 more for the padded path, compiled
-# at the first batch without padding. A bound with room for a torch upgrade's splits; a
-# run that recompiled per batch would pass it within a few steps.
+# projections, the heads and loss (8, measured); a batch without padding runs the same
+# graphs (the trainer's set_unpadded(every_batch=True)). A bound with room for a torch
+# upgrade's splits; a run that recompiled per batch would pass it within a few steps.
 MAX_GRAPHS = 24
 
 
@@ -125,6 +132,21 @@ def test_the_torch_optimizer_inside_deepspeeds_wrappers_is_found():
     assert torch_optimizer(zero) is sgd and torch_optimizer(sgd) is sgd
     with pytest.raises(ValueError, match="--compile step needs a torch optimizer"):
         torch_optimizer(SimpleNamespace())
+
+
+def test_compiling_with_zero_stage_3_is_refused():
+    """Compiled graphs fail on stage 3's partitioned parameters (trainer/compiling.py)."""
+    stage = {n: {"zero_optimization": {"stage": n}} for n in (0, 1, 2, 3)}
+    with pytest.raises(
+        ValueError, match=r"ds\.json: --compile model does not run with ZeRO stage 3"
+    ):
+        check_zero(stage[3], "model", where="--ds-config ds.json")
+    with pytest.raises(ValueError, match='"stage": 2}, or --compile off'):
+        check_zero(stage[3], "step", where="--ds-config ds.json")
+    for n in (0, 1, 2):
+        check_zero(stage[n], "model", where="x")
+    check_zero(stage[3], "off", where="x")
+    check_zero({}, "model", where="x")  # no zero_optimization: stage 0
 
 
 def test_cache_directory_is_the_named_one_or_the_runs(tmp_path, monkeypatch):
