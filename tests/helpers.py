@@ -346,7 +346,6 @@ def launch(
     :func:`rank_env` (when it strikes is appended to ``OUT.faults``); ``timeout``: seconds
     (a run that compiles, --compile, takes minutes more on a loaded machine)."""
     import shutil
-    import subprocess
     import sys
 
     argv = trainer_argv(files, data, out, *extra, ds=ds, steps=steps, save_every=save_every)
@@ -361,11 +360,34 @@ def launch(
         ]
     else:
         cmd = [sys.executable, *argv]
-    return subprocess.run(
+    return run_group(cmd, env=rank_env(fault, BERT_TEST_FAULT_LOG=f"{out}.faults"), timeout=timeout)
+
+
+def run_group(cmd: list[str], *, env: dict[str, str], timeout: float):
+    """``subprocess.run(cmd, capture_output=True, text=True)`` in REPO, in a process group of
+    its own that is killed whole at ``timeout`` (then TimeoutExpired is raised).
+
+    subprocess.run's own timeout kills the launcher alone and then waits for the pipes,
+    which its ranks hold open: a hung run kept the test waiting for the ranks' collective
+    timeout (10 minutes), not for ``timeout``.
+    """
+    import os
+    import signal
+    import subprocess
+
+    proc = subprocess.Popen(
         cmd,
         cwd=REPO,
-        env=rank_env(fault, BERT_TEST_FAULT_LOG=f"{out}.faults"),
-        capture_output=True,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
+        start_new_session=True,
     )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
