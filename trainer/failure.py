@@ -140,16 +140,42 @@ def _machine() -> str:
         return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _gone(pid: int, started: float) -> bool:
-    """True when process ``pid`` (created at ``started``) has exited: gone or a zombie."""
+def _started(pid: int) -> float:
+    """When process ``pid`` started: on Linux, ``/proc/PID/stat``'s start time in seconds
+    since boot, which no step of the wall clock moves; elsewhere psutil's ``create_time``.
+
+    psutil's ``create_time`` on Linux is that start time plus the boot time, which it reads
+    as the wall clock less the uptime: when the clock steps (NTP, or this machine's VM
+    forked, as it was once during a test), a live rank's create_time changes and its peers
+    took it for a process that had exited.
+
+    Raises:
+        psutil.NoSuchProcess: no such process.
+    """
     import psutil  # a dependency of deepspeed
 
     try:
-        process = psutil.Process(pid)
-        return process.create_time() != started or process.status() == psutil.STATUS_ZOMBIE
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except FileNotFoundError:
+        if Path("/proc/self/stat").exists():
+            raise psutil.NoSuchProcess(pid) from None
+        return psutil.Process(pid).create_time()  # no /proc: not Linux
+    fields = stat[stat.rindex(b")") + 2 :].split()  # after "pid (comm) ": field 3 on
+    return int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime, in ticks
+
+
+def _gone(pid: int, started: float) -> bool:
+    """True when process ``pid`` (started at ``started``, :func:`_started`'s) has exited:
+    gone, a zombie, or the pid taken by another process."""
+    import psutil  # a dependency of deepspeed
+
+    try:
+        if _started(pid) != started:
+            return True
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
-    except psutil.Error:  # not ours to look at: assume alive, heartbeats still count
+    except (psutil.Error, OSError):  # not ours to look at: assume alive, heartbeats count
         return False
 
 
@@ -181,10 +207,8 @@ class RunWatch:
         self.stop.check_peers = self.check
         if self.world_size > 1:
             self._store = _store_client()
-            import psutil
-
-            me = psutil.Process()
-            self._store.set(f"{_KEY}/pid/{self.rank}", f"{_machine()} {me.pid} {me.create_time()}")
+            me = os.getpid()
+            self._store.set(f"{_KEY}/pid/{self.rank}", f"{_machine()} {me} {_started(me)}")
             self._thread = threading.Thread(target=self._watch, name="run-watch", daemon=True)
             self._thread.start()
         return self

@@ -126,3 +126,32 @@ def test_a_checkpoint_without_its_state_file_is_not_taken_for_complete(tmp_path)
         checkpoint.resolve(partial)
     (partial / checkpoint.STATE_FILE).write_text("{}")
     assert checkpoint.resolve(partial) == (str(partial.parent), "step00000008")
+
+
+def test_a_live_peer_is_not_taken_for_gone_when_the_wall_clock_steps(monkeypatch):
+    """A rank's identity is its pid and start time since boot (/proc/PID/stat), not psutil's
+    create_time, which moves with the wall clock: a VM fork during a test stepped it, and
+    two live ranks each declared the other dead."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from trainer.failure import _gone, _started
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        started = _started(child.pid)
+        assert not _gone(child.pid, started)
+        monkeypatch.setattr(psutil.Process, "create_time", lambda self: time.time() + 3600.0)
+        assert not _gone(child.pid, started)  # the clock stepped an hour: still the same rank
+        assert _gone(child.pid, started + 1.0)  # another process that got the pid
+        child.kill()
+        deadline = time.monotonic() + 10
+        while not _gone(child.pid, started) and time.monotonic() < deadline:
+            time.sleep(0.01)  # killed, not yet reaped: a zombie is gone too
+        assert _gone(child.pid, started)
+    finally:
+        child.kill()
+        child.wait()
+    assert _gone(child.pid, started)
