@@ -22,7 +22,8 @@ predictions) and the padded width every batch. The graphs are compiled with
 ``dynamic=True`` (symbolic sizes from the first batch) instead of bucketing N: the
 attention grids would still differ per batch, and a symbolic N costs no recompile. A run
 then compiles a bounded set of graphs (a batch without padding runs them too: the trainer
-unpads every batch, so that every rank runs the same graphs, see :func:`check_zero`);
+unpads every batch, so that every rank runs the same graphs: model/bert.py's
+``set_unpadded``);
 :func:`graph_count` reports them and each train record carries the count
 (``compiled_graphs``), and tests/trainer/test_compile.py fails if it keeps growing.
 
