@@ -440,13 +440,19 @@ def remove_outputs(output: str) -> None:
 
 def run_curate(argv: Sequence[str], log_file: str | None, verbose: bool, handlers) -> int:
     """The command's body under pipeline/cli/main.py's console (run_with_console)."""
-    from pipeline.beam import runner
+    from pipeline.beam import runner, sizing
 
     try:
         config, beam_args = parse_curate_args(argv)
         dry_run, beam_args = runner.split_dry_run(beam_args)
         beam_args = runner.check_beam_options(beam_args, curate_parser())
         plan, num_files = make_curate_plan(config)
+        # Dask partitions of ~8 MB of input, as build's (pipeline/beam/sizing.py): Beam's
+        # default, 128 ranges a partition, put 2.6 GB in one task at 1 GB on 2 GiB workers.
+        runner_name = runner.runner_of(beam_args)
+        beam_args += sizing.dask_partitions(
+            beam_args, runner_name, len(plan.ranges), sum(plan.sizes)
+        )
         eval_ngrams = (
             eval_ngram_set(config.decontaminate, config.decontaminate_ngram)
             if config.decontaminate

@@ -29,6 +29,13 @@ logger = logging.getLogger("pipeline")
 DEFAULT_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
 
 
+def runner_of(beam_args: list[str]) -> str | None:
+    """The ``--runner`` of Beam's arguments, or None (the DirectRunner)."""
+    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+
+    return PipelineOptions(beam_args).view_as(StandardOptions).runner
+
+
 def check_beam_options(
     beam_args: list[str], parser: argparse.ArgumentParser | None = None
 ) -> list[str]:

@@ -29,6 +29,7 @@ from pipeline.beam.runner import (
     check_beam_options,
     job_log_file,
     run_pipeline,
+    runner_of,
     split_dry_run,
     warn_dataflow_pitfalls,
     with_tokenizer_threads,
@@ -82,13 +83,6 @@ def run_with_console(argv: Sequence[str], body) -> int:
         console.uninstall(handlers)
         if stream is not None:
             stream.close()
-
-
-def runner_of(beam_args: list[str]) -> str | None:
-    """The ``--runner`` of Beam's arguments, or None (the DirectRunner)."""
-    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
-
-    return PipelineOptions(beam_args).view_as(StandardOptions).runner
 
 
 def local_worker_processes(beam_args: list[str]) -> int:

@@ -350,3 +350,24 @@ def test_dask_gives_the_same_curated_bytes(planted, tmp_path):
     for name in [f"part-{i:05d}-of-00003.parquet" for i in range(3)]:
         assert (out / name).read_bytes() == (reference / name).read_bytes(), name
     assert (out / "report.json").read_bytes() == (reference / "report.json").read_bytes()
+
+
+def test_a_dask_curate_gets_partitions_of_its_input_size(planted, tmp_path, capfd, monkeypatch):
+    # Beam's default puts 128 input ranges in one Dask partition: at 1 GB a task held
+    # 2.6 GB. curate sizes them as build does (sizing.dask_partitions), here at 50 kB each.
+    from pipeline.beam import memory
+
+    monkeypatch.setattr(memory, "DASK_PARTITION_BYTES", 50_000)
+    directory, _, _ = planted
+    corpus = directory / "corpus"
+    size = sum(f.stat().st_size for f in corpus.glob("*.jsonl"))
+    args = ["curate", "--input", str(corpus / "*.jsonl"), "--output", str(tmp_path / "out")]
+    args += ["--dry_run", "--input_split_mb", "0.01"]
+    args += ["--runner=apache_beam.runners.dask.dask_runner.DaskRunner"]
+    assert main(args) == 0
+    err = capfd.readouterr().err
+    ranges = int(err.split(" range(s)")[0].rsplit("read in ", 1)[1])
+    expected = min(ranges, -(-size // 50_000))
+    assert 1 < expected < ranges
+    assert f"--dask_npartitions={expected})" in err
+    assert not (tmp_path / "out").exists()  # a dry run writes nothing
