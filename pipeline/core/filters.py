@@ -9,14 +9,23 @@ first rule that fails names the removal), the same arithmetic, the same comparis
 or ``<=``), and its ``empty`` reasons. Where we differ, and why:
 
 * **Words.** datatrove 0.10.1 runs a per-language tokenizer (spaCy's rule-based tokenizer
-  for English, with jieba for Chinese, with SudachiPy for Japanese). We need no model: a
-  run of letters and digits, with inner punctuation kept (``don't``, ``e-mail``, ``3.5``),
-  is a word, a run of punctuation or symbols is a token of its own (spaCy also makes ``,``
-  ``(`` a token), and each CJK ideograph or kana is a word (the rule of
-  ``pipeline.core.dedup.words``). So a Chinese document of 80 characters has about 70
-  words, not 1 (``str.split``) and not 40 (jieba, which would fail Gopher's 50-word
-  minimum on most paragraphs). C4 splits lines with ``str.split`` in datatrove; we use the
-  same words there, so a Chinese line has more than 3 words.
+  for English, with jieba for Chinese, with SudachiPy for Japanese). We need neither spaCy
+  nor a model, and run about 10x faster: :func:`tokens` is a regex version of spaCy's
+  English rules where a count depends on them. Punctuation and symbols are tokens of one
+  character (``...`` and ``--`` one each); a run of letters and digits with inner
+  punctuation is a word (``3.5``, ``self._data``), split where spaCy's infixes split it
+  (``user-specified`` -> ``user - specified``, ``torch.nn.Module`` -> ``torch.nn . Module``)
+  and its contractions (``don't`` -> ``do n't``); a URL, ``e.g.`` or ``x.`` is one token;
+  a leading ``-``, ``--``, ``@`` or ``.`` stays on its word (``--input``, ``.metadata``).
+  On the main job's 12,064 documents the decisions of each rule set alone agree with
+  datatrove's (spaCy's words) on 98.98% (Gopher quality), 99.77% (repetition), 99.96% (C4)
+  and 100% (FineWeb) of documents (``bench/curate_vs_datatrove.py --filters_agreement``);
+  the rest are code and math pages at the 80% alphabetic-words line, where one of spaCy's
+  finer rules (TeX markup kept whole, ``):`` one token) tips the ratio. Each CJK ideograph
+  or kana is a word (the rule of ``pipeline.core.dedup.words``), so a Chinese document of 80
+  characters has about 70 words, not 1 (``str.split``) and not 40 (jieba, which would fail
+  Gopher's 50-word minimum on most paragraphs). C4 splits lines with ``str.split`` in
+  datatrove; we use the same words there, so a Chinese line has more than 3 words.
 * **Mean word length** (Gopher, 3 to 10) is measured on the words that are not CJK
   characters, and only when they are at least half of the words: a character of Chinese is
   one word of length 1, and the rule would drop every Chinese page.
@@ -30,8 +39,8 @@ or ``<=``), and its ``empty`` reasons. Where we differ, and why:
   English quotations too, so an English line ending ``values.”`` is kept here, as
   ``values."`` is by both. (FineWeb's line ends are already Unicode's sentence terminals
   in datatrove, ``。`` among them.)
-* **Sentences** (C4, at least 5): counted with ``pipeline.core.text.split_sentences`` (CJK
-  full stops included), not spaCy's sentencizer.
+* **Sentences** (C4, at least 5): counted as spaCy's sentencizer ends them, on our tokens
+  (:func:`_sentence_count`), so the full stops of CJK text end sentences too.
 * **Top n-gram length** (Gopher repetition) counts no space next to a CJK character
   (datatrove joins every n-gram with spaces, so a Chinese 4-gram of 4 characters counts as
   7, and two repeats of a 4-character phrase in 80 characters fail).
@@ -60,7 +69,6 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 from pipeline.core.dedup import CJK_CHAR
-from pipeline.core.text import split_sentences
 
 __all__ = ["C4_LINE_RULES", "RULE_SETS", "apply_filters", "c4_lines", "tokens"]
 
@@ -115,17 +123,37 @@ def _ranges(codes: list[int]) -> str:
     return "".join(f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in spans)
 
 
-_PUNCT = _ranges([c for c in range(0x10000) if unicodedata.category(chr(c))[0] in "PS"])
-_PUNCT += "\U0001f000-\U0001faff"
+_PUNCT_CODES = [c for c in range(0x10000) if unicodedata.category(chr(c))[0] in "PS"]
+_PUNCT = _ranges(_PUNCT_CODES) + "\U0001f000-\U0001faff"
 _CJK = CJK_CHAR.pattern[1:-1]
-_WORD_CHAR = f"[^\\s{_PUNCT}{_CJK}]"
+# A backslash is part of a word, as in spaCy's (TeX's "\\frac", a Windows path)
+_WORD_CHAR = f"[^\\s{_ranges([c for c in _PUNCT_CODES if c != 0x5C])}\U0001f000-\U0001faff{_CJK}]"
 _PUNCT_CHAR = f"[{_PUNCT}]"
-# A token: one CJK character; a run of word characters, inner punctuation kept; a
-# punctuation run.
+# A token, as spaCy's English rules make them where a count depends on it: a URL, to the
+# space (its closing punctuation apart); a letter and its dot, or several ("x.", "e.g.",
+# "U.S.": spaCy's exceptions); one CJK
+# character; a run of word characters, inner punctuation kept (split further by _INFIX and
+# _CONTRACTION); a run of dots or of hyphens ("...", "--"); any other punctuation or
+# symbol character alone.
+_URL = r"(?:https?://|www\.)\S+?(?=[.,;:!?)\]'\"]*(?:\s|$))"
+_ABBREVIATION = r"(?<![^\W_])(?:[^\W\d_]\.)+(?![^\W_])"
 _TOKEN = re.compile(
-    f"{CJK_CHAR.pattern}|{_WORD_CHAR}+(?:{_PUNCT_CHAR}+{_WORD_CHAR}+)*|{_PUNCT_CHAR}+"
+    f"{_URL}|{_ABBREVIATION}|{CJK_CHAR.pattern}|(?:-{{1,2}}|[@.])?{_WORD_CHAR}+(?:{_PUNCT_CHAR}+{_WORD_CHAR}+)*"
+    f"|\\.{{2,}}|-{{2,}}|{_PUNCT_CHAR}"
 )
 _SYMBOL_ONLY = re.compile(f"{_PUNCT_CHAR}+")
+# Punctuation only (Unicode P*, not symbols): spaCy's is_punct, for the sentence ends.
+_PUNCTUATION_ONLY = re.compile(
+    f"[{_ranges([c for c in _PUNCT_CODES if unicodedata.category(chr(c))[0] == 'P'])}]+"
+)
+# Inside a word, as spaCy's English infixes: a hyphen, dash, tilde, ":", "<", ">", "=" or "/"
+# between a letter or digit and a letter, a comma between letters, a dot between a lowercase
+# and a capital letter ("torch.nn.Module" -> "torch.nn" "." "Module"); each its own token.
+_INFIX = re.compile(
+    r"((?<=[^\W_])[-\u2013\u2014~:<>=/](?=[^\W\d_])|(?<=[^\W\d_]),(?=[^\W\d_])|(?<=[a-z])\.(?=[A-Z]))"
+)
+# English contractions, as spaCy's: "don't" -> "do" "n't", "it's" -> "it" "'s".
+_CONTRACTION = re.compile(r"(?i)^([^\W\d_]+?)(n['\u2019]t|['\u2019](?:s|re|ll|ve|d|m))$")
 
 STOP_WORDS = {"en": frozenset(["the", "be", "to", "of", "and", "that", "have", "with"])}
 # Function characters of Chinese and Japanese, each a word under the CJK rule.
@@ -180,7 +208,18 @@ def tokens(text: str) -> list[str]:
 def _tokens(text: str) -> tuple[str, ...]:
     """:func:`tokens`, kept for the last texts: the rule sets of one :func:`apply_filters`
     call tokenize the document once (a str caches its hash, so a hit costs nothing)."""
-    return tuple(_TOKEN.findall(text))
+    out: list[str] = []
+    for token in _TOKEN.findall(text):
+        if token.isalnum() or len(token) < 3 or token.endswith(".") or "://" in token:
+            out.append(token)  # no inner punctuation: the usual case, without the regexes
+            continue
+        for piece in _INFIX.split(token):
+            contraction = _CONTRACTION.match(piece)
+            if contraction:
+                out += contraction.groups()
+            elif piece:
+                out.append(piece)
+    return tuple(out)
 
 
 def _duplicates(items: list[str]) -> tuple[int, int]:
@@ -287,6 +326,23 @@ def _gopher_repetition(text: str, language: str) -> str | None:
     return None
 
 
+def _sentence_count(line: str) -> int:
+    """Sentences in ``line`` as spaCy's sentencizer ends them (datatrove's English
+    sentences): after a sentence terminal token (one character of Unicode's
+    Sentence_Terminal, ``。`` among them), the next token that is not punctuation starts a
+    sentence, so closing quotes and brackets stay with theirs. ``"One. two! (Three.)"`` has
+    3; ``"e.g. this"`` 1 (``e.g.`` is one token)."""
+    words = _tokens(line)
+    count, ended = int(bool(words)), False
+    for word in words:
+        terminal = len(word) == 1 and _SENTENCE_TERMINAL.match(word) is not None
+        if ended and not terminal and not _PUNCTUATION_ONLY.fullmatch(word):
+            count, ended = count + 1, False
+        elif terminal:
+            ended = True
+    return count
+
+
 def c4_lines(text: str) -> tuple[str | None, str, dict[str, int]]:
     """C4's line pass: (the document rule it breaks or None, the kept text, lines dropped per
     rule of :data:`C4_LINE_RULES`).
@@ -331,7 +387,7 @@ def c4_lines(text: str) -> tuple[str | None, str, dict[str, int]]:
         if any(phrase in lowered for phrase in _POLICY):
             dropped["policy"] += 1
             continue
-        sentences += len(split_sentences(line))
+        sentences += _sentence_count(line)
         kept.append(line)
     kept_text = "\n".join(kept).strip()
     return ("min_sentences" if sentences < 5 else None), kept_text, dropped

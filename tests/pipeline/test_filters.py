@@ -34,19 +34,50 @@ def failed(text, rule_set, language="en"):
     return apply_filters(text, [rule_set], language)[0]
 
 
-def test_tokens():
-    assert tokens("Don't panic, e-mail 3.5 (now)!") == [
-        "Don't",
-        "panic",
-        ",",
-        "e-mail",
-        "3.5",
-        "(",
-        "now",
-        ")!",
-    ]
-    assert tokens("BERT模型。") == ["BERT", "模", "型", "。"]
+# Tokens as datatrove 0.10.1's English words (spaCy 3.8's ``blank("en")``) are, each list
+# printed by spaCy itself: punctuation one character at a time, URLs, abbreviations,
+# infixes and contractions as its rules make them.
+SPACY_TOKENS = {
+    "Don't panic, e-mail 3.5 (now)!": [
+        "Do", "n't", "panic", ",", "e", "-", "mail", "3.5", "(", "now", ")", "!",
+    ],
+    "foo()).": ["foo", "(", ")", ")", "."],
+    "x (>= 3": ["x", "(", ">", "=", "3"],
+    "wait... ok…": ["wait", "...", "ok", "…"],
+    "a->b <= != ==": ["a->b", "<", "=", "!", "=", "=", "="],
+    "user-specified box/whisker subplots=False": [
+        "user", "-", "specified", "box", "/", "whisker", "subplots", "=", "False",
+    ],
+    "see https://github.com/python/mypy/issues/4146.": [
+        "see", "https://github.com/python/mypy/issues/4146", ".",
+    ],
+    "e.g. x. U.S. x.y.z": ["e.g.", "x.", "U.S.", "x.y.z"],
+    "torch.nn.Module and a .metadata file": [
+        "torch.nn", ".", "Module", "and", "a", ".metadata", "file",
+    ],
+    "--input -1 @retry": ["--input", "-1", "@retry"],
+    "they're it's can't": ["they", "'re", "it", "'s", "ca", "n't"],
+    "**kwargs (a)": ["*", "*", "kwargs", "(", "a", ")"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("text", list(SPACY_TOKENS))
+def test_tokens_are_spacys(text):
+    assert tokens(text) == SPACY_TOKENS[text]
+
+
+def test_tokens_of_other_scripts():
+    assert tokens("BERT模型。") == ["BERT", "模", "型", "。"]  # each CJK character a word
     assert tokens("हिन्दी भाषा") == ["हिन्दी", "भाषा"]  # combining marks stay in the word
+
+
+def test_c4_counts_sentences_as_spacys_sentencizer():
+    # a terminal token followed by a token that is not punctuation starts a sentence;
+    # "e.g." and "3.5" are one token each, ")" stays with its sentence
+    four = "One. two! (Three.) See e.g. this, 3.5 times."
+    assert c4_lines(four)[0] == "min_sentences"
+    assert c4_lines(four + " Four?")[0] is None
+    assert c4_lines("这是第一句。这是第二句。第三句。第四句。第五句。")[0] is None
 
 
 @pytest.mark.parametrize("rule_set", list(RULE_SETS))
