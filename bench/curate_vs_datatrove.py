@@ -2,9 +2,9 @@
 MinHash dedup, and the wall time of curation end to end.
 
     python3 -m venv /tmp/venv-datatrove                 # datatrove in a venv of its own
-    /tmp/venv-datatrove/bin/pip install 'datatrove==0.10.1' 'xxhash<4' spacy
+    /tmp/venv-datatrove/bin/pip install 'datatrove[processing]==0.10.1' spacy
     python bench/curate_vs_datatrove.py --datatrove_python /tmp/venv-datatrove/bin/python \\
-        --mb 100 --repeats 3 --keep /tmp/curate-vs-datatrove
+        --mb 100 --repeats 3 --filters_agreement --keep /tmp/curate-vs-datatrove
 
 The corpus is the main job's (``python -m pipeline corpus --files 10 --sources docstrings
 reference --packages default``, as scripts/quickstart.sh writes it) with planted copies of
@@ -34,7 +34,16 @@ exact copy, a near copy (``--near_rate`` of its words replaced) and a far copy
 
    It also prints the agreement up to which member of a cluster stays.
 
-2. **Time** (``--mb`` of corpus: the planted corpus, then far copies (``--far_rate``) of
+2. **Filter agreement** (``--filters_agreement``, not timed): each of the four rule sets
+   alone (Gopher quality, Gopher repetition, C4, FineWeb, each on the original text) on
+   each of the main job's documents: datatrove's filter objects' ``filter()`` with its
+   English words (spaCy's, or ``--datatrove_tokenizer``), ours
+   ``pipeline.core.filters.apply_filters``. Per set it prints the documents whose
+   decisions agree, how many of those name the same rule, and the differing ones counted
+   by (our rule, datatrove's rule), with example ids (``--keep`` keeps the inputs and
+   ``filters-agreement.json``).
+
+3. **Time** (``--mb`` of corpus: the planted corpus, then far copies (``--far_rate``) of
    the main job's documents, round after round, up to the size): MinHash dedup plus the
    Gopher quality and C4 rule sets. datatrove: reader -> ``GopherQualityFilter`` ->
    ``C4QualityFilter`` -> writer -> ``MinhashDedupSignature`` in one stage of ``--tasks``
@@ -87,6 +96,9 @@ def datatrove_job(spec: dict) -> None:
     from datatrove.pipeline.readers import JsonlReader
     from datatrove.pipeline.writers import JsonlWriter
 
+    if spec["mode"] == "filters":
+        datatrove_filters(spec)
+        return
     work, tasks, workers = Path(spec["work"]), spec["tasks"], spec["workers"]
     config = MinhashConfig(n_grams=NGRAM, num_buckets=BANDS, hashes_per_bucket=ROWS, seed=SEED)
     agreement = spec["mode"] == "agreement"
@@ -126,6 +138,38 @@ def datatrove_job(spec: dict) -> None:
                 record = json.loads(line)
                 shingles = sorted(set(signer.get_shingles(record["text"]).ravel().tolist()))
                 out.write(json.dumps({"id": record["id"], "shingles": digest(shingles)}) + "\n")
+
+
+def datatrove_filters(spec: dict) -> None:
+    """Each rule set's decision on each document of ``input_list``, alone (each set sees
+    the original text), as ``{"id": ..., "<set>": reason or None}`` lines in
+    ``<work>/filters.jsonl``."""
+    from datatrove.data import Document
+    from datatrove.pipeline.filters import (
+        C4QualityFilter,
+        FineWebQualityFilter,
+        GopherQualityFilter,
+        GopherRepetitionFilter,
+    )
+
+    words = "en" if spec["tokenizer"] == "spacy" else split_tokenizer()
+    filters = {
+        "gopher_quality": GopherQualityFilter(language=words),
+        "gopher_repetition": GopherRepetitionFilter(language=words),
+        "c4": C4QualityFilter(language=words),
+        "fineweb": FineWebQualityFilter(language=words),
+    }
+    work = Path(spec["work"])
+    work.mkdir(parents=True, exist_ok=True)
+    with open(spec["input_list"]) as f, open(work / "filters.jsonl", "w") as out:
+        for line in f:
+            record = json.loads(line)
+            row = {"id": record["id"]}
+            for name, rule in filters.items():
+                # C4 drops lines from doc.text in place: each set gets a Document of its own
+                result = rule.filter(Document(text=record["text"], id=record["id"]))
+                row[name] = None if result is True else result[1]
+            out.write(json.dumps(row) + "\n")
 
 
 def split_tokenizer():
@@ -193,13 +237,16 @@ def grown(texts: list[str], docs: list[str], args) -> list[str]:
     return out
 
 
-def write_inputs(texts: list[str], folder: Path, tasks: int) -> Path:
-    """``texts`` dealt round-robin into ``tasks`` jsonl files, ``id`` the text's index."""
+def write_inputs(texts: list[str], folder: Path, tasks: int, whole: bool = True) -> Path:
+    """``texts`` dealt round-robin into ``tasks`` jsonl files, ``id`` the text's index; with
+    ``whole``, also all of them in order, in ``<folder>.all.jsonl`` beside it."""
     folder.mkdir(parents=True, exist_ok=True)
     for t in range(tasks):
         with open(folder / f"part-{t:03d}.jsonl", "w") as f:
             for i in range(t, len(texts), tasks):
                 f.write(json.dumps({"id": str(i), "text": texts[i]}) + "\n")
+    if not whole:
+        return folder
     with open(folder.parent / f"{folder.name}.all.jsonl", "w") as f:
         for i, text in enumerate(texts):
             f.write(json.dumps({"id": str(i), "text": text}) + "\n")
@@ -354,6 +401,79 @@ def agreement(texts: list[str], out: Path, work: Path) -> dict:
     }
 
 
+# datatrove's reason names -> ours (pipeline/core/filters.py's RULE_SETS)
+DATATROVE_REASONS = {
+    "gopher_short_doc": "word_count",
+    "gopher_long_doc": "word_count",
+    "gopher_below_avg_threshold": "mean_word_length",
+    "gopher_above_avg_threshold": "mean_word_length",
+    "gopher_too_many_hashes": "hash_ratio",
+    "gopher_too_many_ellipsis": "ellipsis_ratio",
+    "gopher_too_many_bullets": "bullet_lines",
+    "gopher_too_many_end_ellipsis": "ellipsis_lines",
+    "gopher_below_alpha_threshold": "alpha_words",
+    "gopher_enough_stop_words": "stop_words",
+    "too_few_sentences": "min_sentences",
+    **{f"duplicated_{n}_n_grams": f"dup_{n}_gram" for n in range(5, 11)},
+}
+
+
+def filter_agreement(texts: list[str], work: Path) -> dict:
+    """Per rule set: our decision and datatrove's on each document, alone; the differing
+    ones counted by (our rule, datatrove's rule), with example ids."""
+    from pipeline.core.filters import apply_filters
+
+    with open(work / "filters.jsonl") as f:
+        theirs = {r["id"]: r for r in map(json.loads, f)}
+    result = {}
+    start = time.perf_counter()
+    for name in ("gopher_quality", "gopher_repetition", "c4", "fineweb"):
+        pairs: Counter = Counter()
+        examples: dict[tuple, list[str]] = defaultdict(list)
+        dropped = {"ours": 0, "datatrove": 0}
+        same_rule = 0
+        for i, text in enumerate(texts):
+            failed, _ = apply_filters(text, [name])
+            mine = failed.split(".", 1)[1] if failed else None
+            reason = theirs[str(i)][name]
+            their = DATATROVE_REASONS.get(reason, reason) if reason else None
+            dropped["ours"] += mine is not None
+            dropped["datatrove"] += their is not None
+            if (mine is None) == (their is None):
+                same_rule += mine == their
+                continue
+            pairs[(mine or "kept", their or "kept")] += 1
+            examples[(mine or "kept", their or "kept")].append(str(i))
+        differ = sum(pairs.values())
+        result[name] = {
+            "documents": len(texts),
+            "agree": len(texts) - differ,
+            "same_rule": same_rule,
+            "dropped": dropped,
+            "pairs": [
+                {"ours": a, "datatrove": b, "documents": n, "examples": examples[(a, b)][:5]}
+                for (a, b), n in pairs.most_common()
+            ],
+        }
+    print(f"our four rule sets, one process: {time.perf_counter() - start:.1f} s")
+    return result
+
+
+def print_filter_agreement(result: dict) -> None:
+    for name, r in result.items():
+        n = r["documents"]
+        print(
+            f"filters, {name} alone: decisions agree on {r['agree']:,}/{n:,} = "
+            f"{r['agree'] / n:.4f} (the same rule on {r['same_rule']:,}); dropped: ours "
+            f"{r['dropped']['ours']:,}, datatrove {r['dropped']['datatrove']:,}"
+        )
+        for pair in r["pairs"]:
+            print(
+                f"  ours {pair['ours']:18s} datatrove {pair['datatrove']:18s} "
+                f"{pair['documents']:6,}  e.g. ids {pair['examples']}"
+            )
+
+
 # ----------------------------------------------------------------------------- main
 
 
@@ -379,6 +499,11 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--documents", type=int, default=None, help="only the first N (a smoke run)")
     p.add_argument("--skip_agreement", action="store_true")
+    p.add_argument(
+        "--filters_agreement",
+        action="store_true",
+        help="also each rule set's decisions against datatrove's on the main job's documents",
+    )
     p.add_argument("--keep", default=None, help="keep the corpus and outputs here")
     args = p.parse_args(argv)
     if args.as_datatrove:
@@ -410,6 +535,16 @@ def main(argv=None) -> int:
         for kind in CLASSES:
             n = result["classes"].get(kind, 0)
             print(f"  {kind:25s} {n:6,}  e.g. ids {result['examples'].get(kind, [])}")
+    if args.filters_agreement:
+        inputs = write_inputs(docs, work / "filters-in", args.tasks)
+        spec = {"work": str(work / "filters-datatrove"), "mode": "filters"}
+        spec |= {"tokenizer": args.datatrove_tokenizer, "input_list": f"{inputs}.all.jsonl"}
+        cmd = [args.datatrove_python, str(Path(__file__).resolve()), "--as_datatrove"]
+        seconds = timed([*cmd, json.dumps(spec)], "datatrove's filters")
+        print(f"datatrove's four rule sets, one process: {seconds:.1f} s")
+        result = filter_agreement(docs, work / "filters-datatrove")
+        (work / "filters-agreement.json").write_text(json.dumps(result, indent=1))
+        print_filter_agreement(result)
     if args.repeats:
         big = grown(texts, docs, args)
         inputs = write_inputs(big, work / "timing-in", args.tasks)

@@ -3,6 +3,8 @@
     python bench/pipeline_memory.py --mb 50 200                 # DirectRunner and Dask
     python bench/pipeline_memory.py --mb 50 --runners dask --memory_limit 4GiB
     python bench/pipeline_memory.py --input 'corpus/*.txt' --vocab_file vocab.txt
+    python bench/pipeline_memory.py --command curate --mb 200 1000 --runners dask \
+        --memory_limit 2GiB                                      # curation (issue 33)
 
 Each build is ``python -m pipeline build --vocab_file ... --dupe_factor 5`` on
 
@@ -24,6 +26,14 @@ language reference, test docstrings, prose comments), repeated to ``--mb`` MB in
 it (not measured); ``--learn_vocab``: each build learns its own (30,522 tokens), which
 makes every runner hold the read documents until the vocab is learned. ``--timeline DIR``
 writes every sample as CSV, one file per build.
+
+``--command curate`` measures ``python -m pipeline curate --dedup minhash --filters
+gopher_quality,c4`` instead (more flags after ``--``). Its generated corpus must not be
+repeats, which exact dedup would drop before MinHash sees them: it is
+``bench/curate_vs_datatrove.py``'s timed corpus (the main job's documents with planted
+exact, near and far copies, then far copies (20% of words replaced) of the main job's
+documents, round after round) up to ``--mb``, as jsonl in ``--files`` files; every
+document but the planted copies is distinct, so each one is shingled, signed and banded.
 """
 
 from __future__ import annotations
@@ -143,10 +153,24 @@ def learn_vocab(work: Path) -> Path:
     return out / "vocab.txt"
 
 
+def curate_corpus(directory: Path, mb: float, files: int) -> None:
+    """bench/curate_vs_datatrove.py's timed corpus, ``mb`` MB of jsonl in ``files`` files."""
+    import types
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from curate_vs_datatrove import grown, main_corpus, planted_corpus, write_inputs
+
+    settings = types.SimpleNamespace(copies=1000, near_rate=0.015, far_rate=0.2, seed=0, mb=mb)
+    docs = main_corpus(directory.parent)
+    texts = grown(planted_corpus(docs, settings), docs, settings)
+    write_inputs(texts, directory, files, whole=False)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    p.add_argument("--command", choices=["build", "curate"], default="build")
     p.add_argument("--mb", type=float, nargs="+", default=[50, 200], help="corpus sizes")
     p.add_argument("--input", default=None, help="a corpus (glob) instead of --mb of prose")
     p.add_argument("--vocab_file", default=None, help="default: learned from 8 MB of prose")
@@ -175,37 +199,34 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     work = Path(args.work or tempfile.mkdtemp(prefix="pipeline-memory-"))
-    vocab = None if args.learn_vocab else args.vocab_file or str(learn_vocab(work))
+    curating = args.command == "curate"
+    vocab = None if args.learn_vocab or curating else args.vocab_file or str(learn_vocab(work))
     corpora = []
     if args.input:
         size = sum(os.path.getsize(f) for f in glob.glob(args.input)) / 1e6
         corpora.append((size, args.input, len(glob.glob(args.input))))
     for mb in [] if args.input else args.mb:
-        directory = work / f"corpus-{mb:g}mb"
+        directory = work / f"{'curate-' if curating else ''}corpus-{mb:g}mb"
         if not directory.exists():
-            write_corpus(directory, max_bytes=int(mb * 1e6), files=args.files, repeat=True)
-        corpora.append((mb, str(directory / "*.txt"), args.files))
+            if curating:
+                curate_corpus(directory, mb, args.files)
+            else:
+                write_corpus(directory, max_bytes=int(mb * 1e6), files=args.files, repeat=True)
+        pattern = "*.jsonl" if curating else "*.txt"
+        corpora.append((mb, str(directory / pattern), args.files))
     print(f"cpus: {os.cpu_count()}; load average at start: {os.getloadavg()}", flush=True)
     results = []
     for mb, inputs, files in corpora:
         for runner in args.runners:
-            out = work / f"shards-{mb:g}mb-{runner}"
-            given = ["--vocab_size", "30522"] if vocab is None else ["--vocab_file", vocab]
-            cmd = [
-                sys.executable,
-                "-m",
-                "pipeline",
-                "build",
-                "--input",
-                inputs,
-                "--output",
-                str(out),
-                "--overwrite",
-                *given,
-                "--dupe_factor",
-                str(args.dupe_factor),
-                *args.extra,
-            ]
+            out = work / f"{'curated' if curating else 'shards'}-{mb:g}mb-{runner}"
+            cmd = [sys.executable, "-m", "pipeline", args.command, "--input", inputs]
+            cmd += ["--output", str(out), "--overwrite", "true"]
+            if curating:
+                cmd += ["--dedup", "minhash", "--filters", "gopher_quality,c4"]
+            else:
+                given = ["--vocab_size", "30522"] if vocab is None else ["--vocab_file", vocab]
+                cmd += [*given, "--dupe_factor", str(args.dupe_factor)]
+            cmd += args.extra
             cluster = None
             if runner == "dask":
                 cluster = DaskCluster(
