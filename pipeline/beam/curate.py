@@ -245,6 +245,51 @@ def sample_key(seed: int):
     return lambda item: derive_seed("removed_sample", seed, item[0])
 
 
+def smallest(n: int, key):
+    """``values -> the n smallest by key``: :class:`CombineInBundle`'s fold for
+    ``Top.PerKey(n, key=key, reverse=True)``, whose result over the folded values is the same."""
+    return lambda values: sorted(values, key=key)[:n]
+
+
+class CombineInBundle(beam.DoFn):
+    """(key, value) -> the same keys with each bundle's values folded (``fold``: a list of
+    values -> a shorter list whose combine gives the same result), emitted at the bundle's
+    end: combiner lifting by hand, before the CombinePerKey that follows.
+
+    Beam's portable runners lift combiners themselves; Beam's DaskRunner does not: it
+    groups every value of a key in one task. Removed documents' samples keyed by reason
+    put the texts of every document a rule removed into one worker (at 1 GB, 840 MB of
+    ``gopher_quality.alpha_words`` on a 2 GiB worker); folded here, a key's group holds a
+    few values per bundle.
+    """
+
+    FOLD_AT = 256  # values of a key held before folding them
+
+    def __init__(self, fold):
+        super().__init__()
+        self._fold = fold
+
+    def start_bundle(self):
+        self._values: dict = {}
+
+    def process(self, element):
+        key, value = element
+        values = self._values.setdefault(key, [])
+        values.append(value)
+        if len(values) >= self.FOLD_AT:
+            self._values[key] = self._fold(values)
+
+    def finish_bundle(self):
+        from apache_beam.transforms.window import GlobalWindow
+        from apache_beam.utils.windowed_value import WindowedValue
+
+        window = GlobalWindow()
+        for key, values in self._values.items():
+            for value in self._fold(values):
+                yield WindowedValue((key, value), window.max_timestamp(), [window])
+        self._values = {}
+
+
 def write_outputs(
     files: list[dict],
     steps: dict,
@@ -401,16 +446,21 @@ def curate_graph(
         [s | f"Tag{name}" >> beam.Map(lambda d, n=name: (n, d)) for name, s in stages]
         | "AllSteps" >> beam.Flatten()
         | "StepTotals" >> beam.Map(step_totals)
+        | "SumStepsInBundle" >> beam.ParDo(CombineInBundle(lambda pairs: [add_pairs(pairs)]))
         | "SumSteps" >> beam.CombinePerKey(add_pairs)
     )
     removed_all = curated.removed
     reasons = (
         removed_all
         | "ReasonTotals" >> beam.Map(step_totals)
+        | "SumReasonsInBundle" >> beam.ParDo(CombineInBundle(lambda pairs: [add_pairs(pairs)]))
         | "SumReasons" >> beam.CombinePerKey(add_pairs)
     )
-    samples = removed_all | "Samples" >> beam.combiners.Top.PerKey(
-        config.samples_per_reason, key=sample_key(seed), reverse=True
+    n, key = config.samples_per_reason, sample_key(seed)
+    samples = (
+        removed_all
+        | "SamplesInBundle" >> beam.ParDo(CombineInBundle(smallest(n, key)))
+        | "Samples" >> beam.combiners.Top.PerKey(n, key=key, reverse=True)
     )
     return files | "WriteOutputs" >> beam.Map(
         write_outputs,

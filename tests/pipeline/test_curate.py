@@ -14,7 +14,14 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipeline.beam.curate import FILE_KEYS, file_counts
+from pipeline.beam.curate import (
+    FILE_KEYS,
+    CombineInBundle,
+    add_pairs,
+    file_counts,
+    sample_key,
+    smallest,
+)
 from pipeline.beam.curation_steps import ConnectedComponents, star_edges
 from pipeline.cli.main import main
 from tests.helpers import REPO
@@ -71,6 +78,39 @@ def test_random_graphs_match_union_find(seed):
     nodes = [f"d{i:03d}" for i in range(120)]
     edges = [tuple(rng.sample(nodes, 2)) for _ in range(90)]
     components(edges, rounds=6)
+
+
+def test_combining_in_bundles_first_gives_the_same_sums_and_samples(monkeypatch):
+    # Folded every 3 values, the per-key sums and the 4 smallest by key are those of the
+    # values combined at once.
+    monkeypatch.setattr(CombineInBundle, "FOLD_AT", 3)
+    rng = random.Random(0)
+    items = [(f"reason{rng.randrange(3)}", (f"id{i}", f"text {i}")) for i in range(200)]
+    key = sample_key(7)
+    expected_top = {}
+    for reason, item in items:
+        expected_top.setdefault(reason, []).append(item)
+    expected_top = [(r, sorted(v, key=key)[:4]) for r, v in expected_top.items()]
+    pairs = [(reason, (1, len(text))) for reason, (_, text) in items]
+    expected_sums = {}
+    for reason, (n, b) in pairs:
+        a = expected_sums.get(reason, (0, 0))
+        expected_sums[reason] = (a[0] + n, a[1] + b)
+    with TestPipeline() as p:
+        top = (
+            p
+            | "Items" >> beam.Create(items)
+            | "Fold" >> beam.ParDo(CombineInBundle(smallest(4, key)))
+            | beam.combiners.Top.PerKey(4, key=key, reverse=True)
+        )
+        assert_that(top, equal_to(expected_top), label="top")
+        sums = (
+            p
+            | "Pairs" >> beam.Create(pairs)
+            | "FoldSums" >> beam.ParDo(CombineInBundle(lambda v: [add_pairs(v)]))
+            | beam.CombinePerKey(add_pairs)
+        )
+        assert_that(sums, equal_to(list(expected_sums.items())), label="sums")
 
 
 def test_star_edges_point_every_member_of_a_band_at_its_smallest():
@@ -189,6 +229,8 @@ def test_curated_files_are_the_same_bytes_on_two_workers_and_in_one_file(planted
     assert done.returncode == 0, done.stderr
     for name in [f"part-{i:05d}-of-00003.parquet" for i in range(3)]:
         assert (out / name).read_bytes() == (reference / name).read_bytes(), name
+    samples = (out / "removed_samples.jsonl").read_bytes()
+    assert samples == (reference / "removed_samples.jsonl").read_bytes()
 
 
 def test_build_reads_curated_output(planted, tmp_path):
@@ -350,6 +392,8 @@ def test_dask_gives_the_same_curated_bytes(planted, tmp_path):
     for name in [f"part-{i:05d}-of-00003.parquet" for i in range(3)]:
         assert (out / name).read_bytes() == (reference / name).read_bytes(), name
     assert (out / "report.json").read_bytes() == (reference / "report.json").read_bytes()
+    samples = (out / "removed_samples.jsonl").read_bytes()
+    assert samples == (reference / "removed_samples.jsonl").read_bytes()
 
 
 def test_a_dask_curate_gets_partitions_of_its_input_size(planted, tmp_path, capfd, monkeypatch):
