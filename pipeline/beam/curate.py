@@ -432,6 +432,7 @@ def curate_graph(
         {"origin": read[ORIGINS], "kept": docs | "KeptBytes" >> beam.Map(kept_bytes)}
         | "JoinOrigins" >> beam.CoGroupByKey()
         | "FileCounts" >> beam.FlatMap(file_counts)
+        | "SumFileCountsInBundle" >> beam.ParDo(CombineInBundle(lambda v: [add_counts(v)]))
         | "SumFileCounts" >> beam.CombinePerKey(add_counts)
     )
     seed = config.random_seed

@@ -63,6 +63,19 @@ def test_dask_sizes_a_windowed_value_by_its_value():
     assert sizeof([value] * 20) >= 20_000_000  # a partition of them
 
 
+def test_dask_sizes_a_tagged_output_by_its_value():
+    """A multi-output ParDo's bag holds TaggedOutputs (dask_compat keeps their tags): 56
+    bytes each to ``sys.getsizeof``, so curate's removed texts were never spilled."""
+    from apache_beam.pvalue import TaggedOutput
+
+    sizeof = pytest.importorskip("dask.sizeof").sizeof
+    from pipeline.beam.dask_compat import register_sizeof
+
+    register_sizeof()
+    removed = TaggedOutput("removed", ("c4.min_sentences", ("id", "x" * 1_000_000)))
+    assert 1_000_000 <= sizeof(removed) < 1_002_000
+
+
 class Numbers(beam.DoFn):
     """Each number, and tagged: a count per number and the odd numbers."""
 
