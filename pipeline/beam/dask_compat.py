@@ -22,10 +22,7 @@ private copy of the invoker arguments and receivers (1), whose side inputs are
 ``dask.delayed`` dependencies of the bundle tasks, built on the side input bag's own
 keys (2): each is computed once, in the same graph as everything else, and handed
 whole to every bundle that needs it; and whose tagged outputs keep their tags, so that
-each consumer reads the one output it names (3, :func:`_select`). What a ParDo's bundles
-share (the invoker's arguments, the receivers, the side inputs' views) is one key of the
-graph that each bundle task depends on (:class:`_BundleSpec`), not a copy pickled into every
-task. After each bundle the worker hands freed memory
+each consumer reads the one output it names (3, :func:`_select`). After each bundle the worker hands freed memory
 back to the system (:func:`trim_memory`), and Dask sizes a Beam ``WindowedValue`` by
 its value too (:func:`register_sizeof`), so a worker spills what it holds. The
 bundle function lives in this module, so Dask workers import it by reference: each
@@ -57,7 +54,6 @@ import itertools
 import logging
 import re
 import sys
-import uuid
 
 logger = logging.getLogger(__name__)
 
@@ -88,48 +84,19 @@ def _side_value(bag):
     return Delayed(name, HighLevelGraph.from_collections(name, layer, dependencies=[bag]))
 
 
-class _BundleSpec:
-    """What every bundle of one ParDo runs with: the DoFn invoker's arguments, its
-    receivers, its side inputs' views. One graph key holds it (:func:`_shared`), which each
-    bundle task depends on; passed to ``map_partitions`` as it is, it was pickled into every
-    task: at 1 GB, 123 partitions, a curate's client held 2.2 GB and its scheduler 2.4 GB,
-    5x what 25 partitions took at 200 MB."""
-
-    __slots__ = ("invoker_args", "invoker_kwargs", "receivers", "views")
-
-    def __init__(self, invoker_args, invoker_kwargs, receivers, views):
-        self.invoker_args, self.invoker_kwargs = invoker_args, invoker_kwargs
-        self.receivers, self.views = receivers, views
-
-    def __getstate__(self):
-        return (self.invoker_args, self.invoker_kwargs, self.receivers, self.views)
-
-    def __setstate__(self, state):
-        self.invoker_args, self.invoker_kwargs, self.receivers, self.views = state
-
-
-def _shared(spec: _BundleSpec):
-    """A Delayed of ``spec``: one key of the graph (not traversed: a literal object)."""
-    from dask.delayed import delayed
-
-    return delayed(spec, name=f"bundle-spec-{uuid.uuid4().hex}", traverse=False)
-
-
-def _run_bundle(items, spec: _BundleSpec, *side_values):
+def _run_bundle(items, invoker_args, invoker_kwargs, receivers, views, *side_values):
     """Like Beam's ``apply_dofn_to_bundle``, with receivers private to this bundle and
-    side inputs built from values computed once (``spec.views``: each side input's view
+    side inputs built from values computed once (``views``: each side input's view
     class, options and window function; ``side_values``: its elements)."""
     from apache_beam.pvalue import TaggedOutput
     from apache_beam.runners.common import DoFnInvoker
     from apache_beam.runners.dask.transform_evaluator import get_windowed_value
     from apache_beam.transforms.sideinputs import SideInputMap
 
-    # One deep copy keeps the links between the output handler and the receivers, and
-    # leaves the worker's copy of the spec, shared by its bundles, as it was.
+    # One deep copy keeps the links between the output handler and the receivers.
     invoker_args, invoker_kwargs, receivers = copy.deepcopy(
-        (spec.invoker_args, spec.invoker_kwargs, spec.receivers)
+        (invoker_args, invoker_kwargs, receivers)
     )
-    views = spec.views
     receivers.values.clear()
     if views:
         invoker_kwargs["side_inputs"] = [
@@ -350,9 +317,8 @@ def install() -> None:
                 windowed = side._iterable  # te.DaskBagWindowedIterator: the bag, not read
                 views.append((side._view_class, side._view_options, windowed.window_fn))
                 values.append(_side_value(windowed.bag))
-            spec = _shared(_BundleSpec(invoker_args, invoker_kwargs, receivers, views))
             return input_bag.map(te.get_windowed_value, window_fn).map_partitions(
-                _run_bundle, spec, *values
+                _run_bundle, invoker_args, invoker_kwargs, receivers, views, *values
             )
 
     te.TRANSLATIONS[ParDo] = ParDoWithPrivateReceivers
