@@ -2,7 +2,7 @@
 MinHash dedup, and the wall time of curation end to end.
 
     python3 -m venv /tmp/venv-datatrove                 # datatrove in a venv of its own
-    /tmp/venv-datatrove/bin/pip install 'datatrove[processing]==0.10.1' spacy
+    /tmp/venv-datatrove/bin/pip install 'datatrove[processing]==0.10.1' orjson spacy
     python bench/curate_vs_datatrove.py --datatrove_python /tmp/venv-datatrove/bin/python \\
         --mb 100 --repeats 3 --filters_agreement --keep /tmp/curate-vs-datatrove
 

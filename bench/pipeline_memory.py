@@ -19,7 +19,8 @@ Each build is ``python -m pipeline build --vocab_file ... --dupe_factor 5`` on
 
 psutil samples the resident set size (RSS) of every process of the build's tree and of
 the cluster every ``--interval`` seconds; the table gives each process's peak, when it
-peaked, and the peak of their sum. Without ``--input`` the corpus is English prose
+peaked, and the peak of their sum (on Dask, also each worker's peak of spilled bytes on
+disk, ``spill i``). Without ``--input`` the corpus is English prose
 from Python's own documentation (``pipeline.cli.corpus``, all four sources: docstrings, the
 language reference, test docstrings, prose comments), repeated to ``--mb`` MB in
 ``--files`` files, and without ``--vocab_file`` a vocab is learned once from 8 MB of
@@ -42,6 +43,7 @@ import argparse
 import contextlib
 import csv
 import glob
+import itertools
 import json
 import os
 import signal
@@ -94,19 +96,36 @@ def _is_helper(process: psutil.Process) -> bool:
         return True
 
 
+def spilled_bytes(directory: Path) -> int:
+    """Bytes of the files under a Dask worker's directory: what it spilled to disk."""
+    total = 0
+    for root, _, files in os.walk(directory):
+        for name in files:
+            with contextlib.suppress(OSError):  # unspilled meanwhile
+                total += os.path.getsize(os.path.join(root, name))
+    return total
+
+
 def run_and_sample(
     cmd: list[str], cluster: DaskCluster | None, interval: float, log: Path
 ) -> tuple[float, list[tuple[float, str, int]]]:
-    """Run the build, sampling RSS; returns (wall seconds, [(t, role, rss bytes)])."""
+    """Run the build, sampling RSS; returns (wall seconds, [(t, role, rss bytes)]). On
+    Dask, every 8th sample also records each worker's spilled bytes, as role ``spill i``."""
     samples: list[tuple[float, str, int]] = []
     start = time.perf_counter()
     with open(log, "w") as out:
         build = psutil.Popen(cmd, cwd=ROOT, env=worker_env(), stdout=out, stderr=subprocess.STDOUT)
-        while build.poll() is None:
+        for tick in itertools.count():
+            if build.poll() is not None:
+                break
             now = time.perf_counter() - start
             for pid, role in roles(build, cluster).items():
                 with contextlib.suppress(psutil.NoSuchProcess):  # it ended meanwhile
                     samples.append((now, role, psutil.Process(pid).memory_info().rss))
+            if cluster is not None and tick % 8 == 0:
+                for i in range(len(cluster.workers)):
+                    spilled = spilled_bytes(cluster.directory / f"worker-{i}")
+                    samples.append((now, f"spill {i}", spilled))
             time.sleep(interval)
     wall = time.perf_counter() - start
     if build.returncode:
@@ -115,11 +134,13 @@ def run_and_sample(
 
 
 def peaks(samples: list[tuple[float, str, int]]) -> dict[str, tuple[float, float]]:
-    """role -> (peak RSS in GB, seconds at the peak); 'sum' is the peak of the total."""
+    """role -> (peak RSS in GB, seconds at the peak); 'sum' is the peak of the total
+    memory; ``spill i``: the peak of worker i's spilled bytes on disk."""
     best: dict[str, tuple[float, float]] = {}
     total: dict[float, int] = {}
     for t, role, rss in samples:
-        total[t] = total.get(t, 0) + rss
+        if not role.startswith("spill"):  # disk, not memory
+            total[t] = total.get(t, 0) + rss
         if role != "helpers" and rss / 1e9 > best.get(role, (0, 0))[0]:
             best[role] = (rss / 1e9, t)
     t_max = max(total, key=total.get)
