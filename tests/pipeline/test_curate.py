@@ -399,9 +399,19 @@ def test_dask_gives_the_same_curated_bytes(planted, tmp_path):
 def test_a_dask_curate_gets_partitions_of_its_input_size(planted, tmp_path, capfd, monkeypatch):
     # Beam's default puts 128 input ranges in one Dask partition: at 1 GB a task held
     # 2.6 GB. curate sizes them as build does (sizing.dask_partitions), here at 50 kB each.
+    from apache_beam import ParDo
+    from apache_beam.runners.dask import transform_evaluator
+    from apache_beam.runners.dask.dask_runner import DaskRunner
+
     from pipeline.beam import memory
 
     monkeypatch.setattr(memory, "DASK_PARTITION_BYTES", 50_000)
+    # the dry run installs pipeline.beam.dask_compat's fixes in this process: undone after
+    monkeypatch.setitem(
+        transform_evaluator.TRANSLATIONS, ParDo, transform_evaluator.TRANSLATIONS[ParDo]
+    )
+    visitor = DaskRunner.__dict__["to_dask_bag_visitor"]
+    monkeypatch.setattr(DaskRunner, "to_dask_bag_visitor", visitor)
     directory, _, _ = planted
     corpus = directory / "corpus"
     size = sum(f.stat().st_size for f in corpus.glob("*.jsonl"))

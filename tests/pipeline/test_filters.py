@@ -39,26 +39,53 @@ def failed(text, rule_set, language="en"):
 # infixes and contractions as its rules make them.
 SPACY_TOKENS = {
     "Don't panic, e-mail 3.5 (now)!": [
-        "Do", "n't", "panic", ",", "e", "-", "mail", "3.5", "(", "now", ")", "!",
+        "Do",
+        "n't",
+        "panic",
+        ",",
+        "e",
+        "-",
+        "mail",
+        "3.5",
+        "(",
+        "now",
+        ")",
+        "!",
     ],
     "foo()).": ["foo", "(", ")", ")", "."],
     "x (>= 3": ["x", "(", ">", "=", "3"],
     "wait... ok…": ["wait", "...", "ok", "…"],
     "a->b <= != ==": ["a->b", "<", "=", "!", "=", "=", "="],
     "user-specified box/whisker subplots=False": [
-        "user", "-", "specified", "box", "/", "whisker", "subplots", "=", "False",
+        "user",
+        "-",
+        "specified",
+        "box",
+        "/",
+        "whisker",
+        "subplots",
+        "=",
+        "False",
     ],
     "see https://github.com/python/mypy/issues/4146.": [
-        "see", "https://github.com/python/mypy/issues/4146", ".",
+        "see",
+        "https://github.com/python/mypy/issues/4146",
+        ".",
     ],
     "e.g. x. U.S. x.y.z": ["e.g.", "x.", "U.S.", "x.y.z"],
     "torch.nn.Module and a .metadata file": [
-        "torch.nn", ".", "Module", "and", "a", ".metadata", "file",
+        "torch.nn",
+        ".",
+        "Module",
+        "and",
+        "a",
+        ".metadata",
+        "file",
     ],
     "--input -1 @retry": ["--input", "-1", "@retry"],
     "they're it's can't": ["they", "'re", "it", "'s", "ca", "n't"],
     "**kwargs (a)": ["*", "*", "kwargs", "(", "a", ")"],
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("text", list(SPACY_TOKENS))
