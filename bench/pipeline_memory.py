@@ -141,7 +141,7 @@ def peaks(samples: list[tuple[float, str, int]]) -> dict[str, tuple[float, float
     for t, role, rss in samples:
         if not role.startswith("spill"):  # disk, not memory
             total[t] = total.get(t, 0) + rss
-        if role != "helpers" and rss / 1e9 > best.get(role, (0, 0))[0]:
+        if role != "helpers" and rss / 1e9 > best.get(role, (-1, 0))[0]:  # 0 spilled shows
             best[role] = (rss / 1e9, t)
     t_max = max(total, key=total.get)
     best["sum"] = (total[t_max] / 1e9, t_max)
