@@ -399,6 +399,7 @@ def test_dask_gives_the_same_curated_bytes(planted, tmp_path):
 def test_a_dask_curate_gets_partitions_of_its_input_size(planted, tmp_path, capfd, monkeypatch):
     # Beam's default puts 128 input ranges in one Dask partition: at 1 GB a task held
     # 2.6 GB. curate sizes them as build does (sizing.dask_partitions), here at 50 kB each.
+    pytest.importorskip("dask.bag", reason="Beam's DaskRunner needs the [dask] extra")
     from apache_beam import ParDo
     from apache_beam.runners.dask import transform_evaluator
     from apache_beam.runners.dask.dask_runner import DaskRunner
