@@ -234,6 +234,8 @@ def main(argv=None) -> int:
             else:
                 write_corpus(directory, max_bytes=int(mb * 1e6), files=args.files, repeat=True)
         pattern = "*.jsonl" if curating else "*.txt"
+        if curating:  # never smaller than the planted corpus (32 MB): the size it has
+            mb = sum(f.stat().st_size for f in directory.glob(pattern)) / 1e6
         corpora.append((mb, str(directory / pattern), args.files))
     print(f"cpus: {os.cpu_count()}; load average at start: {os.getloadavg()}", flush=True)
     results = []

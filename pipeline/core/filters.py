@@ -132,8 +132,7 @@ _WORD_CHAR = f"[^\\s{_ranges([c for c in _PUNCT_CODES if c != 0x5C])}\U0001f000-
 _PUNCT_CHAR = f"[{_PUNCT}]"
 # A token, as spaCy's English rules make them where a count depends on it: a URL, to the
 # space (its closing punctuation apart); a letter and its dot, or several ("x.", "e.g.",
-# "U.S.": spaCy's exceptions); one CJK
-# character; a run of word characters, inner punctuation kept (split further by _INFIX and
+# "U.S.": spaCy's exceptions); one CJK character; a run of word characters, inner punctuation kept (split further by _INFIX and
 # _CONTRACTION); a run of dots or of hyphens ("...", "--"); any other punctuation or
 # symbol character alone.
 _URL = r"(?:https?://|www\.)\S+?(?=[.,;:!?)\]'\"]*(?:\s|$))"
@@ -198,8 +197,8 @@ def tokens(text: str) -> list[str]:
 
     Worked example::
 
-        tokens("Don't panic, e-mail 3.5 (now)!")  -> ["Don't", 'panic', ',', 'e-mail', '3.5',
-                                                      '(', 'now', ')!']
+        tokens("Don't panic, e-mail 3.5 (now)!")  -> ['Do', "n't", 'panic', ',', 'e', '-',
+                                                      'mail', '3.5', '(', 'now', ')', '!']
         tokens("BERT模型。")                        -> ['BERT', '模', '型', '。']
     """
     return list(_tokens(text))
@@ -209,6 +208,11 @@ def tokens(text: str) -> list[str]:
 def _tokens(text: str) -> tuple[str, ...]:
     """:func:`tokens`, kept for the last texts: the rule sets of one :func:`apply_filters`
     call tokenize the document once (a str caches its hash, so a hit costs nothing)."""
+    return _split(text)
+
+
+def _split(text: str) -> tuple[str, ...]:
+    """:func:`tokens` without the cache (C4's lines, which would push the document out)."""
     out: list[str] = []
     for token in _TOKEN.findall(text):
         if token.isalnum() or len(token) < 3 or token.endswith(".") or "://" in token:
@@ -333,7 +337,7 @@ def _sentence_count(line: str) -> int:
     Sentence_Terminal, ``。`` among them), the next token that is not punctuation starts a
     sentence, so closing quotes and brackets stay with theirs. ``"One. two! (Three.)"`` has
     3; ``"e.g. this"`` 1 (``e.g.`` is one token)."""
-    words = _tokens(line)
+    words = _split(line)
     count, ended = int(bool(words)), False
     for word in words:
         terminal = len(word) == 1 and _SENTENCE_TERMINAL.match(word) is not None
