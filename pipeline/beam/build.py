@@ -367,8 +367,10 @@ class CurateDocuments(beam.PTransform):
             | "AsTexts" >> beam.FlatMap(documents_of)
             | "Steps" >> Curate(self._config, self._plan.eval_ngrams)
         )
-        split = curated.documents | "AsSentences" >> beam.FlatMap(as_sentences).with_outputs(
-            COUNTS, main="documents"
+        split = (
+            curated.kept
+            | "Ungroup" >> beam.FlatMap(lambda group: group[1])
+            | "AsSentences" >> beam.FlatMap(as_sentences).with_outputs(COUNTS, main="documents")
         )
         documents = (
             split.documents

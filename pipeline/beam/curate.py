@@ -8,8 +8,8 @@
 The job reads the inputs ``build`` reads (txt, jsonl, parquet; byte ranges of big files;
 gz), each document identified by its content (pipeline/core/sources.py ``content_id``).
 Then the curation steps run, in the order that pipeline/beam/curation_steps.py's docstring
-gives (they are shared with ``build``): exact copies, language ID, quality rules,
-decontamination, MinHash near copies. Each removal counts under a named reason in
+gives (they are shared with ``build``): language ID, quality rules, decontamination,
+exact copies, MinHash near copies. Each removal counts under a named reason in
 ``report.json``.
 
 Output: ``part-NNNNN-of-MMMMM.parquet`` files with ``id`` and ``text`` columns (text: a
@@ -28,6 +28,7 @@ input found before the job.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import json
 import logging
@@ -47,6 +48,7 @@ from pipeline.beam.curation_steps import (
     check_packages,
     documents_of,
     eval_ngram_set,
+    utf8_bytes,
 )
 from pipeline.beam.document_steps import (
     COUNTS,
@@ -156,10 +158,6 @@ def file_name(index: int, num_files: int) -> str:
     return f"part-{index:05d}-of-{num_files:05d}.parquet"
 
 
-def utf8_bytes(text: str) -> int:
-    return len(text.encode("utf-8", "surrogatepass"))
-
-
 class ReadTexts(ReadDocuments):
     """FileRange -> (content id, text) per document (:func:`documents_of`), and tagged
     ``ORIGINS``: (id, (its file's path, its UTF-8 bytes)), for the report's counts per
@@ -208,13 +206,12 @@ def file_of(doc_id: str, num_files: int, seed: int) -> int:
 
 
 def write_file(element, config: CurateConfig, num_files: int) -> dict:
-    """(file index, (id, text) pairs) -> the file's entry, after writing it: rows in id
-    order, columns ``id`` and ``text``, atomically."""
+    """(file index, [(id, text)] in id order: :class:`curation_steps.KeepDistinct`'s group) -> the file's
+    entry, after writing it: columns ``id`` and ``text``, atomically."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     index, docs = element
-    docs = sorted(docs)
     table = pa.table({"id": [d for d, _ in docs], "text": [t for _, t in docs]})
     sink = io.BytesIO()
     pq.write_table(table, sink, compression="zstd", write_statistics=False)
@@ -223,15 +220,16 @@ def write_file(element, config: CurateConfig, num_files: int) -> dict:
     return {"name": name, "rows": len(docs), "bytes": size, "sha256": sha256}
 
 
-def step_totals(element) -> tuple[str, tuple[int, int]]:
-    """(step, (id, text)) -> (step, (1 document, its UTF-8 bytes))."""
-    step, (_, text) = element
-    return step, (1, utf8_bytes(text))
+def removed_totals(element) -> tuple[str, tuple[int, int]]:
+    """(reason, (id, text)) -> (reason, (1 document, its UTF-8 bytes))."""
+    reason, (_, text) = element
+    return reason, (1, utf8_bytes(text))
 
 
-def kept_bytes(element) -> tuple[str, int]:
-    doc_id, text = element
-    return doc_id, utf8_bytes(text)
+def kept_bytes(group) -> Iterator[tuple[str, int]]:
+    """(file index, [(id, text) kept]) -> (id, UTF-8 bytes) per document."""
+    for doc_id, text in group[1]:
+        yield doc_id, utf8_bytes(text)
 
 
 def add_pairs(pairs: Iterable[tuple[int, int]]) -> tuple[int, int]:
@@ -309,7 +307,7 @@ def write_outputs(
         if file_name(index, num_files) not in written:
             files = [*files, write_file((index, []), config, num_files)]
     files = sorted(files, key=lambda entry: entry["name"])
-    order = ["read", "exact_dedup", "filters", "near_dedup"]
+    order = ["read", "filters", "exact_dedup", "near_dedup"]
     funnel = [
         {"step": step, "documents": steps[step][0], "bytes": steps[step][1]}
         for step in order
@@ -426,34 +424,30 @@ def curate_graph(
         | "SkipKinds" >> beam.Map(lambda kv: (kv[0][1], kv[1]))
         | "SumSkipped" >> beam.CombinePerKey(sum)
     )
-    curated = read.documents | "Curate" >> Curate(config, eval_ngrams)
-    docs, stages, changed = curated.documents, curated.stages, curated.changed
+    seed = config.random_seed
+    group_of = functools.partial(file_of, num_files=num_files, seed=seed)
+    curated = read.documents | "Curate" >> Curate(config, eval_ngrams, group_of)
     file_totals = (
-        {"origin": read[ORIGINS], "kept": docs | "KeptBytes" >> beam.Map(kept_bytes)}
+        {"origin": read[ORIGINS], "kept": curated.kept | "KeptBytes" >> beam.FlatMap(kept_bytes)}
         | "JoinOrigins" >> beam.CoGroupByKey()
         | "FileCounts" >> beam.FlatMap(file_counts)
         | "SumFileCountsInBundle" >> beam.ParDo(CombineInBundle(lambda v: [add_counts(v)]))
         | "SumFileCounts" >> beam.CombinePerKey(add_counts)
     )
-    seed = config.random_seed
     files = (
-        docs
-        | "ByFile" >> beam.Map(lambda d: (file_of(d[0], num_files, seed), d))
-        | "GroupFiles" >> beam.GroupByKey()
+        curated.kept
         | "WriteFiles" >> beam.Map(write_file, config, num_files)
         | "CollectFiles" >> beam.combiners.ToList()
     )
     steps = (
-        [s | f"Tag{name}" >> beam.Map(lambda d, n=name: (n, d)) for name, s in stages]
-        | "AllSteps" >> beam.Flatten()
-        | "StepTotals" >> beam.Map(step_totals)
+        curated.steps
         | "SumStepsInBundle" >> beam.ParDo(CombineInBundle(lambda pairs: [add_pairs(pairs)]))
         | "SumSteps" >> beam.CombinePerKey(add_pairs)
     )
     removed_all = curated.removed
     reasons = (
         removed_all
-        | "ReasonTotals" >> beam.Map(step_totals)
+        | "ReasonTotals" >> beam.Map(removed_totals)
         | "SumReasonsInBundle" >> beam.ParDo(CombineInBundle(lambda pairs: [add_pairs(pairs)]))
         | "SumReasons" >> beam.CombinePerKey(add_pairs)
     )
@@ -471,7 +465,7 @@ def curate_graph(
         input_files=beam.pvalue.AsDict(per_file),
         file_totals=beam.pvalue.AsDict(file_totals),
         skipped=beam.pvalue.AsDict(skipped),
-        converged=beam.pvalue.AsSingleton(changed),
+        converged=beam.pvalue.AsSingleton(curated.changed),
         config=config,
         num_files=num_files,
     )

@@ -1,21 +1,25 @@
 """Curation's Beam steps, shared by ``python -m pipeline curate`` (pipeline/beam/curate.py)
 and ``python -m pipeline build`` run with the same flags (pipeline/beam/build.py).
 
-:class:`Curate`: (content id, text) documents -> the documents kept, and every removed one
-tagged with its reason (``REMOVED``), in this order:
+:class:`Curate`: (content id, text) documents -> the documents kept, in groups, and every
+removed one tagged with its reason (``REMOVED``), in this order:
 
-1. ``--dedup exact`` or ``minhash``: exact copies (the same content id) are one document:
-   every copy after the first is ``exact_duplicate`` (copies are identical, so which one
-   stays changes no byte);
-2. ``--languages``: language ID (pipeline/core/langid.py) below ``--language_threshold``
+1. ``--languages``: language ID (pipeline/core/langid.py) below ``--language_threshold``
    or of another language: ``language``;
-3. ``--filters``: rule sets (pipeline/core/filters.py): the rule's name;
-4. ``--decontaminate FILES``: a document sharing a word ``--decontaminate_ngram``-gram with
+2. ``--filters``: rule sets (pipeline/core/filters.py): the rule's name;
+3. ``--decontaminate FILES``: a document sharing a word ``--decontaminate_ngram``-gram with
    the evaluation texts: ``decontaminated``;
+4. ``--dedup exact`` or ``minhash``: exact copies (the same content id, so the same text)
+   are one document: every copy after the first is ``exact_duplicate``;
 5. ``--dedup minhash``: MinHash LSH (pipeline/core/dedup.py): documents sharing a band key
    are candidates; clusters are the connected components of the candidate graph
    (:class:`ConnectedComponents`); one document per cluster stays, the one with the
    smallest id (a rule no runner changes), the others are ``near_duplicate``.
+
+The filters see every copy (each copy a rule removes counts to the rule), so that the texts
+cross the network once: steps 4 and 5 are decided on ids alone, and carried out where the
+texts meet in the one grouping by ``group_of`` (curate's output file, or the id), next to
+the ids MinHash drops (:class:`KeepDistinct`).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from pipeline.beam.document_steps import DocumentBatch, ReadDocuments, skipped
 from pipeline.core.sources import content_id, document_sentences
 
 REMOVED = "removed"  # tagged output: (reason, (id, text)) of a removed document
+STEPS = "steps"  # KeepDistinct's tagged output: (step, (documents, UTF-8 bytes)) after it
 
 
 def documents_of(batch) -> Iterator[tuple[str, str]]:
@@ -66,33 +71,74 @@ def batch_documents(items) -> Iterator:
         yield batch
 
 
-class KeepOne(beam.CombineFn):
-    """Copies of one content id -> (one text, how many copies): copies are identical."""
-
-    def create_accumulator(self):
-        return None, 0
-
-    def add_input(self, accumulator, text):
-        kept, count = accumulator
-        return (kept if kept is not None else text), count + 1
-
-    def merge_accumulators(self, accumulators):
-        kept, count = None, 0
-        for text, n in accumulators:
-            kept = kept if kept is not None else text
-            count += n
-        return kept, count
-
-    def extract_output(self, accumulator):
-        return accumulator
+def utf8_bytes(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
-def drop_copies(element) -> Iterator:
-    """(id, (text, copies)) -> (id, text), and each copy after the first as removed."""
-    doc_id, (text, copies) = element
-    for _ in range(copies - 1):
-        yield TaggedOutput(REMOVED, ("exact_duplicate", (doc_id, text)))
-    yield doc_id, text
+def document_totals(element, step: str) -> tuple[str, tuple[int, int]]:
+    """(id, text) -> (step, (1 document, its UTF-8 bytes))."""
+    _, text = element
+    return step, (1, utf8_bytes(text))
+
+
+class DropBundleCopies(beam.DoFn):
+    """(id, text) -> the same, but a copy of an id this bundle already gave is ``REMOVED``
+    as ``exact_duplicate`` here, before it crosses the network (:class:`KeepDistinct` finds
+    the copies of other bundles; either way each copy after the first is counted once, so
+    the counts do not depend on bundles). Holds up to ``IDS`` ids, never texts."""
+
+    IDS = 100_000
+
+    def start_bundle(self):
+        self._seen: set[str] = set()
+
+    def process(self, element) -> Iterator:
+        doc_id = element[0]
+        if doc_id in self._seen:
+            yield TaggedOutput(REMOVED, ("exact_duplicate", element))
+            return
+        if len(self._seen) >= self.IDS:
+            self._seen.clear()
+        self._seen.add(doc_id)
+        yield element
+
+
+class KeepDistinct(beam.DoFn):
+    """(group key, {"doc": its documents (id, text), exact copies included, "drop": the ids
+    MinHash removes}) -> (group key, [(id, text) kept, in id order]); each copy after an
+    id's first, and each dropped id, ``REMOVED`` (``exact_duplicate``, ``near_duplicate``);
+    and tagged ``STEPS``: (step, (documents, UTF-8 bytes)) after each dedup step. With
+    ``--dedup none`` (curate groups its output files all the same) nothing is removed."""
+
+    def __init__(self, dedup: str):
+        super().__init__()
+        self._dedup = dedup
+
+    def process(self, element) -> Iterator:
+        key, grouped = element
+        dedup = self._dedup
+        drop = set(grouped.get("drop", ()))
+        kept, previous = [], None
+        distinct = [0, 0]  # documents, bytes after exact dedup
+        kept_bytes = 0
+        for doc_id, text in sorted(grouped["doc"], key=lambda d: d[0]):
+            if dedup != "none" and doc_id == previous:
+                yield TaggedOutput(REMOVED, ("exact_duplicate", (doc_id, text)))
+                continue
+            previous, nbytes = doc_id, utf8_bytes(text)
+            distinct[0] += 1
+            distinct[1] += nbytes
+            if doc_id in drop:
+                yield TaggedOutput(REMOVED, ("near_duplicate", (doc_id, text)))
+                continue
+            kept.append((doc_id, text))
+            kept_bytes += nbytes
+        if dedup != "none":
+            yield TaggedOutput(STEPS, ("exact_dedup", tuple(distinct)))
+        if dedup == "minhash":
+            yield TaggedOutput(STEPS, ("near_dedup", (len(kept), kept_bytes)))
+        if kept:
+            yield key, kept
 
 
 class Filter(beam.DoFn):
@@ -260,48 +306,31 @@ def _small_star(element) -> Iterator[tuple[str, str]]:
             yield smallest, v
 
 
-def keep_cluster_minimum(element) -> Iterator:
-    """(id, {doc: [text], label: [its cluster's smallest id]}) -> (id, text), or
-    ``near_duplicate`` removed when the cluster's smallest id is another document's."""
-    doc_id, grouped = element
-    for text in grouped["doc"]:
-        label = min(grouped["label"], default=doc_id)
-        if label != doc_id:
-            yield TaggedOutput(REMOVED, ("near_duplicate", (doc_id, text)))
-        else:
-            yield doc_id, text
-
-
 class Curated(NamedTuple):
     """What :class:`Curate` gives."""
 
-    documents: beam.PCollection  # (id, text) kept
+    kept: beam.PCollection  # (group key, [(id, text) kept, in id order]) per group
     removed: beam.PCollection  # (reason, (id, text)) removed
-    stages: list[tuple[str, beam.PCollection]]  # (step name, (id, text) after it), read first
+    steps: beam.PCollection  # (step name, (documents, UTF-8 bytes)) after it, to be summed
     changed: beam.PCollection  # one int: edges the components' last round changed (0: converged)
 
 
 class Curate(beam.PTransform):
     """(content id, text) -> :class:`Curated`: the steps of this module's docstring that
-    the options ask for (``eval_ngrams``: :func:`eval_ngram_set` of ``--decontaminate``)."""
+    the options ask for (``eval_ngrams``: :func:`eval_ngram_set` of ``--decontaminate``).
 
-    def __init__(self, config: CurationOptions, eval_ngrams: frozenset[int]):
+    ``group_of``: id -> the key of the group the kept documents come in (curate: its output
+    file); None: each document its own group, grouped only when deduplicating.
+    """
+
+    def __init__(self, config: CurationOptions, eval_ngrams: frozenset[int], group_of=None):
         super().__init__()
-        self._config, self._eval_ngrams = config, eval_ngrams
+        self._config, self._eval_ngrams, self._group_of = config, eval_ngrams, group_of
 
     def expand(self, docs):
         config, eval_ngrams, p = self._config, self._eval_ngrams, docs.pipeline
-        stages = [("read", docs)]
+        steps = [docs | "ReadTotals" >> beam.Map(document_totals, "read")]
         removed = []
-        if config.dedup != "none":
-            kept = (
-                docs
-                | "CopiesById" >> beam.CombinePerKey(KeepOne())
-                | "DropCopies" >> beam.FlatMap(drop_copies).with_outputs(REMOVED, main="kept")
-            )
-            docs = kept.kept
-            removed.append(kept[REMOVED])
-            stages.append(("exact_dedup", docs))
         if config.language_list or config.rule_sets or eval_ngrams:
             side = p | "EvalNgrams" >> beam.Create([eval_ngrams])
             kept = docs | "Filter" >> beam.ParDo(
@@ -309,8 +338,15 @@ class Curate(beam.PTransform):
             ).with_outputs(REMOVED, main="kept")
             docs = kept.kept
             removed.append(kept[REMOVED])
-            stages.append(("filters", docs))
+            steps.append(docs | "FilteredTotals" >> beam.Map(document_totals, "filters"))
         changed = p | "NoComponents" >> beam.Create([0])
+        groups = {}
+        if config.dedup != "none":
+            kept = docs | "DropBundleCopies" >> beam.ParDo(DropBundleCopies()).with_outputs(
+                REMOVED, main="kept"
+            )
+            docs = kept.kept
+            removed.append(kept[REMOVED])
         if config.dedup == "minhash":
             edges = (
                 docs
@@ -320,19 +356,30 @@ class Curate(beam.PTransform):
                 | "DistinctEdges" >> beam.Distinct()
             )
             labels, changed = edges | "Components" >> ConnectedComponents(config.cc_rounds)
-            kept = (
-                {"doc": docs, "label": labels}
-                | "JoinLabels" >> beam.CoGroupByKey()
-                | "KeepClusterMinimum"
-                >> beam.FlatMap(keep_cluster_minimum).with_outputs(REMOVED, main="kept")
+            group_of = self._group_of or _same
+            groups["drop"] = labels | "DropByGroup" >> beam.Map(lambda kv: (group_of(kv[0]), kv[0]))
+        if config.dedup == "none" and self._group_of is None:
+            kept_groups = docs | "OwnGroups" >> beam.Map(lambda d: (d[0], [d]))
+        else:
+            group_of = self._group_of or _same
+            groups["doc"] = docs | "DocByGroup" >> beam.Map(lambda d: (group_of(d[0]), d))
+            decided = (
+                groups
+                | "GroupDocuments" >> beam.CoGroupByKey()
+                | "KeepDistinct"
+                >> beam.ParDo(KeepDistinct(config.dedup)).with_outputs(REMOVED, STEPS, main="kept")
             )
-            docs = kept.kept
-            removed.append(kept[REMOVED])
-            stages.append(("near_dedup", docs))
+            kept_groups = decided.kept
+            removed.append(decided[REMOVED])
+            steps.append(decided[STEPS])
         removed_all = (
             removed or [p | "NothingRemoved" >> beam.Create([])]
         ) | "AllRemoved" >> beam.Flatten()
-        return Curated(docs, removed_all, stages, changed)
+        return Curated(kept_groups, removed_all, steps | "AllSteps" >> beam.Flatten(), changed)
+
+
+def _same(doc_id: str) -> str:
+    return doc_id
 
 
 def check_packages(config: CurationOptions) -> None:

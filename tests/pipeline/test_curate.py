@@ -22,7 +22,7 @@ from pipeline.beam.curate import (
     sample_key,
     smallest,
 )
-from pipeline.beam.curation_steps import ConnectedComponents, star_edges
+from pipeline.beam.curation_steps import ConnectedComponents, KeepDistinct, star_edges
 from pipeline.cli.main import main
 from tests.helpers import REPO
 
@@ -326,6 +326,53 @@ def test_the_report_counts_documents_and_bytes_in_and_out_per_input_file(tmp_pat
         },
         str(corpus / "c.jsonl"): dict.fromkeys(FILE_KEYS, 0),
     }
+
+
+def test_keep_distinct_keeps_one_copy_and_drops_minhash_ids():
+    """A group: b twice, a, c (MinHash drops c): a and b stay in id order; the second b is
+    an exact copy, c a near copy; the steps count 3 distinct documents and 2 kept."""
+    group = {"doc": [("b", "bb"), ("a", "a"), ("c", "ccc"), ("b", "bb")], "drop": ["c"]}
+    out = list(KeepDistinct("minhash").process((7, group)))
+    tagged = sorted((o.tag, o.value) for o in out if hasattr(o, "tag"))
+    assert [o for o in out if not hasattr(o, "tag")] == [(7, [("a", "a"), ("b", "bb")])]
+    assert tagged == [
+        ("removed", ("exact_duplicate", ("b", "bb"))),
+        ("removed", ("near_duplicate", ("c", "ccc"))),
+        ("steps", ("exact_dedup", (3, 6))),
+        ("steps", ("near_dedup", (2, 3))),
+    ]
+    # --dedup none: curate still groups its files, and keeps every copy.
+    kept = [o for o in KeepDistinct("none").process((7, {"doc": group["doc"]}))]
+    assert kept == [(7, [("a", "a"), ("b", "bb"), ("b", "bb"), ("c", "ccc")])]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_copies_a_filter_removes_count_to_its_rule_and_kept_ones_to_exact_dedup(tmp_path, workers):
+    """Filters run before dedup, on every copy: 3 copies of a short page are 3 removals by
+    Gopher's word count; 3 copies of a good page are 2 exact copies. Bundles (1 or 2
+    workers, copies in one file and in another) change no count."""
+    rng = random.Random(11)
+    good, other = page(rng, 8), page(rng, 8)
+    short = document(rng, 20)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name, texts in {
+        "a.jsonl": [good, short, good, other],
+        "b.jsonl": [short, good, short],
+    }.items():
+        (corpus / name).write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    out = tmp_path / "out"
+    argv = ["curate", "--input", str(corpus / "*.jsonl"), "--output", str(out)]
+    argv += ["--dedup", "exact", "--filters", "gopher_quality"]
+    if workers == 2:
+        argv += ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
+    assert main(argv) == 0
+    report = json.loads((out / "report.json").read_text())
+    removed = {reason: v["documents"] for reason, v in report["removed"].items()}
+    assert removed == {"gopher_quality.word_count": 3, "exact_duplicate": 2}
+    funnel = [(row["step"], row["documents"]) for row in report["funnel"]]
+    assert funnel == [("read", 7), ("filters", 4), ("exact_dedup", 2)]
+    assert sorted(curated_texts(out)) == sorted([good, other])
 
 
 def test_file_counts_count_a_kept_document_to_its_first_path():
