@@ -46,6 +46,7 @@ from pipeline.beam.config import DEDUP, DEDUP_HELP, INPUT_FORMATS, BuildConfig, 
 from pipeline.beam.curation_steps import (
     Curate,
     check_packages,
+    document_totals,
     documents_of,
     eval_ngram_set,
     utf8_bytes,
@@ -206,8 +207,8 @@ def file_of(doc_id: str, num_files: int, seed: int) -> int:
 
 
 def write_file(element, config: CurateConfig, num_files: int) -> dict:
-    """(file index, [(id, text)] in id order: :class:`curation_steps.KeepDistinct`'s group) -> the file's
-    entry, after writing it: columns ``id`` and ``text``, atomically."""
+    """(file index, [(id, text)] in id order: a group of curation_steps.KeepDistinct) ->
+    the file's entry, after writing it: columns ``id`` and ``text``, atomically."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -218,12 +219,6 @@ def write_file(element, config: CurateConfig, num_files: int) -> dict:
     name = file_name(index, num_files)
     size, sha256 = write_atomic(FileSystems.join(config.output, name), sink.getvalue())
     return {"name": name, "rows": len(docs), "bytes": size, "sha256": sha256}
-
-
-def removed_totals(element) -> tuple[str, tuple[int, int]]:
-    """(reason, (id, text)) -> (reason, (1 document, its UTF-8 bytes))."""
-    reason, (_, text) = element
-    return reason, (1, utf8_bytes(text))
 
 
 def kept_bytes(group) -> Iterator[tuple[str, int]]:
@@ -447,7 +442,7 @@ def curate_graph(
     removed_all = curated.removed
     reasons = (
         removed_all
-        | "ReasonTotals" >> beam.Map(removed_totals)
+        | "ReasonTotals" >> beam.Map(lambda removed: document_totals(removed[1], removed[0]))
         | "SumReasonsInBundle" >> beam.ParDo(CombineInBundle(lambda pairs: [add_pairs(pairs)]))
         | "SumReasons" >> beam.CombinePerKey(add_pairs)
     )

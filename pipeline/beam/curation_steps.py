@@ -119,22 +119,21 @@ class KeepDistinct(beam.DoFn):
         dedup = self._dedup
         drop = set(grouped.get("drop", ()))
         kept, previous = [], None
-        distinct = [0, 0]  # documents, bytes after exact dedup
-        kept_bytes = 0
+        distinct = distinct_bytes = kept_bytes = 0  # after exact dedup; kept
         for doc_id, text in sorted(grouped["doc"], key=lambda d: d[0]):
             if dedup != "none" and doc_id == previous:
                 yield TaggedOutput(REMOVED, ("exact_duplicate", (doc_id, text)))
                 continue
             previous, nbytes = doc_id, utf8_bytes(text)
-            distinct[0] += 1
-            distinct[1] += nbytes
+            distinct += 1
+            distinct_bytes += nbytes
             if doc_id in drop:
                 yield TaggedOutput(REMOVED, ("near_duplicate", (doc_id, text)))
                 continue
             kept.append((doc_id, text))
             kept_bytes += nbytes
         if dedup != "none":
-            yield TaggedOutput(STEPS, ("exact_dedup", tuple(distinct)))
+            yield TaggedOutput(STEPS, ("exact_dedup", (distinct, distinct_bytes)))
         if dedup == "minhash":
             yield TaggedOutput(STEPS, ("near_dedup", (len(kept), kept_bytes)))
         if kept:
@@ -331,6 +330,7 @@ class Curate(beam.PTransform):
 
     def expand(self, docs):
         config, eval_ngrams, p = self._config, self._eval_ngrams, docs.pipeline
+        group_of = self._group_of or _same
         steps = [docs | "ReadTotals" >> beam.Map(document_totals, "read")]
         removed = []
         if config.language_list or config.rule_sets or eval_ngrams:
@@ -357,12 +357,10 @@ class Curate(beam.PTransform):
                 | "StarEdges" >> beam.FlatMap(star_edges)
             )
             labels, changed = edges | "Components" >> ConnectedComponents(config.cc_rounds)
-            group_of = self._group_of or _same
             groups["drop"] = labels | "DropByGroup" >> beam.Map(lambda kv: (group_of(kv[0]), kv[0]))
         if config.dedup == "none" and self._group_of is None:
             kept_groups = docs | "OwnGroups" >> beam.Map(lambda d: (d[0], [d]))
         else:
-            group_of = self._group_of or _same
             groups["doc"] = docs | "DocByGroup" >> beam.Map(lambda d: (group_of(d[0]), d))
             decided = (
                 groups

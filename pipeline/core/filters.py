@@ -132,9 +132,9 @@ _WORD_CHAR = f"[^\\s{_ranges([c for c in _PUNCT_CODES if c != 0x5C])}\U0001f000-
 _PUNCT_CHAR = f"[{_PUNCT}]"
 # A token, as spaCy's English rules make them where a count depends on it: a URL, to the
 # space (its closing punctuation apart); a letter and its dot, or several ("x.", "e.g.",
-# "U.S.": spaCy's exceptions); one CJK character; a run of word characters, inner punctuation kept (split further by _INFIX and
-# _CONTRACTION); a run of dots or of hyphens ("...", "--"); any other punctuation or
-# symbol character alone.
+# "U.S.": spaCy's exceptions); one CJK character; a run of word characters, inner
+# punctuation kept (split further by _INFIX and _CONTRACTION); a run of dots or of hyphens
+# ("...", "--"); any other punctuation or symbol character alone.
 _URL = r"(?:https?://|www\.)\S+?(?=[.,;:!?)\]'\"]*(?:\s|$))"
 _ABBREVIATION = r"(?<![^\W_])(?:[^\W\d_]\.)+(?![^\W_])"
 _TOKEN = re.compile(
