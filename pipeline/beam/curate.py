@@ -480,7 +480,7 @@ def remove_outputs(output: str) -> None:
 
 def run_curate(argv: Sequence[str], log_file: str | None, verbose: bool, handlers) -> int:
     """The command's body under pipeline/cli/main.py's console (run_with_console)."""
-    from pipeline.beam import runner, sizing
+    from pipeline.beam import memory, runner, sizing
 
     try:
         config, beam_args = parse_curate_args(argv)
@@ -489,9 +489,14 @@ def run_curate(argv: Sequence[str], log_file: str | None, verbose: bool, handler
         plan, num_files = make_curate_plan(config)
         # Dask partitions of ~8 MB of input, as build's (pipeline/beam/sizing.py): Beam's
         # default, 128 ranges a partition, put 2.6 GB in one task at 1 GB on 2 GiB workers.
+        # Shuffles in partitions of ~64 MB: each carries ids or each kept text once.
         runner_name = runner.runner_of(beam_args)
         beam_args += sizing.dask_partitions(
-            beam_args, runner_name, len(plan.ranges), sum(plan.sizes)
+            beam_args,
+            runner_name,
+            len(plan.ranges),
+            sum(plan.sizes),
+            shuffle_bytes=memory.CURATE_SHUFFLE_BYTES,
         )
         eval_ngrams = (
             eval_ngram_set(config.decontaminate, config.decontaminate_ngram)

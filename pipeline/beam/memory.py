@@ -109,6 +109,13 @@ USABLE_SHARE = 0.8
 # with bench/pipeline_memory.py --runners dask at 500 MB on 2 GiB workers, where this
 # size finished and one partition per 1 MB range did not.
 DASK_PARTITION_BYTES = 8 << 20
+# Input bytes per partition of a curate's shuffles on Dask (--dask_shuffle_partitions;
+# sizing.dask_partitions). Its shuffles carry ids, or each kept text once, so a partition
+# holds at most about this much text; fewer partitions make far fewer shuffle tasks (Dask's
+# task shuffle: ~n * sqrt(n) for n partitions), whose state the scheduler and the workers
+# keep until the job ends. Chosen with bench/pipeline_memory.py --command curate at 200 MB
+# and 1 GB on 2 GiB workers.
+CURATE_SHUFFLE_BYTES = 64 << 20
 
 
 def estimate_rule() -> str:

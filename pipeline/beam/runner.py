@@ -70,6 +70,8 @@ def check_beam_options(
                 f"--runner={runner}: cannot load it ({err}); install what it needs, e.g. "
                 "pip install 'apache-beam[dask]' for the DaskRunner"
             ) from None
+    import pipeline.beam.dask_compat  # noqa: F401  (its --dask_shuffle_partitions is Beam's)
+
     beam_names = _beam_flags()
     beam_args = respell(beam_args, beam_names)
     options = PipelineOptions(beam_args)

@@ -94,19 +94,47 @@ def check_local_memory(
 
 
 def dask_partitions(
-    beam_args: list[str], runner: str | None, ranges: int, input_bytes: int = 0
+    beam_args: list[str],
+    runner: str | None,
+    ranges: int,
+    input_bytes: int = 0,
+    shuffle_bytes: int | None = None,
 ) -> list[str]:
-    """``--dask_npartitions`` for a Dask build that sets neither partition option: one per
+    """The Dask partition options a job on the DaskRunner does not set itself.
+
+    ``--dask_npartitions``, unless either partition option is given: one per
     ``memory.DASK_PARTITION_BYTES`` of input, and at most one per input range, so each task
     holds a few MB of documents, not a 128th of the corpus (Beam's default cuts the list of
     inputs into partitions of 128), while the task count stays low: every partition adds
     tasks to each GroupByKey shuffle (Dask's task shuffle), and their state costs the
     workers and the scheduler memory whatever the data.
-    ``dask_partitions([], DASK, 480, 500 * 10**6)`` -> ``["--dask_npartitions=60"]``.
+
+    ``--dask_shuffle_partitions`` (pipeline/beam/dask_compat.py, fix 4), with
+    ``shuffle_bytes`` and unless given: one per ``shuffle_bytes`` of input, for a job whose
+    shuffles carry at most about its input's bytes (curate's).
+
+    ``dask_partitions([], DASK, 480, 500 * 10**6)`` -> ``["--dask_npartitions=60"]``;
+    ``dask_partitions([], DASK, 480, 500 * 10**6, 64 << 20)`` -> that and
+    ``"--dask_shuffle_partitions=8"``.
+
+    Raises:
+        ValueError: a given ``--dask_shuffle_partitions`` below 1.
     """
     if not runner or runner.rsplit(".", 1)[-1] != "DaskRunner":
         return []
-    if any(a.startswith(("--dask_npartitions", "--dask_partition_size")) for a in beam_args):
-        return []
-    by_size = -(-input_bytes // memory.DASK_PARTITION_BYTES) if input_bytes else ranges
-    return [f"--dask_npartitions={max(1, min(ranges, by_size))}"]
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from pipeline.beam.dask_compat import shuffle_partitions
+
+    def given(*names: str) -> bool:
+        return any(a.startswith(names) for a in beam_args)
+
+    out = []
+    if not given("--dask_npartitions", "--dask_partition_size"):
+        by_size = -(-input_bytes // memory.DASK_PARTITION_BYTES) if input_bytes else ranges
+        out.append(f"--dask_npartitions={max(1, min(ranges, by_size))}")
+    if given("--dask_shuffle_partitions"):
+        shuffle_partitions(PipelineOptions(beam_args))  # raises on a bad value
+    elif shuffle_bytes and input_bytes:
+        out.append(f"--dask_shuffle_partitions={-(-input_bytes // shuffle_bytes)}")
+    return out

@@ -905,3 +905,23 @@ def test_a_dask_build_gets_partitions_of_8_mb_at_most_one_per_input_range():
     assert dask_partitions(["--dask_partition_size=4"], dask, 192) == []
     assert dask_partitions(["--dask_npartitions=8"], dask, 192) == []
     assert dask_partitions([], None, 192) == [] == dask_partitions([], "DataflowRunner", 5)
+
+
+def test_a_dask_curate_shuffles_in_partitions_of_its_input_size():
+    from pipeline.beam.sizing import dask_partitions
+
+    dask = "apache_beam.runners.dask.dask_runner.DaskRunner"
+    mb64 = 64 << 20
+    assert dask_partitions([], dask, 480, 500 * 10**6, mb64) == [
+        "--dask_npartitions=60",
+        "--dask_shuffle_partitions=8",
+    ]
+    assert dask_partitions([], dask, 3, 1000, mb64) == [
+        "--dask_npartitions=1",
+        "--dask_shuffle_partitions=1",
+    ]
+    given = ["--dask_shuffle_partitions=5"]
+    assert dask_partitions(given, dask, 480, 500 * 10**6, mb64) == ["--dask_npartitions=60"]
+    with pytest.raises(ValueError, match="--dask_shuffle_partitions must be 1 or more, got 0"):
+        dask_partitions(["--dask_shuffle_partitions=0"], dask, 480, 500 * 10**6, mb64)
+    assert dask_partitions([], "DataflowRunner", 480, 500 * 10**6, mb64) == []

@@ -471,5 +471,6 @@ def test_a_dask_curate_gets_partitions_of_its_input_size(planted, tmp_path, capf
     ranges = int(err.split(" range(s)")[0].rsplit("read in ", 1)[1])
     expected = min(ranges, -(-size // 50_000))
     assert 1 < expected < ranges
-    assert f"--dask_npartitions={expected})" in err
+    shuffles = -(-size // (64 << 20))  # memory.CURATE_SHUFFLE_BYTES of input each
+    assert f"--dask_npartitions={expected} --dask_shuffle_partitions={shuffles})" in err
     assert not (tmp_path / "out").exists()  # a dry run writes nothing

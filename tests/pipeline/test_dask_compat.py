@@ -33,8 +33,10 @@ def test_install_logs_and_replaces_the_pardo_translation(caplog):
     from apache_beam import ParDo
     from apache_beam.runners.dask import transform_evaluator as te
     from apache_beam.runners.dask.dask_runner import DaskRunner
+    from apache_beam.runners.dask.overrides import _GroupByKeyOnly
 
-    original, visitor = te.TRANSLATIONS[ParDo], DaskRunner.__dict__["to_dask_bag_visitor"]
+    originals = dict(te.TRANSLATIONS)
+    visitor = DaskRunner.__dict__["to_dask_bag_visitor"]
     try:
         with caplog.at_level(logging.INFO, logger="pipeline.beam.dask_compat"):
             dask_compat.install()
@@ -43,8 +45,58 @@ def test_install_logs_and_replaces_the_pardo_translation(caplog):
         ours = [r.getMessage() for r in caplog.records if r.name == "pipeline.beam.dask_compat"]
         assert ours == [why]
         assert getattr(te.TRANSLATIONS[ParDo], "_bert_pipeline_fix", False) is wanted
+        assert getattr(te.TRANSLATIONS[_GroupByKeyOnly], "_bert_pipeline_fix", False) is wanted
     finally:
-        te.TRANSLATIONS[ParDo] = original
+        te.TRANSLATIONS.update(originals)
+        DaskRunner.to_dask_bag_visitor = visitor
+
+
+def dask_bags(pipeline) -> dict:
+    """The DaskRunner's bag of each transform of ``pipeline``, by label, uncomputed."""
+    from apache_beam.runners.dask.dask_runner import DaskOptions, DaskRunner
+    from apache_beam.runners.dask.overrides import dask_overrides
+
+    options = pipeline.options.view_as(DaskOptions)
+    bag_kwargs = DaskOptions._extract_bag_kwargs(
+        options.get_all_options(drop_default=True, current_only=True)
+    )
+    pipeline.replace_all(dask_overrides())
+    visitor = DaskRunner.to_dask_bag_visitor(bag_kwargs)
+    pipeline.visit(visitor)
+    return {node.full_label: bag for node, bag in visitor.bags.items()}
+
+
+@pytest.mark.parametrize(("limit", "expected"), [(None, 16), (3, 3), (40, 16)])
+def test_a_group_by_key_shuffles_in_at_most_dask_shuffle_partitions(limit, expected):
+    """Dask's task shuffle makes ~n * n tasks for n partitions; with the option set, the
+    GroupByKey's input is merged down to it first, and groups the same."""
+    pytest.importorskip("dask.bag", reason="the [dask] extra")
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.runners.dask import transform_evaluator as te
+    from apache_beam.runners.dask.dask_runner import DaskRunner
+
+    originals = dict(te.TRANSLATIONS)
+    visitor = DaskRunner.__dict__["to_dask_bag_visitor"]
+    args = ["--dask_npartitions=8"] + ([f"--dask_shuffle_partitions={limit}"] if limit else [])
+    try:
+        dask_compat.install()
+        p = beam.Pipeline(options=PipelineOptions(args))
+        words = [("a", 1), ("b", 2), ("a", 3), ("c", 4)] * 10
+        one = p | "One" >> beam.Create(words)
+        two = p | "Two" >> beam.Create([(k + k, v) for k, v in words])
+        (
+            (one, two)
+            | "Both" >> beam.Flatten()  # a CoGroupByKey's: 8 + 8 partitions
+            | "Group" >> beam.GroupByKey()
+            | "Sum" >> beam.MapTuple(lambda key, values: (key, sum(values)))
+        )
+        bags = dask_bags(p)
+        assert bags["Both"].npartitions == 16
+        assert bags["Group/GroupByKey"].npartitions == expected
+        got = dict(bags["Sum"].compute(scheduler="sync"))
+        assert got == {"a": 40, "b": 20, "c": 40, "aa": 40, "bb": 20, "cc": 40}
+    finally:
+        te.TRANSLATIONS.update(originals)
         DaskRunner.to_dask_bag_visitor = visitor
 
 
