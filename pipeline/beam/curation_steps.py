@@ -190,11 +190,27 @@ def eval_ngram_set(patterns: Sequence[str], n: int) -> frozenset[int]:
 
 
 class BandKeys(beam.DoFn):
-    """(id, text) -> (band key, id) for each MinHash LSH band of the document."""
+    """(id, text) -> (bucket, (keys, ids)): the MinHash LSH band keys of the bundle's
+    documents, packed per bucket of keys (:func:`band_bucket`): ``keys`` the 18-byte keys
+    concatenated (pipeline/core/dedup.py ``band_keys``), ``ids`` their documents' ids
+    joined by newlines, in the same order. Emitted when the bundle ends, or when it holds
+    ``RECORDS`` keys.
+
+    One element per (key, id) costs the shuffle about 200 bytes of Python objects (a Beam
+    ``WindowedValue``, a tuple, the key), 14 per document: on Dask, a worker's peak
+    followed the band records it held. Packed, a record is its 18 bytes and its id. Which
+    records travel together changes nothing: :func:`bucket_stars` finds the same groups.
+    """
+
+    RECORDS = 1 << 18  # band records held before they are emitted (~20 MB of objects)
 
     def __init__(self, config: CurationOptions):
         self._config = config
         self._hasher = None
+
+    def start_bundle(self):
+        self._buckets: dict[int, tuple[list[bytes], list[str]]] = {}
+        self._held = 0
 
     def process(self, element) -> Iterator:
         from pipeline.core.dedup import MinHasher, band_keys, shingle_hashes
@@ -210,13 +226,73 @@ class BandKeys(beam.DoFn):
             return
         signature = self._hasher.signature(shingles)
         for key in band_keys(signature, config.minhash_bands, config.minhash_rows):
-            yield key, doc_id
+            keys, ids = self._buckets.setdefault(band_bucket(key), ([], []))
+            keys.append(key)
+            ids.append(doc_id)
+        self._held += config.minhash_bands
+        if self._held >= self.RECORDS:
+            yield from self._packed()
+
+    def finish_bundle(self):
+        from apache_beam.transforms.window import GlobalWindow
+        from apache_beam.utils.windowed_value import WindowedValue
+
+        window = GlobalWindow()
+        for element in self._packed():
+            yield WindowedValue(element, window.max_timestamp(), [window])
+
+    def _packed(self) -> Iterator[tuple[int, tuple[bytes, str]]]:
+        buckets, self._buckets, self._held = self._buckets, {}, 0
+        for bucket, (keys, ids) in sorted(buckets.items()):
+            yield bucket, (b"".join(keys), "\n".join(ids))
+
+
+BAND_BUCKETS = 4096  # GroupBands' keys: a bucket holds 1/4096 of the band records
+KEY_BYTES = 18  # a band key: 2 bytes of band index and a 16-byte digest (dedup.band_keys)
+
+
+def band_bucket(key: bytes) -> int:
+    """A band key's bucket, from its digest's last 4 bytes: a deterministic, even spread
+    (the digest is BLAKE2b's). ``band_bucket(b"\\x00\\x03" + bytes(15) + b"\\x05") == 5``."""
+    return int.from_bytes(key[-4:], "big") % BAND_BUCKETS
+
+
+def bucket_stars(element) -> Iterator[tuple[str, str]]:
+    """(bucket, [(keys, ids)] packed by :class:`BandKeys`) -> :func:`star_edges` of each
+    band key in it: its records sorted by key bytes, each run of one key a group.
+
+    Example: the packs ``[(k1 + k2, "c\\nb"), (k1, "a")]`` (``k1`` and ``k2`` two keys) ->
+    ``("c", "a")``; ``k2``'s group has one id, so no edge.
+
+    Raises:
+        ValueError: a pack's keys are not 18 bytes per id.
+    """
+    import numpy as np
+
+    _, packs = element
+    keys, ids = [], []
+    for packed_keys, packed_ids in packs:
+        names = packed_ids.split("\n")
+        if len(packed_keys) != KEY_BYTES * len(names):
+            raise ValueError(
+                f"a band pack holds {len(packed_keys)} key bytes for {len(names)} ids; "
+                f"expected {KEY_BYTES} per id"
+            )
+        keys.append(packed_keys)
+        ids.extend(names)
+    table = np.frombuffer(b"".join(keys), np.uint8).reshape(len(ids), KEY_BYTES)
+    order = np.lexsort(table.T[::-1])  # by byte 0, then 1, ...: the keys' byte order
+    table = table[order]
+    starts = np.flatnonzero(np.r_[True, (table[1:] != table[:-1]).any(axis=1)])
+    ends = np.r_[starts[1:], len(ids)]
+    for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
+        if end - start > 1:
+            yield from star_edges((None, [ids[i] for i in order[start:end].tolist()]))
 
 
 def star_edges(element) -> Iterator[tuple[str, str]]:
     """(band key, ids sharing it) -> (id, the smallest of them) for every other id: a star
-    per band key. The ids are iterated twice and never held (a hot key's 10,000 copies
-    stream through, as the runner gives them)."""
+    per band key. The ids are iterated twice and never held."""
     _, ids = element
     smallest = min(ids, default=None)
     for doc_id in ids:
@@ -354,7 +430,7 @@ class Curate(beam.PTransform):
                 docs
                 | "BandKeys" >> beam.ParDo(BandKeys(config))
                 | "GroupBands" >> beam.GroupByKey()
-                | "StarEdges" >> beam.FlatMap(star_edges)
+                | "StarEdges" >> beam.FlatMap(bucket_stars)
             )
             labels, changed = edges | "Components" >> ConnectedComponents(config.cc_rounds)
             groups["drop"] = labels | "DropByGroup" >> beam.Map(lambda kv: (group_of(kv[0]), kv[0]))

@@ -22,7 +22,14 @@ from pipeline.beam.curate import (
     sample_key,
     smallest,
 )
-from pipeline.beam.curation_steps import ConnectedComponents, KeepDistinct, star_edges
+from pipeline.beam.curation_steps import (
+    BandKeys,
+    ConnectedComponents,
+    KeepDistinct,
+    band_bucket,
+    bucket_stars,
+    star_edges,
+)
 from pipeline.cli.main import main
 from tests.helpers import REPO
 
@@ -116,6 +123,47 @@ def test_combining_in_bundles_first_gives_the_same_sums_and_samples(monkeypatch)
 def test_star_edges_point_every_member_of_a_band_at_its_smallest():
     assert sorted(star_edges(("key", ["c", "a", "b"]))) == [("b", "a"), ("c", "a")]
     assert list(star_edges(("key", ["a"]))) == []
+
+
+def test_bucket_stars_group_packed_records_by_key():
+    k1, k2, k3 = (bytes([0, band]) + bytes(15) + b"\x05" for band in (1, 2, 3))
+    packs = [(k1 + k2 + k1, "c\nb\nd"), (k1 + k3, "a\nb")]
+    assert sorted(bucket_stars((5, packs))) == [("c", "a"), ("d", "a")]
+    assert band_bucket(k1) == 5
+    with pytest.raises(ValueError, match="18 per id"):
+        list(bucket_stars((5, [(k1, "a\nb")])))
+
+
+@pytest.mark.parametrize("records", [BandKeys.RECORDS, 14])  # one pack per bucket, or many
+def test_packed_band_keys_give_the_edges_of_one_group_per_band_key(monkeypatch, records):
+    """BandKeys packs its bundle's (key, id) records per bucket; grouped by bucket and
+    sorted, they give the edges that a GroupByKey on each band key gives."""
+    from pipeline.beam.config import CurationOptions
+    from pipeline.core.dedup import MinHasher, band_keys, shingle_hashes
+
+    monkeypatch.setattr(BandKeys, "RECORDS", records)
+    rng = random.Random(3)
+    originals = [document(rng, 60) for _ in range(30)]
+    texts = originals + [edit(rng, t, 0.01) for t in originals[:10]] + [originals[3]]
+    docs = [(f"{i:04d}", t) for i, t in enumerate(texts)]
+    config = CurationOptions(dedup="minhash")
+    dofn = BandKeys(config)
+    dofn.start_bundle()
+    packs = [out for doc in docs for out in dofn.process(doc)]
+    packs += [w.value for w in dofn.finish_bundle()]
+    assert (len(packs) > len({bucket for bucket, _ in packs})) is (records == 14)
+    buckets: dict = {}
+    for bucket, pack in packs:
+        buckets.setdefault(bucket, []).append(pack)
+    got = sorted(edge for item in buckets.items() for edge in bucket_stars(item))
+    hasher, groups = MinHasher(14 * 8, config.minhash_seed), {}
+    for doc_id, text in docs:
+        signature = hasher.signature(shingle_hashes(text, 5))
+        for key in band_keys(signature, 14, 8):
+            groups.setdefault(key, []).append(doc_id)
+    expected = sorted(edge for item in groups.items() for edge in star_edges(item))
+    assert got == expected
+    assert len(expected) >= 14 + 10  # the exact copy shares 14 bands, each near copy one
 
 
 # ----------------------------------------------------------------------------- the job
