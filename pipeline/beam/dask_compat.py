@@ -31,11 +31,12 @@ keys (2): each is computed once, in the same graph as everything else, and hande
 whole to every bundle that needs it; and whose tagged outputs keep their tags, so that
 each consumer reads the one output it names (3, :func:`_select`). Its GroupByKey first
 merges its input into at most ``--dask_shuffle_partitions`` partitions (4,
-:class:`DaskShuffleOptions`; unset: as many as the input has, as Beam's). After each bundle the worker hands freed memory
-back to the system (:func:`trim_memory`), and Dask sizes a Beam ``WindowedValue`` by
-its value too (:func:`register_sizeof`), so a worker spills what it holds. The
-bundle function lives in this module, so Dask workers import it by reference: each
-worker needs this package importable (installed, or on PYTHONPATH).
+:class:`DaskShuffleOptions`; unset: as many as the input has, as Beam's). After each
+bundle the worker hands freed memory back to the system (:func:`trim_memory`), and Dask
+sizes a Beam ``WindowedValue`` by its value too (:func:`register_sizeof`), so a worker
+spills what it holds. The bundle function lives in this module, so Dask workers import
+it by reference: each worker needs this package importable (installed, or on
+PYTHONPATH).
 
 Upstream: we found no Beam issue for (1) or (3) (searched apache/beam issues for the
 DaskRunner's ParDo, duplicate outputs, ``apply_dofn_to_bundle``); none is filed.
