@@ -34,6 +34,7 @@ import json
 import logging
 import math
 import time
+from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -68,7 +69,7 @@ logger = logging.getLogger(__name__)
 
 CURATE_VERSION = 1  # of the curated manifest's keys
 FILE_BYTES = 128 * 2**20  # output files aim at this many bytes of text (--num_files default)
-ORIGINS = "origins"  # ReadTexts' tagged output: (id, (input path, UTF-8 bytes)) per document
+ORIGINS = "origins"  # ReadTexts' tagged output: IdPacks of (id, input path rank, UTF-8 bytes)
 # Output files of a curate: --overwrite and a failed job remove these (manifest first).
 OUTPUT_PATTERNS = (
     "manifest.json",
@@ -161,34 +162,161 @@ def file_name(index: int, num_files: int) -> str:
 
 class ReadTexts(ReadDocuments):
     """FileRange -> (content id, text) per document (:func:`documents_of`), and tagged
-    ``ORIGINS``: (id, (its file's path, its UTF-8 bytes)), for the report's counts per
-    input file. ReadDocuments' other tagged outputs pass through."""
+    ``ORIGINS``: the bundle's (id, its file's rank in ``paths``, its UTF-8 bytes) records
+    packed per bucket of ids (:class:`IdPacks`), for the report's counts per input file.
+    ReadDocuments' other tagged outputs pass through. ``paths``: the plan's, sorted."""
+
+    RECORDS = 1 << 18  # origin records held before they are emitted (~7 MB)
+
+    def __init__(self, config: BuildConfig, format_origin: str, paths: Sequence[str]):
+        super().__init__(config, format_origin, split=False)
+        self._ranks = {path: rank for rank, path in enumerate(paths)}
+
+    def start_bundle(self):
+        self._origins = IdPacks(columns=2)
 
     def process(self, part) -> Iterator:
+        rank, origins = self._ranks[part.path], self._origins
         for item in super().process(part):
             if not isinstance(item, DocumentBatch):
                 yield item
                 continue
             for doc_id, text in documents_of(item):
                 yield doc_id, text
-                yield TaggedOutput(ORIGINS, (doc_id, (part.path, utf8_bytes(text))))
+                origins.add(doc_id, rank, utf8_bytes(text))
+            if len(origins) >= self.RECORDS:
+                for element in origins.packed():
+                    yield TaggedOutput(ORIGINS, element)
+
+    def finish_bundle(self):
+        from apache_beam.transforms.window import GlobalWindow
+        from apache_beam.utils.windowed_value import WindowedValue
+
+        window = GlobalWindow()
+        for element in self._origins.packed():
+            yield TaggedOutput(ORIGINS, WindowedValue(element, window.max_timestamp(), [window]))
 
 
-def file_counts(element) -> Iterator[tuple[str, tuple[int, int, int, int]]]:
-    """(id, {"origin": its copies' (path, bytes), "kept": [the kept text's bytes]}) ->
-    (path, (documents in, bytes in, documents out, bytes out)): one in per copy read, and
-    one out for a kept document, counted to the smallest path of its copies (they are
-    identical, so the rule only names the file; no runner or file order changes it).
+ID_BYTES = 16  # a content id's digest (pipeline/core/sources.py content_id: 32 hex digits)
+ID_BUCKETS = 256  # JoinOrigins' keys: a bucket holds 1/256 of the documents' records
 
-    Example: ``("d1", {"origin": [("b", 5), ("a", 5)], "kept": [4]})`` ->
-    ``("b", (1, 5, 0, 0)), ("a", (1, 5, 0, 0)), ("a", (0, 0, 1, 4))``.
+
+class IdPacks:
+    """(content id, ``columns`` integers) records, packed per bucket of ids: ``packed()``
+    gives ``(bucket, (ids, column, ...))`` per bucket, ``ids`` the digests' bytes
+    concatenated, each column int64 bytes in the same order, and empties the packs.
+
+    One Beam element per document (a tuple, its id, its path, a ``WindowedValue``: about
+    250 bytes of Python objects) was most of what a Dask worker held at a 1 GB curate's
+    peak (docs/results.md); packed, a record is 16 bytes and 8 per column. A bucket is
+    the id's last 8 hex digits modulo ``ID_BUCKETS``, so every copy of a document (the
+    same id) meets in one, whichever bundle read it.
     """
+
+    def __init__(self, columns: int):
+        self._columns = columns
+        self._packs: dict[int, tuple[bytearray, list[array]]] = {}
+        self._held = 0
+
+    def __len__(self) -> int:
+        return self._held
+
+    def add(self, doc_id: str, *numbers: int) -> None:
+        try:
+            digest = bytes.fromhex(doc_id)
+        except ValueError:
+            digest = b""
+        if len(digest) != ID_BYTES:
+            raise ValueError(f"document id {doc_id!r} is not a content id ({ID_BYTES} bytes hex)")
+        bucket = int(doc_id[-8:], 16) % ID_BUCKETS
+        pack = self._packs.get(bucket)
+        if pack is None:
+            pack = self._packs[bucket] = (bytearray(), [array("q") for _ in range(self._columns)])
+        pack[0].extend(digest)
+        for column, number in zip(pack[1], numbers, strict=True):
+            column.append(number)
+        self._held += 1
+
+    def packed(self) -> Iterator[tuple[int, tuple[bytes, ...]]]:
+        packs, self._packs, self._held = self._packs, {}, 0
+        for bucket, (ids, columns) in sorted(packs.items()):
+            yield bucket, (bytes(ids), *(column.tobytes() for column in columns))
+
+
+def unpack_ids(packs: Iterable[tuple[bytes, ...]], columns: int):
+    """:meth:`IdPacks.packed`'s values -> (ids as a numpy ``S16`` array, [int64 array per
+    column]), the packs concatenated.
+
+    Raises:
+        ValueError: a pack's columns do not hold 8 bytes per id, or ids 16 bytes each.
+    """
+    import numpy as np
+
+    ids, cols = [], [[] for _ in range(columns)]
+    for packed_ids, *packed_cols in packs:
+        n = len(packed_ids) // ID_BYTES
+        sizes = [len(packed_ids) - ID_BYTES * n] + [len(c) - 8 * n for c in packed_cols]
+        if len(packed_cols) != columns or any(sizes):
+            raise ValueError(
+                f"an id pack holds {len(packed_ids)} id bytes and columns of "
+                f"{[len(c) for c in packed_cols]} bytes; expected {ID_BYTES} and 8 per id, "
+                f"{columns} column(s)"
+            )
+        ids.append(packed_ids)
+        for col, packed in zip(cols, packed_cols, strict=True):
+            col.append(packed)
+    return (
+        np.frombuffer(b"".join(ids), f"S{ID_BYTES}"),
+        [np.frombuffer(b"".join(col), np.int64) for col in cols],
+    )
+
+
+def kept_packs(group) -> Iterator[tuple[int, tuple[bytes, bytes]]]:
+    """(file index, [(id, text) kept]) -> :class:`IdPacks` of (id, its UTF-8 bytes)."""
+    packs = IdPacks(columns=1)
+    for doc_id, text in group[1]:
+        packs.add(doc_id, utf8_bytes(text))
+    yield from packs.packed()
+
+
+def file_counts(element, paths: Sequence[str]) -> Iterator[tuple[str, tuple[int, int, int, int]]]:
+    """(bucket, {"origin": packs of every copy read: (id, path rank, bytes), "kept": packs
+    of the kept documents: (id, bytes)}) -> (path, (documents in, bytes in, documents out,
+    bytes out)) per path in the bucket: one in per copy read, and one out per kept
+    document, counted to the first path (in ``paths``' sorted order) of its copies (they
+    are identical, so the rule only names the file; no runner or file order changes it).
+
+    Example, as records: origins ``(d1, 1, 5), (d1, 0, 5)`` and kept ``(d1, 4)`` with
+    ``paths == ["a", "b"]`` -> ``("a", (1, 5, 1, 4)), ("b", (1, 5, 0, 0))``.
+
+    Raises:
+        ValueError: a kept id was never read (a bug upstream, named here).
+    """
+    import numpy as np
+
     _, grouped = element
-    origins = list(grouped["origin"])
-    for path, nbytes in origins:
-        yield path, (1, nbytes, 0, 0)
-    for nbytes in grouped["kept"]:
-        yield min(path for path, _ in origins), (0, 0, 1, nbytes)
+    ids, (ranks, sizes) = unpack_ids(grouped["origin"], 2)
+    kept_ids, (kept_sizes,) = unpack_ids(grouped["kept"], 1)
+    order = np.lexsort((ranks, ids))  # by id, then by path rank
+    ids, first_ranks = ids[order], ranks[order]
+    first = np.r_[True, ids[1:] != ids[:-1]] if len(ids) else np.zeros(0, bool)
+    ids, first_ranks = ids[first], first_ranks[first]
+    at = np.searchsorted(ids, kept_ids)
+    found = at < len(ids)
+    found[found] = ids[at[found]] == kept_ids[found]
+    if not found.all():
+        missing = kept_ids[~found][0].ljust(ID_BYTES, b"\0").hex()
+        raise ValueError(f"kept document {missing} has no origin among the documents read")
+    kept_ranks = first_ranks[at]
+    rows = np.unique(np.concatenate([ranks, kept_ranks]))
+    counts = np.zeros((len(rows), 4), np.int64)
+    inputs, outputs = np.searchsorted(rows, ranks), np.searchsorted(rows, kept_ranks)
+    np.add.at(counts[:, 0], inputs, 1)
+    np.add.at(counts[:, 1], inputs, sizes)
+    np.add.at(counts[:, 2], outputs, 1)
+    np.add.at(counts[:, 3], outputs, kept_sizes)
+    for rank, row in zip(rows.tolist(), counts.tolist(), strict=True):
+        yield paths[rank], tuple(row)
 
 
 def add_counts(counts: Iterable[tuple[int, ...]]) -> tuple[int, ...]:
@@ -219,12 +347,6 @@ def write_file(element, config: CurateConfig, num_files: int) -> dict:
     name = file_name(index, num_files)
     size, sha256 = write_atomic(FileSystems.join(config.output, name), sink.getvalue())
     return {"name": name, "rows": len(docs), "bytes": size, "sha256": sha256}
-
-
-def kept_bytes(group) -> Iterator[tuple[str, int]]:
-    """(file index, [(id, text) kept]) -> (id, UTF-8 bytes) per document."""
-    for doc_id, text in group[1]:
-        yield doc_id, utf8_bytes(text)
 
 
 def add_pairs(pairs: Iterable[tuple[int, int]]) -> tuple[int, int]:
@@ -408,7 +530,7 @@ def curate_graph(
         p
         | "ListRanges" >> beam.Create(plan.ranges)
         | "ReadDocuments"
-        >> beam.ParDo(ReadTexts(reading, plan.format_origin, split=False)).with_outputs(
+        >> beam.ParDo(ReadTexts(reading, plan.format_origin, plan.files)).with_outputs(
             COUNTS, FILE_DOCUMENTS, ORIGINS, main="documents"
         )
     )
@@ -423,9 +545,9 @@ def curate_graph(
     group_of = functools.partial(file_of, num_files=num_files, seed=seed)
     curated = read.documents | "Curate" >> Curate(config, eval_ngrams, group_of)
     file_totals = (
-        {"origin": read[ORIGINS], "kept": curated.kept | "KeptBytes" >> beam.FlatMap(kept_bytes)}
+        {"origin": read[ORIGINS], "kept": curated.kept | "KeptBytes" >> beam.FlatMap(kept_packs)}
         | "JoinOrigins" >> beam.CoGroupByKey()
-        | "FileCounts" >> beam.FlatMap(file_counts)
+        | "FileCounts" >> beam.FlatMap(file_counts, plan.files)
         | "SumFileCountsInBundle" >> beam.ParDo(CombineInBundle(lambda v: [add_counts(v)]))
         | "SumFileCounts" >> beam.CombinePerKey(add_counts)
     )

@@ -17,6 +17,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from pipeline.beam.curate import (
     FILE_KEYS,
     CombineInBundle,
+    IdPacks,
     add_pairs,
     file_counts,
     sample_key,
@@ -423,14 +424,60 @@ def test_copies_a_filter_removes_count_to_its_rule_and_kept_ones_to_exact_dedup(
     assert sorted(curated_texts(out)) == sorted([good, other])
 
 
+def packed_counts(origins, kept, paths, packs=1):
+    """file_counts over IdPacks of the records, split into ``packs`` per side."""
+    groups = {"origin": [], "kept": []}
+    for side, records, columns in (("origin", origins, 2), ("kept", kept, 1)):
+        for i in range(packs):
+            ids = IdPacks(columns)
+            for doc_id, *numbers in records[i::packs]:
+                ids.add(doc_id, *numbers)
+            groups[side] += [pack for _, pack in ids.packed()]
+    return sorted(file_counts((0, groups), paths))
+
+
 def test_file_counts_count_a_kept_document_to_its_first_path():
-    element = ("d1", {"origin": [("b", 5), ("a", 5)], "kept": [4]})
-    assert list(file_counts(element)) == [
+    d1, d2 = "0" * 30 + "a1", "f" * 28 + "0000"  # d2's digest ends in zero bytes
+    paths = ["a", "b", "c"]
+    assert packed_counts([(d1, 1, 5), (d1, 0, 5), (d2, 2, 7)], [(d1, 4)], paths) == [
+        ("a", (1, 5, 1, 4)),
         ("b", (1, 5, 0, 0)),
-        ("a", (1, 5, 0, 0)),
-        ("a", (0, 0, 1, 4)),
+        ("c", (1, 7, 0, 0)),
     ]
-    assert list(file_counts(("d2", {"origin": [("b", 5)], "kept": []}))) == [("b", (1, 5, 0, 0))]
+    assert packed_counts([(d2, 2, 7), (d2, 1, 7)], [(d2, 7)], paths) == [
+        ("b", (1, 7, 1, 7)),
+        ("c", (1, 7, 0, 0)),
+    ]
+    with pytest.raises(ValueError, match=d2):  # a kept id that no origin has: named
+        packed_counts([(d1, 0, 5)], [(d2, 7)], paths)
+    with pytest.raises(ValueError, match="id pack holds"):
+        list(file_counts((0, {"origin": [(b"x" * 16, b"")], "kept": []}), paths))
+    with pytest.raises(ValueError, match="not a content id"):
+        IdPacks(1).add("abc", 1)
+
+
+@pytest.mark.parametrize("packs", [1, 3])
+def test_packed_file_counts_equal_a_per_document_count(packs):
+    rng = random.Random(5)
+    paths = [f"in/{i}.jsonl" for i in range(4)]
+    docs = [f"{rng.getrandbits(128):032x}" for _ in range(60)]
+    origins, kept, expected = [], [], {}
+    for doc_id in docs:
+        copies = [(rng.randrange(4), rng.randrange(1, 99)) for _ in range(rng.randrange(1, 4))]
+        size = copies[0][1]
+        for rank, _ in copies:
+            origins.append((doc_id, rank, size))
+            row = expected.setdefault(paths[rank], [0, 0, 0, 0])
+            row[0], row[1] = row[0] + 1, row[1] + size
+        for _ in range(rng.choice([0, 1, 1, 2])):  # dropped, kept, or kept twice (--dedup none)
+            kept.append((doc_id, size - 1))
+            row = expected[paths[min(rank for rank, _ in copies)]]
+            row[2], row[3] = row[2] + 1, row[3] + size - 1
+    rng.shuffle(origins)
+    got = {}
+    for path, counts in packed_counts(origins, kept, paths, packs):
+        got[path] = [a + b for a, b in zip(got.get(path, [0] * 4), counts, strict=True)]
+    assert got == expected
 
 
 def test_bad_options_exit_2_naming_them(tmp_path, capfd):
