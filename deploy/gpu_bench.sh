@@ -132,6 +132,10 @@ ds_json() {  # name micro precision -> a DeepSpeed JSON for one run
     echo "$WORK/ds-$1.json"
 }
 
+cache_listing() {  # dir -> a digest of the files under it; that of nothing if it is absent
+    if [[ -d "$1" ]]; then find "$1" -maxdepth 3 | sort | md5sum; else echo absent; fi
+}
+
 stage_import() {
     python -c 'import torch, os, sys
 cuda = torch.cuda.is_available()
@@ -140,10 +144,12 @@ sys.exit(0 if cuda or os.environ["DEVICE"] == "cpu" else "no CUDA device: deploy
     python -c 'from importlib.metadata import version; print("deepspeed", version("deepspeed"))'
     # The trainer's own imports, DeepSpeed's included, must build no op (a GPU node may have
     # no compiler): the torch extensions cache is the same before and after.
+    # A fresh node has no cache directory at all: that lists as empty, not as a failure
+    # (under pipefail a bare `find` of a missing directory failed the stage).
     local cache="${TORCH_EXTENSIONS_DIR:-$HOME/.cache/torch_extensions}" before after
-    before="$(find "$cache" -maxdepth 3 2>/dev/null | sort | md5sum)"
+    before="$(cache_listing "$cache")"
     python -c 'import deepspeed, trainer.loop, trainer.run, model; print("trainer imports")'
-    after="$(find "$cache" -maxdepth 3 2>/dev/null | sort | md5sum)"
+    after="$(cache_listing "$cache")"
     [[ "$before" == "$after" ]] || { echo "importing the trainer built an op in $cache"; return 1; }
 }
 

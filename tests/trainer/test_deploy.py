@@ -90,6 +90,31 @@ def test_cpu_config_is_fp32_without_zero():
     assert ds["optimizer"]["params"]["torch_adam"] is True
 
 
+def test_gpu_bench_import_stage_on_a_fresh_node(tmp_path):
+    """A node's first run has no torch extensions cache: the import stage passes there (a
+    missing cache directory lists as empty), and it records its line."""
+    env = {k: v for k, v in os.environ.items() if k not in ("WORK", "NUM_GPUS")}
+    env.update(
+        DEVICE="cpu",
+        OUT=str(tmp_path),
+        STAGES="import",
+        TORCH_EXTENSIONS_DIR=str(tmp_path / "no-torch-extensions"),
+    )
+    done = subprocess.run(
+        ["bash", str(DEPLOY / "gpu_bench.sh")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert "trainer imports" in done.stdout
+    (stage,) = [json.loads(line) for line in (tmp_path / "gpu_bench/stages.jsonl").open()]
+    assert stage["stage"] == "import" and stage["ok"] is True
+    assert not (tmp_path / "no-torch-extensions").exists()  # nothing was built
+
+
 @pytest.mark.slow
 def test_gpu_bench_runs_every_stage_on_cpu(tmp_path):
     """DEVICE=cpu runs deploy/gpu_bench.sh's every stage on tiny: import, smoke (checkpoint,
