@@ -17,13 +17,17 @@
 #                path (--unpad false), then bench/model_speed.py's bare model steps (ours
 #                unpadded, ours padded, transformers) on Google-like rows and, at seq 128, on
 #                the main job's row lengths (--lengths docstrings: mean 73 of 128)
+#   profile      (opt-in: name it in STAGES) bench/gpu_profile.py on each of PRESETS at seq
+#                128, with the trainer's micro batch: forward/backward/optimizer times, host
+#                syncs per step and the top kernels, unpadded (PROFILE_PADDED=1: padded too)
 #   compiled     the speed stage's trainer runs with --compile model (trainer/compiling.py)
 #                for each of PRESETS at COMPILE_SEQS (128), unpadded and padded
 #                (COMPILE_UNPADS), beside the eager rows in the same table; the first step's
 #                time (compiling included) and the graphs compiled are in each result line
 #
 # Sized to fit 10 minutes on one H200 without the compiled stage, start-up included (limits:
-# IMPORT_LIMIT 300, SMOKE_LIMIT 240, CHECK_LIMIT 300, SPEED_LIMIT 420, COMPILE_LIMIT 420 s;
+# IMPORT_LIMIT 300, SMOKE_LIMIT 240, CHECK_LIMIT 300, SPEED_LIMIT 420, PROFILE_LIMIT 180,
+# COMPILE_LIMIT 420 s;
 # STAGES="import compiled" runs the compiled rows alone). A failed stage is recorded and the
 # next one runs (speed does not need correctness); the exit code is 1 if any stage failed.
 #
@@ -226,22 +230,49 @@ stage_speed() {
     done
     python bench/gpu_bench.py table "$RES/results.jsonl" | tee "$RES/table.txt"
     if [[ "${MODEL_SPEED:-1}" == 1 ]]; then
-        # Bare model steps (no DeepSpeed, no data loader): ours unpadded, ours padded and
-        # transformers on the same Google-like batch; one --batch per seq.
-        local dev=cuda; [[ "$DEVICE" == cpu ]] && dev=cpu
-        local model_steps=10; [[ "$DEVICE" == cpu ]] && model_steps=2
-        for seq in $SEQS; do
-            local batch_var="MODEL_SPEED_BATCH_$seq" batch=16
-            if ((seq <= 128)); then batch=64; fi
-            for lengths in google docstrings; do
-                if [[ $lengths == docstrings ]] && ((seq > 128)); then continue; fi
-                # shellcheck disable=SC2046,SC2086
-                python bench/model_speed.py --device "$dev" --dtype bf16 --preset $PRESETS \
-                    --seq "$seq" --batch "${!batch_var:-$batch}" --lengths "$lengths" \
-                    --steps "$model_steps" --no-memory $(peak) || failed=1
-            done
-        done 2>&1 | tee "$RES/model_speed.log"
+        # A loop piped to tee runs in a subshell: its failures come back as the function's
+        # status (pipefail), not through a variable set inside it.
+        model_speed_runs 2>&1 | tee "$RES/model_speed.log" || failed=1
     fi
+    return $failed
+}
+
+model_speed_runs() {  # bare model steps (no DeepSpeed, no data loader): ours unpadded, ours
+    # padded and transformers on the same Google-like batch; one --batch per seq
+    local failed=0 seq lengths dev=cuda model_steps=10
+    [[ "$DEVICE" == cpu ]] && dev=cpu model_steps=2
+    for seq in $SEQS; do
+        local batch_var="MODEL_SPEED_BATCH_$seq" batch=16
+        if ((seq <= 128)); then batch=64; fi
+        for lengths in google docstrings; do
+            if [[ $lengths == docstrings ]] && ((seq > 128)); then continue; fi
+            # shellcheck disable=SC2046,SC2086
+            python bench/model_speed.py --device "$dev" --dtype bf16 --preset $PRESETS \
+                --seq "$seq" --batch "${!batch_var:-$batch}" --lengths "$lengths" \
+                --steps "$model_steps" --no-memory $(peak) || failed=1
+        done
+    done
+    return $failed
+}
+
+stage_profile() {
+    profile_runs 2>&1 | tee -a "$RES/profile.log"
+}
+
+profile_runs() {
+    local failed=0 preset path flags paths=(unpadded) dev=cuda
+    [[ "${PROFILE_PADDED:-0}" == 1 ]] && paths+=(padded)
+    [[ "$DEVICE" == cpu ]] && dev=cpu
+    for preset in $PRESETS; do
+        for path in "${paths[@]}"; do
+            flags=()
+            [[ $path == padded ]] && flags=(--padded)
+            [[ "$DEVICE" == cpu ]] && flags+=(--warmup 1 --steps 2 --profile-steps 1)
+            python bench/gpu_profile.py --device "$dev" --dtype bf16 --preset "$preset" \
+                --seq 128 --batch "$(micro_for "$preset" 128)" "${flags[@]}" \
+                --json "$RES/profile.jsonl" || failed=1
+        done
+    done
     return $failed
 }
 
@@ -281,7 +312,7 @@ main() {
     local failed=0 name
     declare -A limit=([import]="${IMPORT_LIMIT:-300}" [smoke]="${SMOKE_LIMIT:-240}"
                       [correctness]="${CHECK_LIMIT:-300}" [speed]="${SPEED_LIMIT:-420}"
-                      [compiled]="${COMPILE_LIMIT:-420}")
+                      [profile]="${PROFILE_LIMIT:-180}" [compiled]="${COMPILE_LIMIT:-420}")
     for name in ${STAGES:-import smoke correctness speed compiled}; do
         run_stage "$name" "${limit[$name]}" || failed=1
         if [[ "$name" == import && "$failed" == 1 ]]; then break; fi  # nothing else can run
