@@ -40,12 +40,27 @@ def max_predictions(seq: int) -> int:
 def write_shards(directory: Path, seq: int, rows: int) -> bool:
     """Synthetic shards of ``rows`` rows at ``seq`` in ``directory``; False if already there.
 
+    A directory kept from an earlier run must hold the same rows at the same seq: the
+    speed runs once trained on the smoke stage's 512 rows this way (an epoch every 4
+    steps of BERT-Base on an H200), so a mismatch is an error, not a silent reuse.
+
     Raises:
-        ValueError: ``rows`` is not a positive multiple of 4 (the number of shards).
+        ValueError: ``rows`` is not a positive multiple of 4 (the number of shards), or
+            ``directory`` holds shards of other rows or another seq.
     """
     if rows < 4 or rows % 4:
         raise ValueError(f"rows must be a positive multiple of 4 (4 shards), got {rows}")
     if (directory / "manifest.json").exists():
+        from pipeline.shards.shard_format import read_manifest
+
+        manifest = read_manifest(directory)
+        held = sum(entry["rows"] for entry in manifest["shards"])
+        held_seq = manifest["params"]["max_seq_length"]
+        if (held, held_seq) != (rows, seq):
+            raise ValueError(
+                f"{directory} holds {held} rows at seq {held_seq}, not {rows} at seq {seq}: "
+                "name another directory"
+            )
         return False
     directory.mkdir(parents=True, exist_ok=True)
     write_synthetic(directory, rows=rows, shards=4, seq=seq, max_pred=max_predictions(seq))

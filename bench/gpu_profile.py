@@ -9,7 +9,9 @@ maker, weights in ``--dtype``, torch's AdamW), run ``--warmup`` times, then:
   debug mode (``torch.cuda.set_sync_debug_mode("warn")``: one warning per synchronizing
   call); a step that syncs stalls the launch queue;
 - **kernels**: ``torch.profiler`` over ``--profile-steps`` steps, the ``--top`` device
-  kernels by total time, each with its share of the profiled device time and calls per step.
+  kernels by total time, each with its share of the profiled kernel time and calls per
+  step, and ``kernel_ms_per_step``, the GPU's busy time: a step much longer than that is
+  bound by the host (launches, dispatch), not by the GPU.
 
 ::
 
@@ -102,8 +104,9 @@ def host_syncs(model, opt, b: dict, device: str) -> int | None:
     return sum("synchroniz" in str(w.message) for w in caught)
 
 
-def kernels(model, opt, b: dict, device: str, steps: int, top: int) -> list[dict]:
-    """The ``top`` kernels (CPU ops on CPU) by total time over ``steps`` profiled steps."""
+def kernels(model, opt, b: dict, device: str, steps: int, top: int) -> tuple[float, list[dict]]:
+    """Milliseconds of kernels (self time of CPU ops on CPU) per step, and the ``top`` of
+    them by total time over ``steps`` profiled steps."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
@@ -113,10 +116,13 @@ def kernels(model, opt, b: dict, device: str, steps: int, top: int) -> list[dict
         if device == "cuda":
             torch.cuda.synchronize()
     if device == "cuda":
-        # Device kernels: events that ran on the GPU (not the CPU-side op wrappers).
+        # Device kernels: events that ran on the GPU (not the CPU-side op wrappers), less
+        # the ranges user annotations draw on the GPU's timeline (``Optimizer.step#AdamW.step``
+        # spans the optimizer's own kernels, which are counted as kernels).
         totals: dict[str, list[float]] = {}
         for e in prof.events():
-            if e.device_type == torch.autograd.DeviceType.CUDA:
+            on_gpu = e.device_type == torch.autograd.DeviceType.CUDA
+            if on_gpu and not getattr(e, "is_user_annotation", False):
                 entry = totals.setdefault(e.name, [0.0, 0])
                 entry[0] += e.device_time
                 entry[1] += 1
@@ -128,7 +134,7 @@ def kernels(model, opt, b: dict, device: str, steps: int, top: int) -> list[dict
         }
     whole = sum(t for t, _ in totals.values()) or 1.0
     ranked = sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]
-    return [
+    return round(whole / 1e3 / steps, 3), [
         {
             "kernel": name[:120],
             "ms_per_step": round(t / 1e3 / steps, 3),
@@ -160,8 +166,10 @@ def profile_preset(args, preset: str) -> dict:
         "sequences_per_s": round(args.batch / times["step"], 1),
         "phases_s": times,
         "host_syncs_per_step": host_syncs(model, opt, b, args.device),
-        "top_kernels": kernels(model, opt, b, args.device, args.profile_steps, args.top),
     }
+    row["kernel_ms_per_step"], row["top_kernels"] = kernels(
+        model, opt, b, args.device, args.profile_steps, args.top
+    )
     return row
 
 
@@ -194,7 +202,8 @@ def main(argv=None) -> int:
             f"{preset} {row['path']} batch {args.batch} seq {args.seq}: "
             f"{row['sequences_per_s']} seq/s; step {ph['step'] * 1e3:.1f} ms = forward "
             f"{ph['forward'] * 1e3:.1f} + backward {ph['backward'] * 1e3:.1f} + optimizer "
-            f"{ph['optimizer'] * 1e3:.1f} ms; host syncs per step: {row['host_syncs_per_step']}"
+            f"{ph['optimizer'] * 1e3:.1f} ms; kernels {row['kernel_ms_per_step']:.1f} ms; host syncs "
+            f"per step: {row['host_syncs_per_step']}"
         )
         for k in row["top_kernels"]:
             print(

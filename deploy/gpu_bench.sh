@@ -125,9 +125,10 @@ train() {  # name ds.json shards model [trainer flags...]: one trainer run, its 
     fi
 }
 
-shards() {  # seq [rows] -> the directory of synthetic shards (written once)
-    python bench/gpu_bench.py shards "$WORK/shards-$1" --seq "$1" --rows "${2:-$ROWS}" >&2
-    echo "$WORK/shards-$1"
+shards() {  # seq [rows] -> the directory of synthetic shards (written once per seq and rows)
+    local dir="$WORK/shards-$1-${2:-$ROWS}"
+    python bench/gpu_bench.py shards "$dir" --seq "$1" --rows "${2:-$ROWS}" >&2
+    echo "$dir"
 }
 
 ds_json() {  # name micro precision -> a DeepSpeed JSON for one run

@@ -249,6 +249,12 @@ def _file_value(f: dataclasses.Field, value: Any, where: str) -> Any:
     kind, optional = _kind(f)
     if value is None and optional:
         return None
+    parse = f.metadata.get("type")
+    if parse is not None:  # a field with its own parser (--unpad): JSON strings go through it
+        try:
+            return parse(value) if isinstance(value, str) else value
+        except argparse.ArgumentTypeError as e:
+            raise ValueError(f"{where}: {f.name}: {e}") from None
     ok = {
         bool: isinstance(value, bool),
         int: isinstance(value, int) and not isinstance(value, bool),

@@ -60,7 +60,7 @@ from model.hf import CONFIG_NAME, WEIGHTS_NAME
 from pipeline.core.vocab import parse_vocab
 from pipeline.shards.shard_format import VOCAB_NAME
 
-from .config import TrainConfig
+from .config import TrainConfig, resolve_unpad
 from .metrics import model_flops
 from .prepare import check_fit
 from .shards import ShardSet
@@ -326,7 +326,7 @@ class Distiller:
         it when --distill-init says so. Call before ``deepspeed.initialize``."""
         teacher = load_hf(self.directory).eval().requires_grad_(False)
         assert not any(hasattr(p, "ds_id") for p in teacher.parameters()), "ZeRO-3 partitioned"
-        teacher.set_unpadded(self.unpad)
+        teacher.set_unpadded(resolve_unpad(self.unpad, device.type))
         how = "from the checkpoint"
         if fresh:
             how = "random init"

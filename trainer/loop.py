@@ -198,7 +198,7 @@ class Trainer:
     def build_engine(self) -> None:
         import deepspeed
 
-        model = prepare.build_model(self.config, self.model_config)
+        model = prepare.build_model(self.config, self.model_config, self.info.device.type)
         if self.distiller is not None:  # outside DeepSpeed: no optimizer, checkpoint, ZeRO
             self.distiller.prepare(model, self.info.device, fresh=self.resume is None)
         ops.announce_optimizer(self.ds)  # its op may be compiled first: say so

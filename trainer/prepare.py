@@ -22,7 +22,7 @@ from model import PRESETS, BertConfig, BertForPreTraining, load_hf
 from pipeline.core.rng import derive_seed
 from pipeline.shards import shard_format
 
-from .config import TrainConfig
+from .config import TrainConfig, resolve_unpad
 from .dsconfig import BatchSizes, precision
 from .shards import ShardSet
 
@@ -338,8 +338,9 @@ def _load_model_arg(model: str, vocab: dict) -> BertConfig:
     raise ValueError(f"--model {model!r} is neither a preset {sorted(PRESETS)} nor a config.json")
 
 
-def build_model(config: TrainConfig, cfg: BertConfig) -> BertForPreTraining:
-    """The model, initialised identically on every rank (seeded), or loaded from --init-from-hf."""
+def build_model(config: TrainConfig, cfg: BertConfig, device_type: str) -> BertForPreTraining:
+    """The model, initialised identically on every rank (seeded), or loaded from --init-from-hf;
+    unpadded or not as ``--unpad`` resolves on ``device_type`` (config.resolve_unpad)."""
     torch.manual_seed(derive_seed(config.seed, "init"))
     if config.init_from_hf is not None:
         logger.info("initial weights from %s", config.init_from_hf)
@@ -349,7 +350,12 @@ def build_model(config: TrainConfig, cfg: BertConfig) -> BertForPreTraining:
         model = BertForPreTraining(cfg)
     # Every batch on the same path, whatever its padding: each rank's backward then hands
     # the gradients to ZeRO in the same order (model/bert.py, set_unpadded).
-    model.set_unpadded(config.unpad, every_batch=True)
+    unpad = resolve_unpad(config.unpad, device_type)
+    if config.unpad == "auto":
+        logger.info(
+            "encoder: %s (--unpad auto on %s)", "unpadded" if unpad else "padded", device_type
+        )
+    model.set_unpadded(unpad, every_batch=True)
     return model
 
 

@@ -19,6 +19,10 @@ def test_a_tiny_profile_reports_phases_and_ops(tmp_path, capsys):
     assert ph["step"] >= max(ph["forward"], ph["backward"], ph["optimizer"])
     assert row["host_syncs_per_step"] is None  # counted on CUDA only
     kernels = row["top_kernels"]
+    # The busy time is all kernels' (on CPU: all ops' self time); the top ones are a part.
+    top_ms = sum(k["ms_per_step"] for k in kernels)
+    assert top_ms <= row["kernel_ms_per_step"] + 1e-3
+    assert abs(sum(k["share"] for k in kernels) - top_ms / row["kernel_ms_per_step"]) < 0.01
     assert 1 <= len(kernels) <= 4
     assert [k["share"] for k in kernels] == sorted((k["share"] for k in kernels), reverse=True)
     assert 0 < sum(k["share"] for k in kernels) <= 1.0001

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from trainer import dsconfig, prepare
-from trainer.config import parse_args
+from trainer.config import parse_args, resolve_unpad
 from trainer.dsconfig import precision, resolve_batch_sizes, resolve_ds_config, with_precision
 
 REQUIRED = ["--ds-config", "ds.json", "--data", "shards", "--output-dir", "out"]
@@ -43,6 +43,28 @@ def test_bad_flag_values_exit_2_naming_the_flag(capsys):
             parse_args([*REQUIRED, flag, value])
         assert exit_.value.code == 2
         assert f"argument {flag}" in capsys.readouterr().err
+
+
+def test_unpad_auto_resolves_by_device(tmp_path):
+    assert parse_args(REQUIRED).unpad == "auto"  # the default
+    assert parse_args([*REQUIRED, "--unpad", "AUTO"]).unpad == "auto"
+    assert parse_args([*REQUIRED, "--unpad"]).unpad is True  # a bare flag is true
+    assert parse_args([*REQUIRED, "--unpad", "yes"]).unpad is True
+    # auto: unpadded on CPU, padded on CUDA (measured on an H200); true/false as given.
+    assert resolve_unpad("auto", "cpu") is True
+    assert resolve_unpad("auto", "cuda") is False
+    assert resolve_unpad(True, "cuda") is True and resolve_unpad(False, "cpu") is False
+    config_file = tmp_path / "run.json"
+    config_file.write_text(json.dumps({"unpad": "auto"}))
+    assert parse_args([*REQUIRED, "--config", str(config_file)]).unpad == "auto"
+    config_file.write_text(json.dumps({"unpad": "sometimes"}))
+    with pytest.raises(
+        ValueError, match=r"run.json: unpad: expected auto, true or false, got 'sometimes'"
+    ):
+        parse_args([*REQUIRED, "--config", str(config_file)])
+    config_file.write_text(json.dumps({"unpad": 3}))
+    with pytest.raises(ValueError, match="--unpad must be auto, true or false, got 3"):
+        parse_args([*REQUIRED, "--config", str(config_file)])
 
 
 def test_unknown_key_missing_option_and_bad_value_are_named(tmp_path):

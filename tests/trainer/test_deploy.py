@@ -181,6 +181,11 @@ def test_gpu_bench_shards_are_google_like(tmp_path):
 
     assert gpu_bench.write_shards(tmp_path, seq=32, rows=400)
     assert not gpu_bench.write_shards(tmp_path, seq=32, rows=400)  # kept
+    # Kept shards of other rows or another seq are refused, never reused.
+    with pytest.raises(ValueError, match="holds 400 rows at seq 32, not 512 at seq 32"):
+        gpu_bench.write_shards(tmp_path, seq=32, rows=512)
+    with pytest.raises(ValueError, match="not 400 at seq 64"):
+        gpu_bench.write_shards(tmp_path, seq=64, rows=400)
     manifest = read_manifest(tmp_path)
     assert manifest["params"]["max_seq_length"] == 32
     assert manifest["params"]["max_predictions_per_seq"] == 20
