@@ -90,25 +90,28 @@ def test_cpu_config_is_fp32_without_zero():
     assert ds["optimizer"]["params"]["torch_adam"] is True
 
 
-def test_gpu_bench_import_stage_on_a_fresh_node(tmp_path):
-    """A node's first run has no torch extensions cache: the import stage passes there (a
-    missing cache directory lists as empty), and it records its line."""
-    env = {k: v for k, v in os.environ.items() if k not in ("WORK", "NUM_GPUS")}
-    env.update(
-        DEVICE="cpu",
-        OUT=str(tmp_path),
-        STAGES="import",
-        TORCH_EXTENSIONS_DIR=str(tmp_path / "no-torch-extensions"),
-    )
+def gpu_bench_on_cpu(tmp_path, **env_vars: str) -> subprocess.CompletedProcess:
+    """``DEVICE=cpu bash deploy/gpu_bench.sh`` with results in tmp_path/gpu_bench; must pass."""
+    env = {k: v for k, v in os.environ.items() if k not in ("WORK", "STAGES", "NUM_GPUS")}
+    env.update(DEVICE="cpu", OUT=str(tmp_path), **env_vars)
     done = subprocess.run(
         ["bash", str(DEPLOY / "gpu_bench.sh")],
         cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    return done
+
+
+def test_gpu_bench_import_stage_on_a_fresh_node(tmp_path):
+    """A node's first run has no torch extensions cache: the import stage passes there (a
+    missing cache directory lists as empty), and it records its line."""
+    done = gpu_bench_on_cpu(
+        tmp_path, STAGES="import", TORCH_EXTENSIONS_DIR=str(tmp_path / "no-torch-extensions")
+    )
     assert "trainer imports" in done.stdout
     (stage,) = [json.loads(line) for line in (tmp_path / "gpu_bench/stages.jsonl").open()]
     assert stage["stage"] == "import" and stage["ok"] is True
@@ -121,17 +124,7 @@ def test_gpu_bench_runs_every_stage_on_cpu(tmp_path):
     resume, export), correctness (bf16 unpadded against padded), speed (both paths and the
     bare model steps), compiled (one --compile model run); each stage's line is written,
     and the results table."""
-    env = {k: v for k, v in os.environ.items() if k not in ("WORK", "STAGES", "NUM_GPUS")}
-    env.update(DEVICE="cpu", OUT=str(tmp_path), OMP_NUM_THREADS="1")
-    done = subprocess.run(
-        ["bash", str(DEPLOY / "gpu_bench.sh")],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    done = gpu_bench_on_cpu(tmp_path, OMP_NUM_THREADS="1")
     res = tmp_path / "gpu_bench"
     stages = [json.loads(line) for line in (res / "stages.jsonl").read_text().splitlines()]
     assert [(s["stage"], s["ok"]) for s in stages] == [
