@@ -13,7 +13,7 @@
 #                mantissa, 0.4% per rounding)
 #   speed        sequences/s and MFU of trainer/run.py (bf16, ZeRO-2 from deploy/zero2.json)
 #                for each of PRESETS (base large) x SEQS (128; 512 too if time allows), with
-#                the unpadded encoder (--unpad true, the default) and the padded reference
+#                the unpadded encoder (--unpad true; the default on CUDA is now padded: deploy/README.md) and the padded reference
 #                path (--unpad false), then bench/model_speed.py's bare model steps (ours
 #                unpadded, ours padded, transformers) on Google-like rows and, at seq 128, on
 #                the main job's row lengths (--lengths docstrings: mean 73 of 128)
