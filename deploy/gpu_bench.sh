@@ -15,8 +15,8 @@
 #                for each of PRESETS (base large) x SEQS (128; 512 too if time allows), with
 #                the unpadded encoder (--unpad true) and the padded reference path (--unpad
 #                false, the trainer's default on CUDA: deploy/README.md), then
-#                bench/model_speed.py's bare model steps (ours
-#                unpadded, ours padded, transformers) on Google-like rows and, at seq 128, on
+#                bench/model_speed.py's bare model steps (ours unpadded, ours padded,
+#                transformers) on Google-like rows and, at seq 128, on
 #                the main job's row lengths (--lengths docstrings: mean 73 of 128)
 #   profile      (opt-in: name it in STAGES) bench/gpu_profile.py on each of PRESETS at seq
 #                128, with the trainer's micro batch: forward/backward/optimizer times, host
