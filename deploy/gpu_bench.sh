@@ -81,7 +81,7 @@ if [[ "$DEVICE" == cpu ]]; then
     export DS_ACCELERATOR=cpu CUDA_VISIBLE_DEVICES=""
     # Every stage on tiny, a few steps: what the CPU mode checks is that each stage works.
     : "${PRESETS:=tiny}" "${STEPS:=6}" "${LOG_EVERY:=2}" "${ROWS:=512}" "${MICRO_TINY_128:=8}"
-    : "${SMOKE_STEPS:=4}" "${CHECK_STEPS:=6}" "${MODEL_SPEED_BATCH_128:=8}"
+    : "${SMOKE_STEPS:=4}" "${CHECK_STEPS:=6}" "${MODEL_SPEED_BATCH_128:=2}"
     : "${COMPILE_UNPADS:=true}"  # one compiled run: that the stage works
     export MICRO_TINY_128 MODEL_SPEED_BATCH_128
 fi
