@@ -310,8 +310,15 @@ def run_helps(keys: set[str]) -> dict[str, tuple[object, str]]:
 
 
 def beam_flags() -> set[str]:
-    """Every flag of Apache Beam's pipeline options, the DaskRunner's included."""
+    """Every flag of Apache Beam's pipeline options, the DaskRunner's and ours included.
+
+    Beam lists the options of the PipelineOptions subclasses imported so far, so ours
+    (pipeline/beam/dask_compat.py's --dask_shuffle_partitions) are imported here, as the
+    commands do (pipeline/beam/runner.py): before, this test passed only after another
+    test had imported them in the same process, and failed when run alone."""
     from apache_beam.options.pipeline_options import PipelineOptions
+
+    import pipeline.beam.dask_compat  # noqa: F401  (--dask_shuffle_partitions)
 
     with contextlib.suppress(ImportError):
         import apache_beam.runners.dask.dask_runner  # noqa: F401  (its --dask_* options)
