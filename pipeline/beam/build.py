@@ -48,6 +48,7 @@ from pipeline.beam.config import (
     resolve_row_spool,
 )
 from pipeline.beam.curation_steps import (
+    BatchPositions,
     Curate,
     as_sentences,
     batch_documents,
@@ -362,10 +363,13 @@ class CurateDocuments(beam.PTransform):
         self._config, self._plan = config, plan
 
     def expand(self, batches):
+        config, positions = self._config, None
+        if config.dedup == "minhash" and config.minhash_keep == "first":
+            positions = batches | "Positions" >> beam.ParDo(BatchPositions(self._plan.files))
         curated = (
             batches
             | "AsTexts" >> beam.FlatMap(documents_of)
-            | "Steps" >> Curate(self._config, self._plan.eval_ngrams)
+            | "Steps" >> Curate(config, self._plan.eval_ngrams, positions=positions)
         )
         split = (
             curated.kept

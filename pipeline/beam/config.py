@@ -35,6 +35,8 @@ OUTPUT_BYTES_PER_INPUT_BYTE = 0.9
 
 DEDUP = ("none", "exact", "minhash")
 DEDUP_HELP = "minhash: near and exact copies; exact: exact copies; none"
+# Which document of a near-duplicate cluster stays (pipeline/beam/curation_steps.py).
+MINHASH_KEEP = ("smallest_id", "first")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,6 +50,16 @@ class CurationOptions:
     minhash_bands: int = option(14, "MinHash LSH bands (datatrove's default)")
     minhash_rows: int = option(8, "MinHash LSH rows per band (datatrove's default)")
     minhash_seed: int = option(1, "seed of MinHash's hash functions")
+    # smallest_id: the same kept set whatever the files' names, order and split; first:
+    # what datatrove keeps in most clusters (its union-find root), and the original rather
+    # than a later copy where the input is in order, at the price of that independence.
+    minhash_keep: str = option(
+        "smallest_id",
+        "which document of a near-duplicate cluster stays: smallest_id (its smallest content "
+        "id: no file name or order changes it) or first (the first in input order: sorted "
+        "paths, then position in the file)",
+        choices=MINHASH_KEEP,
+    )
     # Label propagation with pointer jumping halves the longest path to a cluster's
     # smallest id each round; 8 rounds join chains of 2**8 documents (curate's report.json
     # says whether the last round changed anything).
@@ -71,6 +83,7 @@ class CurationOptions:
             "minhash_ngram": (self.minhash_ngram >= 1, "must be at least 1"),
             "minhash_bands": (self.minhash_bands >= 1, "must be at least 1"),
             "minhash_rows": (self.minhash_rows >= 1, "must be at least 1"),
+            "minhash_keep": (self.minhash_keep in MINHASH_KEEP, f"one of {MINHASH_KEEP}"),
             "cc_rounds": (1 <= self.cc_rounds <= 64, "must be in 1..64"),
             "language_threshold": (0.0 <= self.language_threshold <= 1.0, "must be in [0, 1]"),
             "decontaminate_ngram": (self.decontaminate_ngram >= 1, "must be at least 1"),

@@ -34,7 +34,6 @@ import json
 import logging
 import math
 import time
-from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -45,11 +44,14 @@ from apache_beam.pvalue import TaggedOutput
 from pipeline.beam.build import Plan, match_inputs, resolve_input_format
 from pipeline.beam.config import DEDUP, DEDUP_HELP, INPUT_FORMATS, BuildConfig, CurationOptions
 from pipeline.beam.curation_steps import (
+    ID_BYTES,
     Curate,
+    IdPacks,
     check_packages,
     document_totals,
     documents_of,
     eval_ngram_set,
+    unpack_ids,
     utf8_bytes,
 )
 from pipeline.beam.document_steps import (
@@ -69,7 +71,10 @@ logger = logging.getLogger(__name__)
 
 CURATE_VERSION = 1  # of the curated manifest's keys
 FILE_BYTES = 128 * 2**20  # output files aim at this many bytes of text (--num_files default)
-ORIGINS = "origins"  # ReadTexts' tagged output: IdPacks of (id, input path rank, UTF-8 bytes)
+# ReadTexts' tagged output: IdPacks of (id, input path rank, range start, index in the
+# range, UTF-8 bytes): the first three a position (curation_steps.BatchPositions')
+ORIGINS = "origins"
+ORIGIN_COLUMNS = 4
 # Output files of a curate: --overwrite and a failed job remove these (manifest first).
 OUTPUT_PATTERNS = (
     "manifest.json",
@@ -162,9 +167,11 @@ def file_name(index: int, num_files: int) -> str:
 
 class ReadTexts(ReadDocuments):
     """FileRange -> (content id, text) per document (:func:`documents_of`), and tagged
-    ``ORIGINS``: the bundle's (id, its file's rank in ``paths``, its UTF-8 bytes) records
-    packed per bucket of ids (:class:`IdPacks`), for the report's counts per input file.
-    ReadDocuments' other tagged outputs pass through. ``paths``: the plan's, sorted."""
+    ``ORIGINS``: the bundle's (id, its file's rank in ``paths``, its range's first byte,
+    its number in the range, its UTF-8 bytes) records packed per bucket of ids
+    (:class:`IdPacks`), for the report's counts per input file and ``--minhash_keep
+    first``. ReadDocuments' other tagged outputs pass through. ``paths``: the plan's,
+    sorted."""
 
     RECORDS = 1 << 18  # origin records held before they are emitted (~7 MB)
 
@@ -173,7 +180,7 @@ class ReadTexts(ReadDocuments):
         self._ranks = {path: rank for rank, path in enumerate(paths)}
 
     def start_bundle(self):
-        self._origins = IdPacks(columns=2)
+        self._origins = IdPacks(columns=ORIGIN_COLUMNS)
 
     def process(self, part) -> Iterator:
         rank, origins = self._ranks[part.path], self._origins
@@ -181,9 +188,10 @@ class ReadTexts(ReadDocuments):
             if not isinstance(item, DocumentBatch):
                 yield item
                 continue
-            for doc_id, text in documents_of(item):
+            _, start, index = item.origin
+            for i, (doc_id, text) in enumerate(documents_of(item)):
                 yield doc_id, text
-                origins.add(doc_id, rank, utf8_bytes(text))
+                origins.add(doc_id, rank, start, index + i, utf8_bytes(text))
             if len(origins) >= self.RECORDS:
                 for element in origins.packed():
                     yield TaggedOutput(ORIGINS, element)
@@ -197,80 +205,6 @@ class ReadTexts(ReadDocuments):
             yield TaggedOutput(ORIGINS, WindowedValue(element, window.max_timestamp(), [window]))
 
 
-ID_BYTES = 16  # a content id's digest (pipeline/core/sources.py content_id: 32 hex digits)
-ID_BUCKETS = 256  # JoinOrigins' keys: a bucket holds 1/256 of the documents' records
-
-
-class IdPacks:
-    """(content id, ``columns`` integers) records, packed per bucket of ids: ``packed()``
-    gives ``(bucket, (ids, column, ...))`` per bucket, ``ids`` the digests' bytes
-    concatenated, each column int64 bytes in the same order, and empties the packs.
-
-    One Beam element per document (a tuple, its id, its path, a ``WindowedValue``: about
-    250 bytes of Python objects) was most of what a Dask worker held at a 1 GB curate's
-    peak (docs/results.md); packed, a record is 16 bytes and 8 per column. A bucket is
-    the id's last 8 hex digits modulo ``ID_BUCKETS``, so every copy of a document (the
-    same id) meets in one, whichever bundle read it.
-    """
-
-    def __init__(self, columns: int):
-        self._columns = columns
-        self._packs: dict[int, tuple[bytearray, list[array]]] = {}
-        self._held = 0
-
-    def __len__(self) -> int:
-        return self._held
-
-    def add(self, doc_id: str, *numbers: int) -> None:
-        try:
-            digest = bytes.fromhex(doc_id)
-        except ValueError:
-            digest = b""
-        if len(digest) != ID_BYTES:
-            raise ValueError(f"document id {doc_id!r} is not a content id ({ID_BYTES} bytes hex)")
-        bucket = int(doc_id[-8:], 16) % ID_BUCKETS
-        pack = self._packs.get(bucket)
-        if pack is None:
-            pack = self._packs[bucket] = (bytearray(), [array("q") for _ in range(self._columns)])
-        pack[0].extend(digest)
-        for column, number in zip(pack[1], numbers, strict=True):
-            column.append(number)
-        self._held += 1
-
-    def packed(self) -> Iterator[tuple[int, tuple[bytes, ...]]]:
-        packs, self._packs, self._held = self._packs, {}, 0
-        for bucket, (ids, columns) in sorted(packs.items()):
-            yield bucket, (bytes(ids), *(column.tobytes() for column in columns))
-
-
-def unpack_ids(packs: Iterable[tuple[bytes, ...]], columns: int):
-    """:meth:`IdPacks.packed`'s values -> (ids as a numpy ``S16`` array, [int64 array per
-    column]), the packs concatenated.
-
-    Raises:
-        ValueError: a pack's columns do not hold 8 bytes per id, or ids 16 bytes each.
-    """
-    import numpy as np
-
-    ids, cols = [], [[] for _ in range(columns)]
-    for packed_ids, *packed_cols in packs:
-        n = len(packed_ids) // ID_BYTES
-        sizes = [len(packed_ids) - ID_BYTES * n] + [len(c) - 8 * n for c in packed_cols]
-        if len(packed_cols) != columns or any(sizes):
-            raise ValueError(
-                f"an id pack holds {len(packed_ids)} id bytes and columns of "
-                f"{[len(c) for c in packed_cols]} bytes; expected {ID_BYTES} and 8 per id, "
-                f"{columns} column(s)"
-            )
-        ids.append(packed_ids)
-        for col, packed in zip(cols, packed_cols, strict=True):
-            col.append(packed)
-    return (
-        np.frombuffer(b"".join(ids), f"S{ID_BYTES}"),
-        [np.frombuffer(b"".join(col), np.int64) for col in cols],
-    )
-
-
 def kept_packs(group) -> Iterator[tuple[int, tuple[bytes, bytes]]]:
     """(file index, [(id, text) kept]) -> :class:`IdPacks` of (id, its UTF-8 bytes)."""
     packs = IdPacks(columns=1)
@@ -280,14 +214,15 @@ def kept_packs(group) -> Iterator[tuple[int, tuple[bytes, bytes]]]:
 
 
 def file_counts(element, paths: Sequence[str]) -> Iterator[tuple[str, tuple[int, int, int, int]]]:
-    """(bucket, {"origin": packs of every copy read: (id, path rank, bytes), "kept": packs
-    of the kept documents: (id, bytes)}) -> (path, (documents in, bytes in, documents out,
-    bytes out)) per path in the bucket: one in per copy read, and one out per kept
-    document, counted to the first path (in ``paths``' sorted order) of its copies (they
-    are identical, so the rule only names the file; no runner or file order changes it).
+    """(bucket, {"origin": packs of every copy read: (id, path rank, range start, index,
+    bytes), "kept": packs of the kept documents: (id, bytes)}) -> (path, (documents in,
+    bytes in, documents out, bytes out)) per path in the bucket: one in per copy read, and
+    one out per kept document, counted to the first path (in ``paths``' sorted order) of
+    its copies (they are identical, so the rule only names the file; no runner or file
+    order changes it).
 
-    Example, as records: origins ``(d1, 1, 5), (d1, 0, 5)`` and kept ``(d1, 4)`` with
-    ``paths == ["a", "b"]`` -> ``("a", (1, 5, 1, 4)), ("b", (1, 5, 0, 0))``.
+    Example, as records: origins ``(d1, 1, 0, 0, 5), (d1, 0, 0, 3, 5)`` and kept
+    ``(d1, 4)`` with ``paths == ["a", "b"]`` -> ``("a", (1, 5, 1, 4)), ("b", (1, 5, 0, 0))``.
 
     Raises:
         ValueError: a kept id was never read (a bug upstream, named here).
@@ -295,7 +230,7 @@ def file_counts(element, paths: Sequence[str]) -> Iterator[tuple[str, tuple[int,
     import numpy as np
 
     _, grouped = element
-    ids, (ranks, sizes) = unpack_ids(grouped["origin"], 2)
+    ids, (ranks, _, _, sizes) = unpack_ids(grouped["origin"], ORIGIN_COLUMNS)
     kept_ids, (kept_sizes,) = unpack_ids(grouped["kept"], 1)
     order = np.lexsort((ranks, ids))  # by id, then by path rank
     ids, first_ranks = ids[order], ranks[order]
@@ -543,7 +478,9 @@ def curate_graph(
     )
     seed = config.random_seed
     group_of = functools.partial(file_of, num_files=num_files, seed=seed)
-    curated = read.documents | "Curate" >> Curate(config, eval_ngrams, group_of)
+    curated = read.documents | "Curate" >> Curate(
+        config, eval_ngrams, group_of, positions=read[ORIGINS], position_columns=ORIGIN_COLUMNS
+    )
     file_totals = (
         {"origin": read[ORIGINS], "kept": curated.kept | "KeptBytes" >> beam.FlatMap(kept_packs)}
         | "JoinOrigins" >> beam.CoGroupByKey()

@@ -13,8 +13,11 @@ removed one tagged with its reason (``REMOVED``), in this order:
    are one document: every copy after the first is ``exact_duplicate``;
 5. ``--dedup minhash``: MinHash LSH (pipeline/core/dedup.py): documents sharing a band key
    are candidates; clusters are the connected components of the candidate graph
-   (:class:`ConnectedComponents`); one document per cluster stays, the one with the
-   smallest id (a rule no runner changes), the others are ``near_duplicate``.
+   (:class:`ConnectedComponents`); one document per cluster stays, the others are
+   ``near_duplicate``. Which one, ``--minhash_keep``: the smallest id (a rule no runner,
+   file name or order changes), or the first in input order (sorted paths, then place in
+   the file; datatrove's choice in most clusters): the clusters' members joined with
+   every document's position by id, then grouped by cluster (two shuffles of ids).
 
 The filters see every copy (each copy a rule removes counts to the rule), so that the texts
 cross the network once: steps 4 and 5 are decided on ids alone, and carried out where the
@@ -25,7 +28,8 @@ the ids MinHash drops (:class:`KeepDistinct`).
 from __future__ import annotations
 
 import glob
-from collections.abc import Iterator, Sequence
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple
 
 import apache_beam as beam
@@ -383,6 +387,184 @@ def _small_star(element) -> Iterator[tuple[str, str]]:
             yield smallest, v
 
 
+ID_BYTES = 16  # a content id's digest (pipeline/core/sources.py content_id: 32 hex digits)
+ID_BUCKETS = 256  # IdPacks' keys: a bucket holds 1/256 of the documents' records
+
+
+def id_bucket(doc_id: str) -> int:
+    """A content id's bucket: its last 8 hex digits modulo ``ID_BUCKETS``."""
+    return int(doc_id[-8:], 16) % ID_BUCKETS
+
+
+class IdPacks:
+    """(content id, ``columns`` integers) records, packed per bucket of ids: ``packed()``
+    gives ``(bucket, (ids, column, ...))`` per bucket, ``ids`` the digests' bytes
+    concatenated, each column int64 bytes in the same order, and empties the packs.
+
+    One Beam element per document (a tuple, its id, its path, a ``WindowedValue``: about
+    250 bytes of Python objects) was most of what a Dask worker held at a 1 GB curate's
+    peak (docs/results.md); packed, a record is 16 bytes and 8 per column. A bucket is
+    the id's last 8 hex digits modulo ``ID_BUCKETS``, so every copy of a document (the
+    same id) meets in one, whichever bundle read it.
+    """
+
+    def __init__(self, columns: int):
+        self._columns = columns
+        self._packs: dict[int, tuple[bytearray, list[array]]] = {}
+        self._held = 0
+
+    def __len__(self) -> int:
+        return self._held
+
+    def add(self, doc_id: str, *numbers: int) -> None:
+        try:
+            digest = bytes.fromhex(doc_id)
+        except ValueError:
+            digest = b""
+        if len(digest) != ID_BYTES:
+            raise ValueError(f"document id {doc_id!r} is not a content id ({ID_BYTES} bytes hex)")
+        bucket = id_bucket(doc_id)
+        pack = self._packs.get(bucket)
+        if pack is None:
+            pack = self._packs[bucket] = (bytearray(), [array("q") for _ in range(self._columns)])
+        pack[0].extend(digest)
+        for column, number in zip(pack[1], numbers, strict=True):
+            column.append(number)
+        self._held += 1
+
+    def packed(self) -> Iterator[tuple[int, tuple[bytes, ...]]]:
+        packs, self._packs, self._held = self._packs, {}, 0
+        for bucket, (ids, columns) in sorted(packs.items()):
+            yield bucket, (bytes(ids), *(column.tobytes() for column in columns))
+
+
+def unpack_ids(packs: Iterable[tuple[bytes, ...]], columns: int):
+    """:meth:`IdPacks.packed`'s values -> (ids as a numpy ``S16`` array, [int64 array per
+    column]), the packs concatenated.
+
+    Raises:
+        ValueError: a pack's columns do not hold 8 bytes per id, or ids 16 bytes each.
+    """
+    import numpy as np
+
+    ids, cols = [], [[] for _ in range(columns)]
+    for packed_ids, *packed_cols in packs:
+        n = len(packed_ids) // ID_BYTES
+        sizes = [len(packed_ids) - ID_BYTES * n] + [len(c) - 8 * n for c in packed_cols]
+        if len(packed_cols) != columns or any(sizes):
+            raise ValueError(
+                f"an id pack holds {len(packed_ids)} id bytes and columns of "
+                f"{[len(c) for c in packed_cols]} bytes; expected {ID_BYTES} and 8 per id, "
+                f"{columns} column(s)"
+            )
+        ids.append(packed_ids)
+        for col, packed in zip(cols, packed_cols, strict=True):
+            col.append(packed)
+    return (
+        np.frombuffer(b"".join(ids), f"S{ID_BYTES}"),
+        [np.frombuffer(b"".join(col), np.int64) for col in cols],
+    )
+
+
+# ----------------------------------------------------------------------------- positions
+# --minhash_keep first: each document's place in the input, (its path's rank among the
+# plan's sorted paths, its range's first byte, its number among that range's documents),
+# packed per bucket of ids (IdPacks), and joined with the clusters' members by id.
+
+POSITION_COLUMNS = 3  # rank, range start, index: the first columns of a positions pack
+
+
+class BatchPositions(beam.DoFn):
+    """DocumentBatch (read unsplit, with its ``origin``) -> :class:`IdPacks` of (id, path
+    rank, range start, index) per document, emitted when the bundle ends or holds
+    ``RECORDS``. ``paths``: the plan's, sorted.
+
+    Raises:
+        ValueError: a batch without an origin (made elsewhere than ReadDocuments).
+    """
+
+    RECORDS = 1 << 18
+
+    def __init__(self, paths: Sequence[str]):
+        super().__init__()
+        self._ranks = {path: rank for rank, path in enumerate(paths)}
+
+    def start_bundle(self):
+        self._packs = IdPacks(columns=POSITION_COLUMNS)
+
+    def process(self, batch) -> Iterator:
+        if batch.origin is None:
+            raise ValueError("a document batch without its origin: --minhash_keep first")
+        path, start, index = batch.origin
+        rank, packs = self._ranks[path], self._packs
+        for i, doc_id in enumerate(batch.doc_ids):
+            packs.add(doc_id, rank, start, index + i)
+        if len(packs) >= self.RECORDS:
+            yield from packs.packed()
+
+    def finish_bundle(self):
+        from apache_beam.transforms.window import GlobalWindow
+        from apache_beam.utils.windowed_value import WindowedValue
+
+        window = GlobalWindow()
+        for element in self._packs.packed():
+            yield WindowedValue(element, window.max_timestamp(), [window])
+
+
+def member_records(label) -> Iterator[tuple[int, tuple[str, str]]]:
+    """(node, its cluster's smallest id) -> (bucket, (id, that smallest id)) for the node
+    and for the smallest id itself (a member too; its copies meet in one bucket)."""
+    node, root = label
+    yield id_bucket(node), (node, root)
+    yield id_bucket(root), (root, root)
+
+
+def member_positions(element, columns: int) -> Iterator[tuple[str, tuple[int, int, int, str]]]:
+    """(bucket, {"position": positions packs of ``columns`` columns, the first three (rank,
+    range start, index), "member": (id, cluster)}) -> (cluster, (rank, start, index, id))
+    per member, its first copy's position.
+
+    Example, as records: positions ``(d1, 1, 0, 4), (d1, 0, 9, 2)`` and members ``(d1, c)``
+    twice -> ``(c, (0, 9, 2, d1))`` once.
+
+    Raises:
+        ValueError: a member never read (a bug upstream, named here).
+    """
+    import numpy as np
+
+    _, grouped = element
+    members = dict(grouped["member"])
+    if not members:
+        return
+    ids, cols = unpack_ids(grouped["position"], columns)
+    rank, start, index = cols[:POSITION_COLUMNS]
+    order = np.lexsort((index, start, rank, ids))  # by id, then position
+    ids, rank, start, index = ids[order], rank[order], start[order], index[order]
+    first = np.r_[True, ids[1:] != ids[:-1]] if len(ids) else np.zeros(0, bool)
+    ids, rank, start, index = ids[first], rank[first], start[first], index[first]
+    names = list(members)
+    wanted = np.array([bytes.fromhex(name) for name in names], f"S{ID_BYTES}")
+    at = np.searchsorted(ids, wanted)
+    found = at < len(ids)
+    found[found] = ids[at[found]] == wanted[found]
+    if not found.all():
+        missing = names[int(np.flatnonzero(~found)[0])]
+        raise ValueError(f"near-duplicate {missing} has no position among the documents read")
+    places = zip(rank[at].tolist(), start[at].tolist(), index[at].tolist(), strict=True)
+    for name, place in zip(names, places, strict=True):
+        yield members[name], (*place, name)
+
+
+def all_but_first(element) -> Iterator[str]:
+    """(cluster, [(rank, start, index, id)] of its members) -> the id of every member but
+    the first in input order. The members are iterated twice and never held."""
+    _, members = element
+    first = min(members, default=None)
+    for member in members:
+        if member[3] != first[3]:
+            yield member[3]
+
+
 class Curated(NamedTuple):
     """What :class:`Curate` gives."""
 
@@ -398,11 +580,26 @@ class Curate(beam.PTransform):
 
     ``group_of``: id -> the key of the group the kept documents come in (curate: its output
     file); None: each document its own group, grouped only when deduplicating.
+    ``positions``: with ``--minhash_keep first``, every document's :class:`IdPacks` of
+    ``position_columns`` columns, the first three its position (:class:`BatchPositions`).
+
+    Raises:
+        ValueError: ``--minhash_keep first`` without ``positions``.
     """
 
-    def __init__(self, config: CurationOptions, eval_ngrams: frozenset[int], group_of=None):
+    def __init__(
+        self,
+        config: CurationOptions,
+        eval_ngrams: frozenset[int],
+        group_of=None,
+        positions=None,
+        position_columns: int = POSITION_COLUMNS,
+    ):
         super().__init__()
         self._config, self._eval_ngrams, self._group_of = config, eval_ngrams, group_of
+        self._positions, self._position_columns = positions, position_columns
+        if config.dedup == "minhash" and config.minhash_keep == "first" and positions is None:
+            raise ValueError("--minhash_keep first: the documents' positions are not given")
 
     def expand(self, docs):
         config, eval_ngrams, p = self._config, self._eval_ngrams, docs.pipeline
@@ -433,7 +630,18 @@ class Curate(beam.PTransform):
                 | "StarEdges" >> beam.FlatMap(bucket_stars)
             )
             labels, changed = edges | "Components" >> ConnectedComponents(config.cc_rounds)
-            groups["drop"] = labels | "DropByGroup" >> beam.Map(lambda kv: (group_of(kv[0]), kv[0]))
+            if config.minhash_keep == "first":
+                members = labels | "Members" >> beam.FlatMap(member_records)
+                dropped = (
+                    {"position": self._positions, "member": members}
+                    | "JoinPositions" >> beam.CoGroupByKey()
+                    | "FirstPositions" >> beam.FlatMap(member_positions, self._position_columns)
+                    | "GroupClusters" >> beam.GroupByKey()
+                    | "AllButFirst" >> beam.FlatMap(all_but_first)
+                )
+            else:  # every member but the smallest id: the labelled nodes
+                dropped = labels | "NotSmallest" >> beam.Keys()
+            groups["drop"] = dropped | "DropByGroup" >> beam.Map(lambda i: (group_of(i), i))
         if config.dedup == "none" and self._group_of is None:
             kept_groups = docs | "OwnGroups" >> beam.Map(lambda d: (d[0], [d]))
         else:

@@ -55,6 +55,10 @@ class DocumentBatch(NamedTuple):
 
     doc_ids: list[str]  # content ids (sources.content_id), numbered in their bucket
     documents: list[list[str]]  # each a non-empty list of sentences
+    # Where the batch was read (ReadDocuments): (path, its range's first byte, the number
+    # of documents read from that range before this batch's first), so the i-th document
+    # is the (index + i)-th of its range: curation's --minhash_keep first orders by it.
+    origin: tuple[str, int, int] | None = None
 
     def __reduce__(self):
         """Pickled (how Beam moves it) as one compressed text: ~3x smaller than the
@@ -64,9 +68,9 @@ class DocumentBatch(NamedTuple):
         try:
             packed = (pack_text(self.doc_ids), pack_text(sentences))
         except ValueError:  # a line break after all: pickled as it is
-            return DocumentBatch, (self.doc_ids, self.documents)
+            return DocumentBatch, (self.doc_ids, self.documents, self.origin)
         counts = pack_array(np.fromiter(map(len, self.documents), np.uint32, len(self.documents)))
-        return _unpack_documents, (*packed, counts)
+        return _unpack_documents, (*packed, counts, self.origin)
 
 
 class TokenizedBatch(NamedTuple):
@@ -124,12 +128,14 @@ class TokenizedBatch(NamedTuple):
         )
 
 
-def _unpack_documents(doc_ids: tuple, sentences: tuple, counts: tuple) -> DocumentBatch:
+def _unpack_documents(
+    doc_ids: tuple, sentences: tuple, counts: tuple, origin: tuple | None = None
+) -> DocumentBatch:
     flat = unpack_text(sentences)
     ends = np.cumsum(unpack_array(counts)).tolist()
     starts = [0, *ends][: len(ends)]
     return DocumentBatch(
-        unpack_text(doc_ids), [flat[a:b] for a, b in zip(starts, ends, strict=True)]
+        unpack_text(doc_ids), [flat[a:b] for a, b in zip(starts, ends, strict=True)], origin
     )
 
 
@@ -216,7 +222,7 @@ class ReadDocuments(beam.DoFn):
     def process(self, part: FileRange) -> Iterator:
         path = part.path
         documents = sentence_count = with_nul = long = 0
-        batch = DocumentBatch([], [])
+        batch = DocumentBatch([], [], (path, part.start, 0))
         if part.start == 0:
             f, head = open_at_start(path)
         else:
@@ -258,7 +264,7 @@ class ReadDocuments(beam.DoFn):
                 if len(batch.doc_ids) == self.BATCH_DOCUMENTS:
                     self._docs.inc(len(batch.doc_ids))
                     yield batch
-                    batch = DocumentBatch([], [])
+                    batch = DocumentBatch([], [], (path, part.start, documents))
         if batch.doc_ids:
             self._docs.inc(len(batch.doc_ids))
             yield batch

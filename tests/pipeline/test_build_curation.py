@@ -30,12 +30,14 @@ def curate_then_build(corpus, tmp_path, curation, build=BUILD):
     return shard_bytes(out)
 
 
-def test_minhash_in_build_makes_the_shards_of_curate_then_build(tmp_path):
+@pytest.mark.parametrize("keep", ["smallest_id", "first"])
+def test_minhash_in_build_makes_the_shards_of_curate_then_build(tmp_path, keep):
     planted_corpus(tmp_path / "corpus", n=60, exact=6, near=6, far=6, seed=2)
     corpus = str(tmp_path / "corpus" / "*.jsonl")
-    two_manifest, two_shards = curate_then_build(corpus, tmp_path, ["--dedup", "minhash"])
+    curation = ["--dedup", "minhash", "--minhash_keep", keep]
+    two_manifest, two_shards = curate_then_build(corpus, tmp_path, curation)
     out = tmp_path / "one-job"
-    argv = ["build", "--input", corpus, "--output", str(out), *BUILD, "--dedup", "minhash"]
+    argv = ["build", "--input", corpus, "--output", str(out), *BUILD, *curation]
     assert main(argv) == 0
     manifest, shards = shard_bytes(out)
     assert shards == two_shards
@@ -47,6 +49,7 @@ def test_minhash_in_build_makes_the_shards_of_curate_then_build(tmp_path):
         "components_changed_in_last_round": 0,
     }
     assert manifest["params"]["dedup"] == "minhash"
+    assert manifest["params"]["minhash_keep"] == keep
     # Without curation flags the manifest says nothing of curation (its bytes are as before).
     plain = tmp_path / "plain"
     assert main(["build", "--input", corpus, "--output", str(plain), *BUILD]) == 0

@@ -103,7 +103,8 @@ def test_read_documents_as_a_plain_function(corpus):
     batches, tagged = outputs(read.process(FileRange(str(corpus / "a.txt"))))
     assert tagged[COUNTS] == [(("skipped", "invalid_utf8_line"), 1)]
     documents = [["The river runs.", "The city."], ["Old north."], ["A b."]]
-    assert batches == [DocumentBatch([content_id(d) for d in documents], documents)]
+    ids, origin = [content_id(d) for d in documents], (str(corpus / "a.txt"), 0, 0)
+    assert batches == [DocumentBatch(ids, documents, origin)]
     assert tagged[FILE_DOCUMENTS] == [(str(corpus / "a.txt"), (3, 4))]  # documents, sentences
     empty = str(corpus / "empty.txt")
     assert outputs(read.process(FileRange(empty))) == ([], {FILE_DOCUMENTS: [(empty, (0, 0))]})
@@ -451,7 +452,7 @@ def test_batches_cross_a_shuffle_compactly_and_unchanged(joins):
         [f"Sentence {i} of document {d}: {words}." for i in range(1 + d % 5)] for d in range(300)
     ]
     documents[7] = ["A lone surrogate \ud800 from a JSON escape.", "Tab\tand NUL\x00 stay."]
-    batch = DocumentBatch([content_id(d) for d in documents], documents)
+    batch = DocumentBatch([content_id(d) for d in documents], documents, ("in/a.txt", 7, 512))
     for value in (batch, DocumentBatch([], [])):
         assert coder.decode(coder.encode(value)) == value
     assert len(coder.encode(batch)) < len(pickle.dumps((batch.doc_ids, batch.documents))) / 2
