@@ -17,7 +17,8 @@ exact copy, a near copy (``--near_rate`` of its words replaced) and a far copy
    seed 1 on both. datatrove: ``MinhashDedupSignature``, ``MinhashDedupBuckets`` (14
    tasks), ``MinhashDedupCluster`` (1), ``MinhashDedupFilter`` under
    ``LocalPipelineExecutor``, as shipped (its English word tokenizer is spaCy's rule-based
-   ``blank("en")``, which needs no model). Ours: ``curate --dedup minhash``. A document's
+   ``blank("en")``, which needs no model). Ours: ``curate --dedup minhash``, once per
+   ``--minhash_keep`` rule (both by default). A document's
    decision is kept or dropped; exact copies are interchangeable (which one of identical
    texts stays changes no byte), so per text the kept copies are matched first. Each
    differing document gets a class, from the clusters of both (ours recomputed here from
@@ -25,7 +26,10 @@ exact copy, a near copy (``--near_rate`` of its words replaced) and a far copy
    side's shingle set (datatrove's from its own ``get_shingles``):
 
    - ``other member kept``: the same cluster on both sides, one kept on both, not the same
-     one (datatrove keeps its union-find root, we the smallest content id);
+     one (datatrove keeps its union-find root; we the smallest content id, or with
+     ``--minhash_keep first`` the first in input order: the files are dealt round-robin,
+     so that is datatrove's smallest (file, document) pair, its root unless a union by
+     size made a later member the root);
    - ``too short for datatrove``: under 5 words, so datatrove has no shingle and never
      deduplicates it (we give it one shingle of all its words);
    - ``shingles differ``: the clusters differ and a member's shingle sets differ (text
@@ -256,8 +260,9 @@ def write_inputs(texts: list[str], folder: Path, tasks: int, whole: bool = True)
 # ----------------------------------------------------------------------------- the two jobs
 
 
-def run_ours(inputs: Path, out: Path, args, filters: str) -> float:
+def run_ours(inputs: Path, out: Path, args, filters: str, keep: str = "smallest_id") -> float:
     cmd = [sys.executable, "-m", "pipeline", "curate", "--input", str(inputs / "*.jsonl")]
+    cmd += ["--minhash_keep", keep]
     cmd += ["--output", str(out), "--overwrite", "true", "--num_files", str(args.tasks)]
     cmd += [f"--direct_num_workers={args.workers}", "--direct_running_mode=multi_processing"]
     if filters:
@@ -500,6 +505,13 @@ def main(argv=None) -> int:
     p.add_argument("--documents", type=int, default=None, help="only the first N (a smoke run)")
     p.add_argument("--skip_agreement", action="store_true")
     p.add_argument(
+        "--minhash_keep",
+        nargs="+",
+        default=["smallest_id", "first"],
+        choices=("smallest_id", "first"),
+        help="our rules for which member of a cluster stays, each measured for agreement",
+    )
+    p.add_argument(
         "--filters_agreement",
         action="store_true",
         help="also each rule set's decisions against datatrove's on the main job's documents",
@@ -518,23 +530,26 @@ def main(argv=None) -> int:
     print(f"main job's corpus: {len(docs):,} documents; planted: {len(texts):,} ({mb:.1f} MB)")
     if not args.skip_agreement:
         inputs = write_inputs(texts, work / "agreement-in", args.tasks)
-        ours_s = run_ours(inputs, work / "agreement-ours", args, filters="")
         dt_s = run_datatrove(inputs, work / "agreement-datatrove", args, "agreement")
-        result = agreement(texts, work / "agreement-ours", work / "agreement-datatrove")
-        share = result["agree"] / result["documents"]
-        print(
-            f"agreement, MinHash dedup alone: {result['agree']:,}/{result['documents']:,} = "
-            f"{share:.4f} (target >= 0.98); kept: ours {result['ours_kept']:,}, datatrove "
-            f"{result['datatrove_kept']:,}; ours {ours_s:.1f} s, datatrove {dt_s:.1f} s"
-        )
-        up_to = result["agree"] + result["classes"].get(CLASSES[0], 0)
-        print(
-            f"  up to which member of a cluster stays: {up_to:,}/{result['documents']:,} = "
-            f"{up_to / result['documents']:.4f}"
-        )
-        for kind in CLASSES:
-            n = result["classes"].get(kind, 0)
-            print(f"  {kind:25s} {n:6,}  e.g. ids {result['examples'].get(kind, [])}")
+        for keep in args.minhash_keep:
+            out = work / f"agreement-ours-{keep}"
+            ours_s = run_ours(inputs, out, args, filters="", keep=keep)
+            result = agreement(texts, out, work / "agreement-datatrove")
+            share = result["agree"] / result["documents"]
+            print(
+                f"agreement, MinHash dedup alone, ours with --minhash_keep {keep}: "
+                f"{result['agree']:,}/{result['documents']:,} = {share:.4f} (target >= 0.98); "
+                f"kept: ours {result['ours_kept']:,}, datatrove {result['datatrove_kept']:,}; "
+                f"ours {ours_s:.1f} s, datatrove {dt_s:.1f} s"
+            )
+            up_to = result["agree"] + result["classes"].get(CLASSES[0], 0)
+            print(
+                f"  up to which member of a cluster stays: {up_to:,}/{result['documents']:,} = "
+                f"{up_to / result['documents']:.4f}"
+            )
+            for kind in CLASSES:
+                n = result["classes"].get(kind, 0)
+                print(f"  {kind:25s} {n:6,}  e.g. ids {result['examples'].get(kind, [])}")
     if args.filters_agreement:
         inputs = write_inputs(docs, work / "filters-in", args.tasks)
         spec = {"work": str(work / "filters-datatrove"), "mode": "filters"}

@@ -573,6 +573,27 @@ def test_minhash_keep_first_keeps_the_first_document_in_input_order(tmp_path, co
     assert set(curated_texts(default)) == set(by_id) | set(texts["originals"][10:])
 
 
+@pytest.mark.slow
+def test_minhash_keep_first_is_the_same_on_two_workers_and_in_byte_ranges(tmp_path):
+    """The first in input order does not depend on the runner, nor on how a file is cut
+    into ranges: one file of copies then originals, read whole in-process, and in ranges
+    of 20 kB by two worker processes, gives the same bytes."""
+    texts = ordered_near_pairs(tmp_path / "corpus", copies_first=True)
+    argv = ["curate", "--input", str(tmp_path / "corpus" / "*.jsonl"), "--num_files", "2"]
+    argv += ["--minhash_keep", "first"]
+    whole, ranges = tmp_path / "whole", tmp_path / "ranges"
+    assert main([*argv, "--output", str(whole)]) == 0
+    cmd = [sys.executable, "-m", "pipeline", *argv, "--output", str(ranges)]
+    cmd += ["--input_split_mb", "0.02", "--direct_num_workers=2"]
+    cmd += ["--direct_running_mode=multi_processing"]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert "range(s)" in done.stderr and " 1 range(s)" not in done.stderr
+    for name in [f"part-{i:05d}-of-00002.parquet" for i in range(2)]:
+        assert (ranges / name).read_bytes() == (whole / name).read_bytes(), name
+    assert set(texts["near"]) <= set(curated_texts(ranges))
+
+
 def test_a_hot_band_key_of_many_near_copies_is_one_cluster(tmp_path):
     """2,000 copies of a boilerplate page, each with its own number: one band key holds
     them all (ids only), and one page stays."""
