@@ -39,10 +39,19 @@ from dataclasses import dataclass
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import StandardOptions
 from apache_beam.pvalue import TaggedOutput
 
 from pipeline.beam.build import Plan, match_inputs, resolve_input_format
-from pipeline.beam.config import DEDUP, DEDUP_HELP, INPUT_FORMATS, BuildConfig, CurationOptions
+from pipeline.beam.config import (
+    DEDUP,
+    DEDUP_HELP,
+    INPUT_FORMATS,
+    ROW_SPOOL,
+    BuildConfig,
+    CurationOptions,
+    resolve_text_spool,
+)
 from pipeline.beam.curation_steps import (
     ID_BYTES,
     Curate,
@@ -83,6 +92,7 @@ OUTPUT_PATTERNS = (
     "removed_samples.jsonl",
     "funnel.png",
     ".*.tmp",
+    ".texts-*.spool",  # curation_steps.SpoolTexts'
 )
 
 
@@ -107,6 +117,16 @@ class CurateConfig(CurationOptions):
     samples_per_reason: int = option(5, "removed documents sampled per reason")
     input_split_mb: float = option(0.0, "read input files in ranges of this many MB, as build")
     overwrite: bool = option(False, "replace an earlier curate in --output")
+    # Memory only: the files are the same either way; not in the manifest.
+    text_spool: str = option(
+        "auto",
+        "yes: the texts go to the file writers through files in --output (hidden, removed "
+        "at the end) and only references to them through the runner; no: through the "
+        "runner's shuffle; auto: yes on the DirectRunner and the DaskRunner, which hold "
+        "their shuffles in memory, no on runners that shuffle through their own disks or "
+        "service",
+        choices=ROW_SPOOL,
+    )
 
     def __post_init__(self) -> None:
         if not self.input:
@@ -118,6 +138,7 @@ class CurateConfig(CurationOptions):
                 "must be in 1..99999 (file names have 5 digits)",
             ),
             "samples_per_reason": (self.samples_per_reason >= 0, "must be 0 or more"),
+            "text_spool": (self.text_spool in ROW_SPOOL, f"one of {ROW_SPOOL}"),
         }
         for name, (ok, allowed) in checks.items():
             if not ok:
@@ -125,7 +146,7 @@ class CurateConfig(CurationOptions):
 
     def params(self) -> dict:
         values = dataclasses.asdict(self)
-        for key in ("output", "overwrite", "input_split_mb"):
+        for key in ("output", "overwrite", "input_split_mb", "text_spool"):
             values.pop(key)
         values["input"] = list(self.input)
         values["decontaminate"] = list(self.decontaminate)
@@ -352,8 +373,10 @@ def write_outputs(
     config: CurateConfig,
     num_files: int,
 ) -> dict:
-    """Write the empty files no document landed in, report.json, the samples, the funnel
-    plot, and manifest.json last; returns the manifest."""
+    """Remove the spool files (every file is written, so they are read); write the empty
+    files no document landed in, report.json, the samples, the funnel plot, and
+    manifest.json last; returns the manifest."""
+    remove_outputs(config.output, patterns=(".texts-*.spool",))
     written = {entry["name"] for entry in files}
     for index in range(num_files):
         if file_name(index, num_files) not in written:
@@ -478,8 +501,14 @@ def curate_graph(
     )
     seed = config.random_seed
     group_of = functools.partial(file_of, num_files=num_files, seed=seed)
+    runner = p.options.view_as(StandardOptions).runner
     curated = read.documents | "Curate" >> Curate(
-        config, eval_ngrams, group_of, positions=read[ORIGINS], position_columns=ORIGIN_COLUMNS
+        config,
+        eval_ngrams,
+        group_of,
+        positions=read[ORIGINS],
+        position_columns=ORIGIN_COLUMNS,
+        spool=config.output if resolve_text_spool(config.text_spool, runner) else None,
     )
     file_totals = (
         {"origin": read[ORIGINS], "kept": curated.kept | "KeptBytes" >> beam.FlatMap(kept_packs)}
@@ -525,9 +554,10 @@ def curate_graph(
     )
 
 
-def remove_outputs(output: str) -> None:
-    """Delete what a curate writes in ``output`` (manifest first)."""
-    for pattern in OUTPUT_PATTERNS:
+def remove_outputs(output: str, patterns: Sequence[str] = OUTPUT_PATTERNS) -> None:
+    """Delete what a curate writes in ``output`` (manifest first), or the files of
+    ``patterns`` there."""
+    for pattern in patterns:
         found = [
             m.path
             for r in FileSystems.match([FileSystems.join(output, pattern)])

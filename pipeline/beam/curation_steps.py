@@ -28,6 +28,7 @@ the ids MinHash drops (:class:`KeepDistinct`).
 from __future__ import annotations
 
 import glob
+import pickle
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple
@@ -107,12 +108,76 @@ class DropBundleCopies(beam.DoFn):
         yield element
 
 
+class SpoolTexts(beam.DoFn):
+    """(id, text) -> (group key, SpoolRef) for each group of the bundle's documents (by
+    ``group_of`` of the id), whose texts went to the bundle's spool file in ``directory``
+    (shard_steps.RowSpool, ``.texts-<random>.spool``) instead of through the runner's
+    shuffle, one element each.
+
+    A runner that shuffles in memory holds every text it moves at once: Dask's task
+    shuffle splits all of its input before any group is made, so a 1 GB curate's workers
+    held every filtered text in their shuffle splits at their peak. Spooled, the shuffle
+    moves a reference per bundle and group, and :class:`KeepDistinct` reads its group's
+    texts back. A retried bundle writes a new file; the references of the attempt that
+    counted are the ones grouped, and curate removes every spool file at the end.
+    """
+
+    HELD_BYTES = 16 << 20  # texts (in characters) held before they are written, per bundle
+
+    def __init__(self, directory: str, group_of):
+        super().__init__()
+        self._directory, self._group_of = directory, group_of
+
+    def start_bundle(self):
+        from pipeline.beam.shard_steps import RowSpool
+
+        self._spool = RowSpool(self._directory, kind="texts")
+        self._held: dict = {}
+        self._chars = 0
+
+    def process(self, element) -> None:
+        self._held.setdefault(self._group_of(element[0]), []).append(element)
+        self._chars += len(element[1])
+        if self._chars >= self.HELD_BYTES:
+            self._write()
+
+    def _write(self) -> None:
+        for group, docs in self._held.items():
+            self._spool.write(group, pickle.dumps(docs, protocol=pickle.HIGHEST_PROTOCOL))
+        self._held, self._chars = {}, 0
+
+    def finish_bundle(self):
+        from apache_beam.transforms.window import GlobalWindow
+        from apache_beam.utils.windowed_value import WindowedValue
+
+        self._write()
+        window = GlobalWindow()
+        for element in self._spool.close():
+            yield WindowedValue(element, window.max_timestamp(), [window])
+
+
+def group_documents(items: Iterable) -> Iterator[tuple[str, str]]:
+    """A group's documents: (id, text) as sent, and those of the SpoolRefs of
+    :class:`SpoolTexts`, read back from their spool files."""
+    from pipeline.beam.shard_steps import SpoolRef, spooled_blocks
+
+    refs = []
+    for item in items:
+        if isinstance(item, SpoolRef):
+            refs.append(item)
+        else:
+            yield item
+    for block in spooled_blocks(refs):
+        yield from pickle.loads(block)
+
+
 class KeepDistinct(beam.DoFn):
-    """(group key, {"doc": its documents (id, text), exact copies included, "drop": the ids
-    MinHash removes}) -> (group key, [(id, text) kept, in id order]); each copy after an
-    id's first, and each dropped id, ``REMOVED`` (``exact_duplicate``, ``near_duplicate``);
-    and tagged ``STEPS``: (step, (documents, UTF-8 bytes)) after each dedup step. With
-    ``--dedup none`` (curate groups its output files all the same) nothing is removed."""
+    """(group key, {"doc": its documents (id, text) or :class:`SpoolTexts`' references to
+    them, exact copies included, "drop": the ids MinHash removes}) -> (group key, [(id,
+    text) kept, in id order]); each copy after an id's first, and each dropped id,
+    ``REMOVED`` (``exact_duplicate``, ``near_duplicate``); and tagged ``STEPS``: (step,
+    (documents, UTF-8 bytes)) after each dedup step. With ``--dedup none`` (curate groups
+    its output files all the same) nothing is removed."""
 
     def __init__(self, dedup: str):
         super().__init__()
@@ -124,7 +189,8 @@ class KeepDistinct(beam.DoFn):
         drop = set(grouped.get("drop", ()))
         kept, previous = [], None
         distinct = distinct_bytes = kept_bytes = 0  # after exact dedup; kept
-        for doc_id, text in sorted(grouped["doc"], key=lambda d: d[0]):
+        docs = sorted(group_documents(grouped["doc"]), key=lambda d: d[0])
+        for doc_id, text in docs:
             if dedup != "none" and doc_id == previous:
                 yield TaggedOutput(REMOVED, ("exact_duplicate", (doc_id, text)))
                 continue
@@ -582,9 +648,12 @@ class Curate(beam.PTransform):
     file); None: each document its own group, grouped only when deduplicating.
     ``positions``: with ``--minhash_keep first``, every document's :class:`IdPacks` of
     ``position_columns`` columns, the first three its position (:class:`BatchPositions`).
+    ``spool``: a directory for :class:`SpoolTexts`' files (with ``group_of`` only); None:
+    the texts go to their groups through the runner's shuffle.
 
     Raises:
-        ValueError: ``--minhash_keep first`` without ``positions``.
+        ValueError: ``--minhash_keep first`` without ``positions``; ``spool`` without
+            ``group_of``.
     """
 
     def __init__(
@@ -594,12 +663,16 @@ class Curate(beam.PTransform):
         group_of=None,
         positions=None,
         position_columns: int = POSITION_COLUMNS,
+        spool: str | None = None,
     ):
         super().__init__()
         self._config, self._eval_ngrams, self._group_of = config, eval_ngrams, group_of
         self._positions, self._position_columns = positions, position_columns
+        self._spool = spool
         if config.dedup == "minhash" and config.minhash_keep == "first" and positions is None:
             raise ValueError("--minhash_keep first: the documents' positions are not given")
+        if spool is not None and group_of is None:
+            raise ValueError("spooled texts need group_of: one spool block per document")
 
     def expand(self, docs):
         config, eval_ngrams, p = self._config, self._eval_ngrams, docs.pipeline
@@ -645,7 +718,10 @@ class Curate(beam.PTransform):
         if config.dedup == "none" and self._group_of is None:
             kept_groups = docs | "OwnGroups" >> beam.Map(lambda d: (d[0], [d]))
         else:
-            groups["doc"] = docs | "DocByGroup" >> beam.Map(lambda d: (group_of(d[0]), d))
+            if self._spool is not None:
+                groups["doc"] = docs | "SpoolTexts" >> beam.ParDo(SpoolTexts(self._spool, group_of))
+            else:
+                groups["doc"] = docs | "DocByGroup" >> beam.Map(lambda d: (group_of(d[0]), d))
             decided = (
                 groups
                 | "GroupDocuments" >> beam.CoGroupByKey()

@@ -79,8 +79,8 @@ class RowSpool:
     so the shards, are the same either way.
     """
 
-    def __init__(self, directory: str):
-        self._directory = directory
+    def __init__(self, directory: str, kind: str = "rows"):
+        self._directory, self._kind = directory, kind
         self._file = None
         self._path = ""
         self._offset = 0
@@ -88,7 +88,8 @@ class RowSpool:
 
     def write(self, group: int, data: bytes) -> None:
         if self._file is None:
-            self._path = FileSystems.join(self._directory, f".rows-{uuid.uuid4().hex}.spool")
+            name = f".{self._kind}-{uuid.uuid4().hex}.spool"
+            self._path = FileSystems.join(self._directory, name)
             self._file = FileSystems.create(
                 self._path, compression_type=CompressionTypes.UNCOMPRESSED
             )
@@ -110,13 +111,23 @@ class RowSpool:
 
 def block_bytes(items: Iterable[bytes | SpoolRef]) -> list[bytes]:
     """A write group's blocks as RowBlock bytes (compressed): sent as bytes, or read back
-    from spool files (each file opened once, its spans read in file order)."""
-    blocks, spans = [], defaultdict(list)
+    from spool files (:func:`spooled_blocks`)."""
+    blocks, refs = [], []
     for item in items:
-        if isinstance(item, SpoolRef):
-            spans[item.path].extend(item.spans)
-        else:
-            blocks.append(item)
+        (refs if isinstance(item, SpoolRef) else blocks).append(item)
+    return blocks + list(spooled_blocks(refs))
+
+
+def spooled_blocks(refs: Iterable[SpoolRef]) -> Iterator[bytes]:
+    """The blocks ``refs`` name, read back one at a time: each file opened once, its spans
+    read in file order.
+
+    Raises:
+        OSError: a file holds fewer bytes than a span names (cut short).
+    """
+    spans = defaultdict(list)
+    for ref in refs:
+        spans[ref.path].extend(ref.spans)
     for path in sorted(spans):
         with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
             for offset, length in sorted(spans[path]):
@@ -124,8 +135,7 @@ def block_bytes(items: Iterable[bytes | SpoolRef]) -> list[bytes]:
                 data = f.read(length)
                 if len(data) != length:
                     raise OSError(f"{path}: spool file cut short at {offset + len(data)} bytes")
-                blocks.append(data)
-    return blocks
+                yield data
 
 
 def key_ranges(blocks: list[bytes], parts: int, part: int) -> Iterator[RowBlock]:

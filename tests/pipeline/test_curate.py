@@ -14,6 +14,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
+from pipeline.beam.config import resolve_text_spool
 from pipeline.beam.curate import (
     FILE_KEYS,
     CombineInBundle,
@@ -27,6 +28,7 @@ from pipeline.beam.curation_steps import (
     BandKeys,
     ConnectedComponents,
     KeepDistinct,
+    SpoolTexts,
     all_but_first,
     band_bucket,
     bucket_stars,
@@ -34,6 +36,7 @@ from pipeline.beam.curation_steps import (
     member_records,
     star_edges,
 )
+from pipeline.beam.shard_steps import SpoolRef
 from pipeline.cli.main import main
 from pipeline.core.sources import content_id
 from tests.helpers import REPO
@@ -263,10 +266,13 @@ def test_minhash_removes_exact_and_near_copies_and_keeps_far_ones(planted):
     assert set(texts["originals"][20:]) <= kept
     assert len(kept) == 120 + 10  # originals, one of each near pair counted once, far copies
     assert report["components_changed_in_last_round"] == 0
+    assert not list(out.glob(".*"))  # the texts' spool files (SpoolTexts) are gone
 
 
 @pytest.mark.slow
 def test_curated_files_are_the_same_bytes_on_two_workers_and_in_one_file(planted, tmp_path):
+    """And through the runner's shuffle (--text_spool no) against spooled (the reference:
+    auto, on the DirectRunner)."""
     directory, _, reference = planted
     corpus = directory / "corpus" / "docs.jsonl"
     lines = corpus.read_text().splitlines(keepends=True)
@@ -277,7 +283,7 @@ def test_curated_files_are_the_same_bytes_on_two_workers_and_in_one_file(planted
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "pipeline", "curate", "--input", str(split / "*.jsonl")]
     cmd += ["--output", str(out), "--num_files", "3", "--direct_num_workers=2"]
-    cmd += ["--direct_running_mode=multi_processing"]
+    cmd += ["--direct_running_mode=multi_processing", "--text_spool", "no"]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 0, done.stderr
     for name in [f"part-{i:05d}-of-00003.parquet" for i in range(3)]:
@@ -397,6 +403,46 @@ def test_keep_distinct_keeps_one_copy_and_drops_minhash_ids():
     # --dedup none: curate still groups its files, and keeps every copy.
     kept = [o for o in KeepDistinct("none").process((7, {"doc": group["doc"]}))]
     assert kept == [(7, [("a", "a"), ("b", "bb"), ("b", "bb"), ("c", "ccc")])]
+
+
+def test_spooled_texts_reach_keep_distinct_as_references_and_decide_the_same(tmp_path, monkeypatch):
+    """SpoolTexts sends one reference per group of a bundle (blocks written whenever its
+    held texts pass HELD_BYTES, here every 5 characters), no text; KeepDistinct reads them
+    back and gives what it gives the texts themselves."""
+    monkeypatch.setattr(SpoolTexts, "HELD_BYTES", 5)
+    docs = [("b", "bb"), ("a", "a"), ("c", "ccc"), ("b", "bb"), ("d", "dddd"), ("e", "é")]
+    group_of = {"a": 0, "b": 1, "c": 1, "d": 0, "e": 2}.get
+    spool = SpoolTexts(str(tmp_path), group_of)
+    spool.start_bundle()
+    assert [out for doc in docs for out in (spool.process(doc) or [])] == []
+    refs = [w.value for w in spool.finish_bundle()]
+    assert sorted(group for group, _ in refs) == [0, 1, 2]
+    assert all(isinstance(ref, SpoolRef) for _, ref in refs)
+    (spool_file,) = tmp_path.glob(".texts-*.spool")
+    assert b"bb" in spool_file.read_bytes()
+    assert [len(ref.spans) for _, ref in sorted(refs)] == [2, 2, 1]  # blocks per group
+
+    def decided(grouped) -> list:
+        out = KeepDistinct("minhash").process((group, grouped))
+        return [(o.tag, o.value) if hasattr(o, "tag") else o for o in out]
+
+    for group, ref in refs:
+        sent = [d for d in docs if group_of(d[0]) == group]
+        grouped = {"doc": [ref], "drop": ["c"]}
+        assert decided(grouped) == decided({"doc": sent, "drop": ["c"]})
+    spool_file.write_bytes(spool_file.read_bytes()[:-3])  # cut short: named, never wrong
+    with pytest.raises(OSError, match="cut short"):
+        for _, ref in refs:
+            list(KeepDistinct("minhash").process((0, {"doc": [ref]})))
+
+
+def test_text_spool_on_auto_spools_on_the_runners_that_shuffle_in_memory():
+    assert resolve_text_spool("auto", None)
+    assert resolve_text_spool("auto", "DirectRunner")
+    assert resolve_text_spool("auto", "apache_beam.runners.dask.dask_runner.DaskRunner")
+    assert not resolve_text_spool("auto", "DataflowRunner")
+    assert not resolve_text_spool("no", "DirectRunner")
+    assert resolve_text_spool("yes", "FlinkRunner")
 
 
 @pytest.mark.parametrize("workers", [1, 2])
