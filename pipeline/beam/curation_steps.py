@@ -317,7 +317,12 @@ class BandKeys(beam.DoFn):
             yield bucket, (b"".join(keys), "\n".join(ids))
 
 
-BAND_BUCKETS = 4096  # GroupBands' keys: a bucket holds 1/4096 of the band records
+# GroupBands' keys: a bucket holds 1/256 of the band records. Few, so that a bundle's
+# packs are large: a Dask task's 8 MB of input, filtered down to ~3,000 band records, went
+# one record an element into 4,096 buckets (~325 bytes of objects a record), and a 1 GB
+# curate's workers held all of them in the shuffle's splits at their peak (docs/results.md).
+# A bucket grouped is its records' packed bytes: 1/256 of 100 GB's is ~0.1 GB.
+BAND_BUCKETS = 256
 KEY_BYTES = 18  # a band key: 2 bytes of band index and a 16-byte digest (dedup.band_keys)
 
 
@@ -454,7 +459,10 @@ def _small_star(element) -> Iterator[tuple[str, str]]:
 
 
 ID_BYTES = 16  # a content id's digest (pipeline/core/sources.py content_id: 32 hex digits)
-ID_BUCKETS = 256  # IdPacks' keys: a bucket holds 1/256 of the documents' records
+# IdPacks' keys: a bucket holds 1/64 of the documents' records. Few, for large packs (a
+# Dask task's ~3,600 documents go ~56 a pack: ~20 bytes of objects a record besides its own
+# 48); a bucket grouped is 1/64 of the records, ~35 MB at 100 GB.
+ID_BUCKETS = 64
 
 
 def id_bucket(doc_id: str) -> int:
