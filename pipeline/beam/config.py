@@ -427,8 +427,8 @@ def resolve_row_spool(requested: str, runner: str | None) -> bool:
     return requested == "yes" or (requested == "auto" and is_local_runner(runner))
 
 
-def resolve_text_spool(requested: str, runner: str | None) -> bool:
-    """Whether curate's texts go to its file writers through files (``--text_spool``): asked
+def resolve_curate_spool(requested: str, runner: str | None) -> bool:
+    """Whether curate's texts and band keys go through files (curate's ``--spool``): asked
     for, or on ``auto`` on the local runner and Beam's DaskRunner, whose shuffles are held in
     memory (the driver's; the workers', all of a task shuffle's splits at once)."""
     in_memory = is_local_runner(runner) or runner.rsplit(".", 1)[-1] == "DaskRunner"

@@ -50,7 +50,7 @@ from pipeline.beam.config import (
     ROW_SPOOL,
     BuildConfig,
     CurationOptions,
-    resolve_text_spool,
+    resolve_curate_spool,
 )
 from pipeline.beam.curation_steps import (
     ID_BYTES,
@@ -93,7 +93,9 @@ OUTPUT_PATTERNS = (
     "funnel.png",
     ".*.tmp",
     ".texts-*.spool",  # curation_steps.SpoolTexts'
+    ".bands-*.spool",  # curation_steps.BandKeys'
 )
+SPOOL_PATTERNS = OUTPUT_PATTERNS[-2:]
 
 
 @dataclass(frozen=True)
@@ -118,11 +120,11 @@ class CurateConfig(CurationOptions):
     input_split_mb: float = option(0.0, "read input files in ranges of this many MB, as build")
     overwrite: bool = option(False, "replace an earlier curate in --output")
     # Memory only: the files are the same either way; not in the manifest.
-    text_spool: str = option(
+    spool: str = option(
         "auto",
-        "yes: the texts go to the file writers through files in --output (hidden, removed "
-        "at the end) and only references to them through the runner; no: through the "
-        "runner's shuffle; auto: yes on the DirectRunner and the DaskRunner, which hold "
+        "yes: the texts and the MinHash band keys go through files in --output (hidden, "
+        "removed at the end) and only references to them through the runner; no: through "
+        "the runner's shuffle; auto: yes on the DirectRunner and the DaskRunner, which hold "
         "their shuffles in memory, no on runners that shuffle through their own disks or "
         "service",
         choices=ROW_SPOOL,
@@ -138,7 +140,7 @@ class CurateConfig(CurationOptions):
                 "must be in 1..99999 (file names have 5 digits)",
             ),
             "samples_per_reason": (self.samples_per_reason >= 0, "must be 0 or more"),
-            "text_spool": (self.text_spool in ROW_SPOOL, f"one of {ROW_SPOOL}"),
+            "spool": (self.spool in ROW_SPOOL, f"one of {ROW_SPOOL}"),
         }
         for name, (ok, allowed) in checks.items():
             if not ok:
@@ -146,7 +148,7 @@ class CurateConfig(CurationOptions):
 
     def params(self) -> dict:
         values = dataclasses.asdict(self)
-        for key in ("output", "overwrite", "input_split_mb", "text_spool"):
+        for key in ("output", "overwrite", "input_split_mb", "spool"):
             values.pop(key)
         values["input"] = list(self.input)
         values["decontaminate"] = list(self.decontaminate)
@@ -376,7 +378,7 @@ def write_outputs(
     """Remove the spool files (every file is written, so they are read); write the empty
     files no document landed in, report.json, the samples, the funnel plot, and
     manifest.json last; returns the manifest."""
-    remove_outputs(config.output, patterns=(".texts-*.spool",))
+    remove_outputs(config.output, patterns=SPOOL_PATTERNS)
     written = {entry["name"] for entry in files}
     for index in range(num_files):
         if file_name(index, num_files) not in written:
@@ -508,7 +510,7 @@ def curate_graph(
         group_of,
         positions=read[ORIGINS],
         position_columns=ORIGIN_COLUMNS,
-        spool=config.output if resolve_text_spool(config.text_spool, runner) else None,
+        spool=config.output if resolve_curate_spool(config.spool, runner) else None,
     )
     file_totals = (
         {"origin": read[ORIGINS], "kept": curated.kept | "KeptBytes" >> beam.FlatMap(kept_packs)}

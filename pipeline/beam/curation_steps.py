@@ -156,9 +156,10 @@ class SpoolTexts(beam.DoFn):
             yield WindowedValue(element, window.max_timestamp(), [window])
 
 
-def group_documents(items: Iterable) -> Iterator[tuple[str, str]]:
-    """A group's documents: (id, text) as sent, and those of the SpoolRefs of
-    :class:`SpoolTexts`, read back from their spool files."""
+def spooled_values(items: Iterable) -> Iterator:
+    """A group's values as sent, and those of its SpoolRefs (:class:`SpoolTexts`,
+    :class:`BandKeys`), read back from their spool files, each block a pickled list of
+    values."""
     from pipeline.beam.shard_steps import SpoolRef, spooled_blocks
 
     refs = []
@@ -189,7 +190,7 @@ class KeepDistinct(beam.DoFn):
         drop = set(grouped.get("drop", ()))
         kept, previous = [], None
         distinct = distinct_bytes = kept_bytes = 0  # after exact dedup; kept
-        docs = sorted(group_documents(grouped["doc"]), key=lambda d: d[0])
+        docs = sorted(spooled_values(grouped["doc"]), key=lambda d: d[0])
         for doc_id, text in docs:
             if dedup != "none" and doc_id == previous:
                 yield TaggedOutput(REMOVED, ("exact_duplicate", (doc_id, text)))
@@ -270,17 +271,25 @@ class BandKeys(beam.DoFn):
     ``WindowedValue``, a tuple, the key), 14 per document: on Dask, a worker's peak
     followed the band records it held. Packed, a record is its 18 bytes and its id. Which
     records travel together changes nothing: :func:`bucket_stars` finds the same groups.
+
+    With a ``spool`` directory the packs go to the bundle's spool file
+    (shard_steps.RowSpool, ``.bands-<random>.spool``) and the bundle emits (bucket,
+    SpoolRef) when it ends: a task shuffle holds all of its splits until the last input is
+    read, and the band records are 14 a document (160 MB a worker at 1 GB unfiltered).
     """
 
     RECORDS = 1 << 18  # band records held before they are emitted (~20 MB of objects)
 
-    def __init__(self, config: CurationOptions):
-        self._config = config
+    def __init__(self, config: CurationOptions, spool: str | None = None):
+        self._config, self._spool_dir = config, spool
         self._hasher = None
 
     def start_bundle(self):
+        from pipeline.beam.shard_steps import RowSpool
+
         self._buckets: dict[int, tuple[list[bytes], list[str]]] = {}
         self._held = 0
+        self._spool = RowSpool(self._spool_dir, kind="bands") if self._spool_dir else None
 
     def process(self, element) -> Iterator:
         from pipeline.core.dedup import MinHasher, band_keys, shingle_hashes
@@ -301,14 +310,25 @@ class BandKeys(beam.DoFn):
             ids.append(doc_id)
         self._held += config.minhash_bands
         if self._held >= self.RECORDS:
+            yield from self._emitted()
+
+    def _emitted(self) -> Iterator[tuple[int, tuple[bytes, str]]]:
+        """The held packs, or nothing when they went to the spool file."""
+        if self._spool is None:
             yield from self._packed()
+            return
+        for bucket, pack in self._packed():
+            self._spool.write(bucket, pickle.dumps([pack], protocol=pickle.HIGHEST_PROTOCOL))
 
     def finish_bundle(self):
         from apache_beam.transforms.window import GlobalWindow
         from apache_beam.utils.windowed_value import WindowedValue
 
         window = GlobalWindow()
-        for element in self._packed():
+        elements = list(self._emitted())
+        if self._spool is not None:
+            elements = self._spool.close()
+        for element in elements:
             yield WindowedValue(element, window.max_timestamp(), [window])
 
     def _packed(self) -> Iterator[tuple[int, tuple[bytes, str]]]:
@@ -333,8 +353,9 @@ def band_bucket(key: bytes) -> int:
 
 
 def bucket_stars(element) -> Iterator[tuple[str, str]]:
-    """(bucket, [(keys, ids)] packed by :class:`BandKeys`) -> :func:`star_edges` of each
-    band key in it: its records sorted by key bytes, each run of one key a group.
+    """(bucket, [(keys, ids)] packed by :class:`BandKeys`, or SpoolRefs to them) ->
+    :func:`star_edges` of each band key in it: its records sorted by key bytes, each run
+    of one key a group.
 
     Example: the packs ``[(k1 + k2, "c\\nb"), (k1, "a")]`` (``k1`` and ``k2`` two keys) ->
     ``("c", "a")``; ``k2``'s group has one id, so no edge.
@@ -346,7 +367,7 @@ def bucket_stars(element) -> Iterator[tuple[str, str]]:
 
     _, packs = element
     keys, ids = [], []
-    for packed_keys, packed_ids in packs:
+    for packed_keys, packed_ids in spooled_values(packs):
         names = packed_ids.split("\n")
         if len(packed_keys) != KEY_BYTES * len(names):
             raise ValueError(
@@ -656,8 +677,9 @@ class Curate(beam.PTransform):
     file); None: each document its own group, grouped only when deduplicating.
     ``positions``: with ``--minhash_keep first``, every document's :class:`IdPacks` of
     ``position_columns`` columns, the first three its position (:class:`BatchPositions`).
-    ``spool``: a directory for :class:`SpoolTexts`' files (with ``group_of`` only); None:
-    the texts go to their groups through the runner's shuffle.
+    ``spool``: a directory for the spool files of :class:`SpoolTexts` and
+    :class:`BandKeys` (with ``group_of`` only); None: the texts and the band keys go
+    through the runner's shuffle.
 
     Raises:
         ValueError: ``--minhash_keep first`` without ``positions``; ``spool`` without
@@ -706,7 +728,7 @@ class Curate(beam.PTransform):
         if config.dedup == "minhash":
             edges = (
                 docs
-                | "BandKeys" >> beam.ParDo(BandKeys(config))
+                | "BandKeys" >> beam.ParDo(BandKeys(config, self._spool))
                 | "GroupBands" >> beam.GroupByKey()
                 | "StarEdges" >> beam.FlatMap(bucket_stars)
             )

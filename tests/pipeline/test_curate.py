@@ -14,7 +14,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipeline.beam.config import resolve_text_spool
+from pipeline.beam.config import resolve_curate_spool
 from pipeline.beam.curate import (
     FILE_KEYS,
     CombineInBundle,
@@ -142,10 +142,14 @@ def test_bucket_stars_group_packed_records_by_key():
         list(bucket_stars((5, [(k1, "a\nb")])))
 
 
+@pytest.mark.parametrize("spool", [False, True])
 @pytest.mark.parametrize("records", [BandKeys.RECORDS, 14])  # one pack per bucket, or many
-def test_packed_band_keys_give_the_edges_of_one_group_per_band_key(monkeypatch, records):
+def test_packed_band_keys_give_the_edges_of_one_group_per_band_key(
+    monkeypatch, tmp_path, records, spool
+):
     """BandKeys packs its bundle's (key, id) records per bucket; grouped by bucket and
-    sorted, they give the edges that a GroupByKey on each band key gives."""
+    sorted, they give the edges that a GroupByKey on each band key gives. Spooled, the
+    bundle emits one reference per bucket when it ends, and the packs are read back."""
     from pipeline.beam.config import CurationOptions
     from pipeline.core.dedup import MinHasher, band_keys, shingle_hashes
 
@@ -155,11 +159,18 @@ def test_packed_band_keys_give_the_edges_of_one_group_per_band_key(monkeypatch, 
     texts = originals + [edit(rng, t, 0.01) for t in originals[:10]] + [originals[3]]
     docs = [(f"{i:04d}", t) for i, t in enumerate(texts)]
     config = CurationOptions(dedup="minhash")
-    dofn = BandKeys(config)
+    dofn = BandKeys(config, spool=str(tmp_path) if spool else None)
     dofn.start_bundle()
     packs = [out for doc in docs for out in dofn.process(doc)]
+    assert not (spool and packs)  # nothing through the runner before the bundle ends
     packs += [w.value for w in dofn.finish_bundle()]
-    assert (len(packs) > len({bucket for bucket, _ in packs})) is (records == 14)
+    if spool:
+        assert all(isinstance(ref, SpoolRef) for _, ref in packs)
+        assert len(packs) == len({bucket for bucket, _ in packs})
+        assert (max(len(ref.spans) for _, ref in packs) > 1) is (records == 14)
+        assert len(list(tmp_path.glob(".bands-*.spool"))) == 1
+    else:
+        assert (len(packs) > len({bucket for bucket, _ in packs})) is (records == 14)
     buckets: dict = {}
     for bucket, pack in packs:
         buckets.setdefault(bucket, []).append(pack)
@@ -271,7 +282,7 @@ def test_minhash_removes_exact_and_near_copies_and_keeps_far_ones(planted):
 
 @pytest.mark.slow
 def test_curated_files_are_the_same_bytes_on_two_workers_and_in_one_file(planted, tmp_path):
-    """And through the runner's shuffle (--text_spool no) against spooled (the reference:
+    """And through the runner's shuffle (--spool no) against spooled (the reference:
     auto, on the DirectRunner)."""
     directory, _, reference = planted
     corpus = directory / "corpus" / "docs.jsonl"
@@ -283,7 +294,7 @@ def test_curated_files_are_the_same_bytes_on_two_workers_and_in_one_file(planted
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "pipeline", "curate", "--input", str(split / "*.jsonl")]
     cmd += ["--output", str(out), "--num_files", "3", "--direct_num_workers=2"]
-    cmd += ["--direct_running_mode=multi_processing", "--text_spool", "no"]
+    cmd += ["--direct_running_mode=multi_processing", "--spool", "no"]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 0, done.stderr
     for name in [f"part-{i:05d}-of-00003.parquet" for i in range(3)]:
@@ -436,13 +447,13 @@ def test_spooled_texts_reach_keep_distinct_as_references_and_decide_the_same(tmp
             list(KeepDistinct("minhash").process((0, {"doc": [ref]})))
 
 
-def test_text_spool_on_auto_spools_on_the_runners_that_shuffle_in_memory():
-    assert resolve_text_spool("auto", None)
-    assert resolve_text_spool("auto", "DirectRunner")
-    assert resolve_text_spool("auto", "apache_beam.runners.dask.dask_runner.DaskRunner")
-    assert not resolve_text_spool("auto", "DataflowRunner")
-    assert not resolve_text_spool("no", "DirectRunner")
-    assert resolve_text_spool("yes", "FlinkRunner")
+def test_spool_on_auto_spools_on_the_runners_that_shuffle_in_memory():
+    assert resolve_curate_spool("auto", None)
+    assert resolve_curate_spool("auto", "DirectRunner")
+    assert resolve_curate_spool("auto", "apache_beam.runners.dask.dask_runner.DaskRunner")
+    assert not resolve_curate_spool("auto", "DataflowRunner")
+    assert not resolve_curate_spool("no", "DirectRunner")
+    assert resolve_curate_spool("yes", "FlinkRunner")
 
 
 @pytest.mark.parametrize("workers", [1, 2])
