@@ -307,6 +307,16 @@ def write_file(element, config: CurateConfig, num_files: int) -> dict:
     return {"name": name, "rows": len(docs), "bytes": size, "sha256": sha256}
 
 
+def write_kept(group, config: CurateConfig, num_files: int) -> Iterator[tuple[dict, list]]:
+    """A file's kept documents (curation_steps.KeepDistinct's ``finish``) -> (its entry,
+    after :func:`write_file` wrote it; :func:`kept_packs` of its documents)."""
+    yield write_file(group, config, num_files), list(kept_packs(group))
+
+
+def second(pair) -> Iterator:
+    return iter(pair[1])
+
+
 def add_pairs(pairs: Iterable[tuple[int, int]]) -> tuple[int, int]:
     docs = nbytes = 0
     for a, b in pairs:
@@ -511,9 +521,10 @@ def curate_graph(
         positions=read[ORIGINS],
         position_columns=ORIGIN_COLUMNS,
         spool=config.output if resolve_curate_spool(config.spool, runner) else None,
+        finish_group=functools.partial(write_kept, config=config, num_files=num_files),
     )
     file_totals = (
-        {"origin": read[ORIGINS], "kept": curated.kept | "KeptBytes" >> beam.FlatMap(kept_packs)}
+        {"origin": read[ORIGINS], "kept": curated.kept | "KeptBytes" >> beam.FlatMap(second)}
         | "JoinOrigins" >> beam.CoGroupByKey()
         | "FileCounts" >> beam.FlatMap(file_counts, plan.files)
         | "SumFileCountsInBundle" >> beam.ParDo(CombineInBundle(lambda v: [add_counts(v)]))
@@ -521,7 +532,7 @@ def curate_graph(
     )
     files = (
         curated.kept
-        | "WriteFiles" >> beam.Map(write_file, config, num_files)
+        | "FileEntries" >> beam.Map(lambda written: written[0])
         | "CollectFiles" >> beam.combiners.ToList()
     )
     steps = (

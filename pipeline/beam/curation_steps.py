@@ -178,11 +178,16 @@ class KeepDistinct(beam.DoFn):
     text) kept, in id order]); each copy after an id's first, and each dropped id,
     ``REMOVED`` (``exact_duplicate``, ``near_duplicate``); and tagged ``STEPS``: (step,
     (documents, UTF-8 bytes)) after each dedup step. With ``--dedup none`` (curate groups
-    its output files all the same) nothing is removed."""
+    its output files all the same) nothing is removed.
 
-    def __init__(self, dedup: str):
+    ``finish``: (group key, kept) -> what to give instead, here: curate writes its file in
+    the same task, so that a file's texts are never a task's result that the runner holds
+    for the next steps (on Dask, a 1 GB curate without filters held several files' texts at
+    once and a worker passed its memory limit)."""
+
+    def __init__(self, dedup: str, finish=None):
         super().__init__()
-        self._dedup = dedup
+        self._dedup, self._finish = dedup, finish
 
     def process(self, element) -> Iterator:
         key, grouped = element
@@ -207,7 +212,9 @@ class KeepDistinct(beam.DoFn):
             yield TaggedOutput(STEPS, ("exact_dedup", (distinct, distinct_bytes)))
         if dedup == "minhash":
             yield TaggedOutput(STEPS, ("near_dedup", (len(kept), kept_bytes)))
-        if kept:
+        if kept and self._finish is not None:
+            yield from self._finish((key, kept))
+        elif kept:
             yield key, kept
 
 
@@ -663,7 +670,8 @@ def all_but_first(element) -> Iterator[str]:
 class Curated(NamedTuple):
     """What :class:`Curate` gives."""
 
-    kept: beam.PCollection  # (group key, [(id, text) kept, in id order]) per group
+    kept: beam.PCollection  # (group key, [(id, text) kept, in id order]) per group, or
+    # what Curate's finish_group gives for it
     removed: beam.PCollection  # (reason, (id, text)) removed
     steps: beam.PCollection  # (step name, (documents, UTF-8 bytes)) after it, to be summed
     changed: beam.PCollection  # one int: edges the components' last round changed (0: converged)
@@ -679,7 +687,8 @@ class Curate(beam.PTransform):
     ``position_columns`` columns, the first three its position (:class:`BatchPositions`).
     ``spool``: a directory for the spool files of :class:`SpoolTexts` and
     :class:`BandKeys` (with ``group_of`` only); None: the texts and the band keys go
-    through the runner's shuffle.
+    through the runner's shuffle. ``finish_group``: (group key, [(id, text) kept]) -> what
+    ``kept`` gives instead of each group (:class:`KeepDistinct`'s ``finish``).
 
     Raises:
         ValueError: ``--minhash_keep first`` without ``positions``; ``spool`` without
@@ -694,8 +703,10 @@ class Curate(beam.PTransform):
         positions=None,
         position_columns: int = POSITION_COLUMNS,
         spool: str | None = None,
+        finish_group=None,
     ):
         super().__init__()
+        self._finish = finish_group
         self._config, self._eval_ngrams, self._group_of = config, eval_ngrams, group_of
         self._positions, self._position_columns = positions, position_columns
         self._spool = spool
@@ -756,7 +767,9 @@ class Curate(beam.PTransform):
                 groups
                 | "GroupDocuments" >> beam.CoGroupByKey()
                 | "KeepDistinct"
-                >> beam.ParDo(KeepDistinct(config.dedup)).with_outputs(REMOVED, STEPS, main="kept")
+                >> beam.ParDo(KeepDistinct(config.dedup, self._finish)).with_outputs(
+                    REMOVED, STEPS, main="kept"
+                )
             )
             kept_groups = decided.kept
             removed.append(decided[REMOVED])
