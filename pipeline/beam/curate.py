@@ -294,23 +294,32 @@ def file_of(doc_id: str, num_files: int, seed: int) -> int:
 
 def write_file(element, config: CurateConfig, num_files: int) -> dict:
     """(file index, [(id, text)] in id order: a group of curation_steps.KeepDistinct) ->
-    the file's entry, after writing it: columns ``id`` and ``text``, atomically."""
+    the file's entry, after writing it: columns ``id`` and ``text``, atomically.
+
+    Empties the list once its texts are in Arrow's buffers, so that a file of ~128 MB of
+    text is not held three times over (the strings, the table, the Parquet bytes)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     index, docs = element
-    table = pa.table({"id": [d for d, _ in docs], "text": [t for _, t in docs]})
+    rows = len(docs)
+    ids, texts = pa.array([d for d, _ in docs]), pa.array([t for _, t in docs])
+    docs.clear()
+    table = pa.table({"id": ids, "text": texts})
+    del ids, texts
     sink = io.BytesIO()
     pq.write_table(table, sink, compression="zstd", write_statistics=False)
+    del table
     name = file_name(index, num_files)
-    size, sha256 = write_atomic(FileSystems.join(config.output, name), sink.getvalue())
-    return {"name": name, "rows": len(docs), "bytes": size, "sha256": sha256}
+    size, sha256 = write_atomic(FileSystems.join(config.output, name), sink.getbuffer())
+    return {"name": name, "rows": rows, "bytes": size, "sha256": sha256}
 
 
 def write_kept(group, config: CurateConfig, num_files: int) -> Iterator[tuple[dict, list]]:
     """A file's kept documents (curation_steps.KeepDistinct's ``finish``) -> (its entry,
     after :func:`write_file` wrote it; :func:`kept_packs` of its documents)."""
-    yield write_file(group, config, num_files), list(kept_packs(group))
+    packs = list(kept_packs(group))  # first: write_file empties the group's list
+    yield write_file(group, config, num_files), packs
 
 
 def second(pair) -> Iterator:

@@ -213,6 +213,7 @@ class KeepDistinct(beam.DoFn):
         if dedup == "minhash":
             yield TaggedOutput(STEPS, ("near_dedup", (len(kept), kept_bytes)))
         if kept and self._finish is not None:
+            del docs  # the finish may free the kept texts (curate.write_file does)
             yield from self._finish((key, kept))
         elif kept:
             yield key, kept
