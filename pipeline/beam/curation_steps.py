@@ -115,10 +115,9 @@ class SpoolTexts(beam.DoFn):
     shuffle, one element each.
 
     A runner that shuffles in memory holds every text it moves at once: Dask's task
-    shuffle splits all of its input before any group is made, so a 1 GB curate's workers
-    held every filtered text in their shuffle splits at their peak. Spooled, the shuffle
-    moves a reference per bundle and group, and :class:`KeepDistinct` reads its group's
-    texts back. A retried bundle writes a new file; the references of the attempt that
+    shuffle splits all of its input before any group is made, and keeps the splits until
+    the last input is read. Spooled, the shuffle moves a reference per bundle and group,
+    and :class:`KeepDistinct` reads its group's texts back. A retried bundle writes a new file; the references of the attempt that
     counted are the ones grouped, and curate removes every spool file at the end.
     """
 
@@ -181,9 +180,9 @@ class KeepDistinct(beam.DoFn):
     its output files all the same) nothing is removed.
 
     ``finish``: (group key, kept) -> what to give instead, here: curate writes its file in
-    the same task, so that a file's texts are never a task's result that the runner holds
-    for the next steps (on Dask, a 1 GB curate without filters held several files' texts at
-    once and a worker passed its memory limit)."""
+    the same task, so that a file's texts (~128 MB) are never a task's result that the
+    runner holds until its next steps have run (one of the changes after which a 1 GB
+    curate without filters stopped overrunning a 2 GiB Dask worker: docs/results.md)."""
 
     def __init__(self, dedup: str, finish=None):
         super().__init__()
@@ -283,7 +282,8 @@ class BandKeys(beam.DoFn):
     With a ``spool`` directory the packs go to the bundle's spool file
     (shard_steps.RowSpool, ``.bands-<random>.spool``) and the bundle emits (bucket,
     SpoolRef) when it ends: a task shuffle holds all of its splits until the last input is
-    read, and the band records are 14 a document (160 MB a worker at 1 GB unfiltered).
+    read, and the band records are 14 a document (125-142 MB a worker before the last
+    input of a 1 GB curate without filters was read).
     """
 
     RECORDS = 1 << 18  # band records held before they are emitted (~20 MB of objects)
