@@ -84,6 +84,9 @@ FILE_BYTES = 128 * 2**20  # output files aim at this many bytes of text (--num_f
 # range, UTF-8 bytes): the first three a position (curation_steps.BatchPositions')
 ORIGINS = "origins"
 ORIGIN_COLUMNS = 4
+# The hidden spool files of curation_steps.SpoolTexts and BandKeys (--spool): removed once
+# every file is written, or with the rest of a failed curate's output.
+SPOOL_PATTERNS = (".texts-*.spool", ".bands-*.spool")
 # Output files of a curate: --overwrite and a failed job remove these (manifest first).
 OUTPUT_PATTERNS = (
     "manifest.json",
@@ -92,10 +95,8 @@ OUTPUT_PATTERNS = (
     "removed_samples.jsonl",
     "funnel.png",
     ".*.tmp",
-    ".texts-*.spool",  # curation_steps.SpoolTexts'
-    ".bands-*.spool",  # curation_steps.BandKeys'
+    *SPOOL_PATTERNS,
 )
-SPOOL_PATTERNS = OUTPUT_PATTERNS[-2:]
 
 
 @dataclass(frozen=True)
@@ -294,36 +295,25 @@ def file_of(doc_id: str, num_files: int, seed: int) -> int:
 
 def write_file(element, config: CurateConfig, num_files: int) -> dict:
     """(file index, [(id, text)] in id order: a group of curation_steps.KeepDistinct) ->
-    the file's entry, after writing it: columns ``id`` and ``text``, atomically.
-
-    Empties the list once its texts are in Arrow's buffers, so that a file of ~128 MB of
-    text is not held three times over (the strings, the table, the Parquet bytes)."""
+    the file's entry, after writing it: columns ``id`` and ``text``, atomically (the
+    Parquet bytes handed over without a copy)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     index, docs = element
-    rows = len(docs)
-    ids, texts = pa.array([d for d, _ in docs]), pa.array([t for _, t in docs])
-    docs.clear()
-    table = pa.table({"id": ids, "text": texts})
-    del ids, texts
+    table = pa.table({"id": [d for d, _ in docs], "text": [t for _, t in docs]})
     sink = io.BytesIO()
     pq.write_table(table, sink, compression="zstd", write_statistics=False)
     del table
     name = file_name(index, num_files)
     size, sha256 = write_atomic(FileSystems.join(config.output, name), sink.getbuffer())
-    return {"name": name, "rows": rows, "bytes": size, "sha256": sha256}
+    return {"name": name, "rows": len(docs), "bytes": size, "sha256": sha256}
 
 
 def write_kept(group, config: CurateConfig, num_files: int) -> Iterator[tuple[dict, list]]:
     """A file's kept documents (curation_steps.KeepDistinct's ``finish``) -> (its entry,
     after :func:`write_file` wrote it; :func:`kept_packs` of its documents)."""
-    packs = list(kept_packs(group))  # first: write_file empties the group's list
-    yield write_file(group, config, num_files), packs
-
-
-def second(pair) -> Iterator:
-    return iter(pair[1])
+    yield write_file(group, config, num_files), list(kept_packs(group))
 
 
 def add_pairs(pairs: Iterable[tuple[int, int]]) -> tuple[int, int]:
@@ -533,7 +523,10 @@ def curate_graph(
         finish_group=functools.partial(write_kept, config=config, num_files=num_files),
     )
     file_totals = (
-        {"origin": read[ORIGINS], "kept": curated.kept | "KeptBytes" >> beam.FlatMap(second)}
+        {
+            "origin": read[ORIGINS],
+            "kept": curated.kept | "KeptBytes" >> beam.FlatMap(lambda w: w[1]),
+        }
         | "JoinOrigins" >> beam.CoGroupByKey()
         | "FileCounts" >> beam.FlatMap(file_counts, plan.files)
         | "SumFileCountsInBundle" >> beam.ParDo(CombineInBundle(lambda v: [add_counts(v)]))

@@ -121,7 +121,7 @@ class SpoolTexts(beam.DoFn):
     counted are the ones grouped, and curate removes every spool file at the end.
     """
 
-    HELD_BYTES = 16 << 20  # texts (in characters) held before they are written, per bundle
+    HELD_CHARS = 16 << 20  # characters of text a bundle holds before it writes them
 
     def __init__(self, directory: str, group_of):
         super().__init__()
@@ -137,7 +137,7 @@ class SpoolTexts(beam.DoFn):
     def process(self, element) -> None:
         self._held.setdefault(self._group_of(element[0]), []).append(element)
         self._chars += len(element[1])
-        if self._chars >= self.HELD_BYTES:
+        if self._chars >= self.HELD_CHARS:
             self._write()
 
     def _write(self) -> None:
@@ -194,8 +194,7 @@ class KeepDistinct(beam.DoFn):
         drop = set(grouped.get("drop", ()))
         kept, previous = [], None
         distinct = distinct_bytes = kept_bytes = 0  # after exact dedup; kept
-        docs = sorted(spooled_values(grouped["doc"]), key=lambda d: d[0])
-        for doc_id, text in docs:
+        for doc_id, text in sorted(spooled_values(grouped["doc"]), key=lambda d: d[0]):
             if dedup != "none" and doc_id == previous:
                 yield TaggedOutput(REMOVED, ("exact_duplicate", (doc_id, text)))
                 continue
@@ -212,7 +211,6 @@ class KeepDistinct(beam.DoFn):
         if dedup == "minhash":
             yield TaggedOutput(STEPS, ("near_dedup", (len(kept), kept_bytes)))
         if kept and self._finish is not None:
-            del docs  # the finish may free the kept texts (curate.write_file does)
             yield from self._finish((key, kept))
         elif kept:
             yield key, kept

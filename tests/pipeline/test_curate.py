@@ -418,9 +418,9 @@ def test_keep_distinct_keeps_one_copy_and_drops_minhash_ids():
 
 def test_spooled_texts_reach_keep_distinct_as_references_and_decide_the_same(tmp_path, monkeypatch):
     """SpoolTexts sends one reference per group of a bundle (blocks written whenever its
-    held texts pass HELD_BYTES, here every 5 characters), no text; KeepDistinct reads them
+    held texts pass HELD_CHARS, here every 5 characters), no text; KeepDistinct reads them
     back and gives what it gives the texts themselves."""
-    monkeypatch.setattr(SpoolTexts, "HELD_BYTES", 5)
+    monkeypatch.setattr(SpoolTexts, "HELD_CHARS", 5)
     docs = [("b", "bb"), ("a", "a"), ("c", "ccc"), ("b", "bb"), ("d", "dddd"), ("e", "é")]
     group_of = {"a": 0, "b": 1, "c": 1, "d": 0, "e": 2}.get
     spool = SpoolTexts(str(tmp_path), group_of)
