@@ -134,7 +134,8 @@ class SpoolTexts(beam.DoFn):
         self._held: dict = {}
         self._chars = 0
 
-    def process(self, element) -> None:
+    # No return annotation: it emits from finish_bundle (see CountInBundle.process).
+    def process(self, element):
         self._held.setdefault(self._group_of(element[0]), []).append(element)
         self._chars += len(element[1])
         if self._chars >= self.HELD_CHARS:

@@ -68,7 +68,10 @@ class CountInBundle(beam.DoFn):
     def start_bundle(self) -> None:
         self._counts: Counter = Counter()
 
-    def process(self, batch: DocumentBatch) -> None:
+    # No return annotation: Beam reads process's as the step's output type (an iterable of
+    # elements), and this one emits from finish_bundle. `-> None` is refused since Beam 2.78
+    # (tests/pipeline/test_type_hints.py).
+    def process(self, batch: DocumentBatch):
         for sentences in batch.documents:
             for sentence in sentences:
                 self._counts.update(basic_tokenize(sentence, self._lower))
