@@ -5,6 +5,10 @@
 # the fast tier (no DeepSpeed launches or Beam worker processes). pytest prints the 15
 # slowest tests at the end (pyproject.toml).
 #
+# Every environment below is installed from its lock, locks/NAME.txt (exact versions and
+# hashes; scripts/lock.sh writes them, docs/testing.md), as .venv is by setup.sh; with
+# BERT_NO_LOCK=1 each takes the newest releases its ranges allow instead.
+#
 # The base install: `pip install -e .` is the data pipeline alone (no torch), and it is what
 # Beam installs on its workers. So a run without arguments (CI's) first runs the pipeline's
 # fast tests (`tests/pipeline -m "not slow"`) in a second environment, .venv-base, that holds
@@ -31,7 +35,8 @@
 # torch; pinned, pip takes the CPU build this machine keeps, never a CUDA one). One
 # environment for both: their pins agree (streaming's numpy < 2.2 and transformers < 5;
 # megatron-core asks for torch, numpy and packaging only), and torch is installed once. Both
-# go in with --no-deps plus what their imports need (READER_DEPS): streaming's declared
+# go in without their dependencies (locks/readers-nodeps.in) plus what their imports need
+# (locks/readers.in): streaming's declared
 # dependencies add its cloud clients (boto3, azure, google-cloud-storage, oci, paramiko),
 # matplotlib and torchvision, imported only when used, which took several times as long to
 # install. torchvision is a stub of the two names streaming's vision datasets import on
@@ -53,7 +58,7 @@ ruff check .
 ruff format --check .
 
 # What .venv-base and .venv-gcp install: their stamp.
-deps_stamp="$(cat pyproject.toml setup.py scripts/test.sh | python -c \
+deps_stamp="$(cat pyproject.toml setup.py scripts/test.sh locks/* | python -c \
   'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')"
 
 # base_install_tests: tests/pipeline's fast tier in .venv-base (pip install -e . pytest).
@@ -63,8 +68,8 @@ base_install_tests() {
     rm -rf "$venv"
     setup_step "creating $venv (the base install: pip install -e . pytest)" \
       python3 -m venv "$venv"
-    setup_step "installing the project without extras, and pytest" \
-      "$venv/bin/pip" install -e "$root" pytest
+    lock_install "$venv/bin/python" "$root/locks/base.txt" -e "$root" pytest
+    setup_step "checking that every requirement is met (pip check)" "$venv/bin/pip" check
     echo "$stamp" >"$venv/.base-stamp"
   fi
   if "$venv/bin/python" -c "import torch" 2>/dev/null; then
@@ -83,8 +88,8 @@ gcp_tests() {
   then
     rm -rf "$venv"
     setup_step "creating $venv (a copy of .venv-base)" cp -a "$root/.venv-base" "$venv"
-    setup_step "installing the gcp extra (pip install -e '.[gcp]')" \
-      "$venv/bin/python" -m pip install -e "${root}[gcp]"
+    lock_install "$venv/bin/python" "$root/locks/gcp.txt" -e "${root}[gcp]"
+    setup_step "checking that every requirement is met (pip check)" "$venv/bin/pip" check
     echo "$deps_stamp" >"$venv/.gcp-stamp"
   fi
   echo "[test] the DataflowRunner's dry runs on the gcp extra ($venv)"
@@ -99,7 +104,8 @@ report_tests() {
   then
     rm -rf "$venv"
     setup_step "creating $venv (a copy of .venv-base)" cp -a "$root/.venv-base" "$venv"
-    setup_step "installing matplotlib" "$venv/bin/python" -m pip install "matplotlib>=3.7"
+    lock_install "$venv/bin/python" "$root/locks/report.txt" "matplotlib>=3.7"
+    setup_step "checking that every requirement is met (pip check)" "$venv/bin/pip" check
     echo "$deps_stamp" >"$venv/.report-stamp"
   fi
   if "$venv/bin/python" -c "import torch" 2>/dev/null; then
@@ -110,9 +116,9 @@ report_tests() {
   "$venv/bin/python" -m pytest tests/report/test_base_install.py -p no:cacheprovider -q \
     --durations=3
 }
-READERS=(mosaicml-streaming==0.13.0 megatron-core==0.16.1)
-READER_DEPS=(torch==2.13.0 numpy==2.1.3 transformers==4.57.6 xxhash==3.8.2 zstd==1.5.7.2
-  Brotli==1.2.1 python-snappy==0.7.3 catalogue==2.0.10 "packaging>=24.2")
+# Unlocked (BERT_NO_LOCK=1), the same as locks/readers-nodeps.in and readers.in.
+mapfile -t READERS < <(grep -v '^#' locks/readers-nodeps.in)
+mapfile -t READER_DEPS < <(grep -v -e '^#' -e '^-r' locks/readers.in)
 
 # reader_tests: the MDS and Megatron exports read back by streaming and megatron-core.
 reader_tests() {
@@ -121,10 +127,14 @@ reader_tests() {
     || [ ! -x "$venv/bin/python" ]; then
     rm -rf "$venv"
     setup_step "creating $venv (a copy of .venv-base)" cp -a "$root/.venv-base" "$venv"
-    setup_step "installing ${READERS[*]} (--no-deps)" \
-      "$venv/bin/python" -m pip install --no-deps "${READERS[@]}"
-    setup_step "installing what they import: ${READER_DEPS[*]}" \
-      "$venv/bin/python" -m pip install "${READER_DEPS[@]}"
+    setup_step "installing $torch_spec" "$venv/bin/python" -m pip install "$torch_spec"
+    if lock_usable "$venv/bin/python" >/dev/null; then
+      lock_install "$venv/bin/python" "$root/locks/readers.txt"
+    else
+      lock_install "$venv/bin/python" "" --no-deps "${READERS[@]}"
+      setup_step "installing what they import: ${READER_DEPS[*]}" \
+        "$venv/bin/python" -m pip install "${READER_DEPS[@]}"
+    fi
     setup_step "writing a torchvision stub" torchvision_stub "$venv"
     echo "$deps_stamp" >"$venv/.readers-stamp"
   fi
