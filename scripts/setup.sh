@@ -35,6 +35,8 @@ extras="${BERT_EXTRAS:-test,dask}"
 torch_spec="${TORCH_SPEC:-$(grep -v '^#' "$root/locks/torch.txt")}"
 lock_file="$root/locks/test.txt"
 setup_log="${SETUP_LOG:-$venv/setup.log}"
+# shellcheck disable=SC1091
+. "$root/scripts/errors.sh"
 mkdir -p "$(dirname "$setup_log")"
 : >"$setup_log"
 
@@ -60,14 +62,6 @@ setup_step() {
     return "$rc"
   fi
   [ "${VERBOSE:-0}" != 0 ] || echo "done in $((SECONDS - t0)) s"
-}
-
-# last_error_line LOG: the last line of LOG that reads as an error (pip's "ERROR: ...", a
-# Python exception), else its last line.
-last_error_line() {
-  local line
-  line="$(grep -E '^(ERROR|error)[: ]|^[A-Za-z_.]*(Error|Exception)\b|No matching distribution|THESE PACKAGES DO NOT MATCH' "$1" | tail -n 1)"
-  echo "${line:-$(tail -n 1 "$1")}"
 }
 
 # lock_usable PYTHON: whether the locks apply to PYTHON (and why not, on stdout, if not).

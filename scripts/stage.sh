@@ -8,7 +8,7 @@
 # progress line (the last line of one of our own loggers, pipeline.* or trainer.*),
 #   [4/6] train ... 95 s  step 300/1500  loss 6.1234  MLM acc 0.123 ... ETA 4m12s
 # and a line like it every minute otherwise (a file, CI). When CMD fails: the end of its
-# log, and the script stops with CMD's exit code. VERBOSE=1: CMD's output on the console as
+# log, its last error line and the log's path, and the script stops with CMD's exit code. VERBOSE=1: CMD's output on the console as
 # well. Sourced by scripts/quickstart.sh, which sets $logs and $stages_total.
 #
 # Stage times: with $stage_times set (stage_times_start), each stage's seconds are appended
@@ -19,6 +19,8 @@
 #   {"plan": "deadline", "at_s": 245.1, "budget_s": 541.3, "after_s": 107.2, "unit_s": 3.5}
 #       how training's budget was set (scripts/deadline.sh)
 
+# shellcheck disable=SC1091
+. "$(dirname "${BASH_SOURCE[0]}")/errors.sh"
 stage_number=0
 stage_times=""
 
@@ -97,6 +99,8 @@ stage() {
   if [ "$rc" -ne 0 ]; then
     echo "$label ... FAILED (exit $rc) after $((SECONDS - t0)) s; log: $log"
     if [ "${VERBOSE:-0}" = 0 ]; then tail -n 30 "$log" | sed 's/^/    /'; fi
+    echo "$short FAILED: $(last_error_line "$log")"
+    echo "$short: the whole log is $log"
     exit "$rc"
   fi
   echo "$label ... done in $((SECONDS - t0)) s  ($log)"

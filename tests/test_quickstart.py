@@ -74,3 +74,53 @@ def test_max_steps_is_not_planned(tmp_path):
     out, record = plan(tmp_path, spent_s=10, MAX_STEPS=50)
     assert record is None and "budget: --max-steps 50 (50 steps)" in out
     assert json.loads((tmp_path / "stages.jsonl").read_text())["deadline_s"] == 900
+
+
+def test_a_failed_stage_names_its_last_error_line_and_its_log(tmp_path):
+    # What a user sees when the pipeline stage fails: the exit code, the error, the log.
+    failing = (
+        "echo '2026-12-06 04:00:00,000 INFO pipeline: reading 9 files'; "
+        "echo '2026-12-06 04:00:01,000 ERROR pipeline: build failed: Return value not iterable'; "
+        "echo 'Traceback (most recent call last):'; echo '  File \"x.py\", line 1'; exit 3"
+    )
+    script = f"""
+set -euo pipefail
+logs={tmp_path} stages_total=6
+. {ROOT / "scripts" / "stage.sh"}
+stage "pipeline: corpus -> shards" pipeline bash -c {json.dumps(failing)}
+echo "not reached"
+"""
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert (
+        "[1/6] pipeline FAILED: 2026-12-06 04:00:01,000 ERROR pipeline: build failed: "
+        "Return value not iterable"
+    ) in done.stdout
+    assert f"[1/6] pipeline: the whole log is {tmp_path}/pipeline.log" in done.stdout
+    assert "not reached" not in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("lines", "named"),
+    [
+        (
+            ["Collecting foo", "ERROR: No matching distribution found for foo==9", "x"],
+            "ERROR: No matching distribution found for foo==9",
+        ),
+        (
+            ["Traceback (most recent call last):", '  File "a.py"', "ValueError: bad flag"],
+            "ValueError: bad flag",
+        ),
+        (
+            ["[rank 1] ERROR [rank 1] trainer: shard-00001.arrow: bad id", "done"],
+            "[rank 1] ERROR [rank 1] trainer: shard-00001.arrow: bad id",
+        ),
+        (["nothing went wrong here", "the last line"], "the last line"),
+    ],
+)
+def test_last_error_line(tmp_path, lines, named):
+    log = tmp_path / "x.log"
+    log.write_text("\n".join(lines) + "\n")
+    script = f". {ROOT / 'scripts' / 'errors.sh'}; last_error_line {log}"
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == named
