@@ -83,6 +83,14 @@ def check_beam_options(
     finally:
         beam_logger.setLevel(level)
     unknown = sorted(set(options.get_all_options(retain_unknown_options=True)) - set(known))
+    # Older Beams' parsers take a prefix of a flag for the flag (argparse's abbreviations:
+    # 2.55 reads --direct_num_worker=2 as --direct_num_workers=2): a flag must be Beam's own.
+    declared = set(beam_names)
+    for arg in beam_args:
+        flag = arg.partition("=")[0]
+        dest = flag[2:].replace("-", "_")
+        if flag.startswith("--") and flag not in declared and dest not in unknown:
+            unknown.append(dest)
     if unknown:
         parser = parser or _our_parser()
         ours = [a for action in parser._actions for a in action.option_strings]
