@@ -46,8 +46,9 @@ for line in open(sys.argv[1]):
     if match:
         locked[canon(match[1])] = match[2]
 now = {canon(d.metadata["Name"]): d.version for d in distributions()}
+UNLOCKED = ("pip", "bert-pipeline", "torch")  # torch: locks/torch.txt, kept here
 moved = [f"{n} {locked[n]} -> {now[n]}" for n in sorted(locked) if n in now and now[n] != locked[n]]
-new = [f"{n} {now[n]}" for n in sorted(now) if n not in locked and n not in ("pip", "bert-pipeline")]
+new = [f"{n} {now[n]}" for n in sorted(now) if n not in locked and n not in UNLOCKED]
 gone = [f"{n} {locked[n]}" for n in sorted(locked) if n not in now]
 print(f"{len(moved)} of {len(locked)} locked packages moved" + (":" if moved else ""))
 for line in moved:
