@@ -34,12 +34,14 @@ VOCAB = 30522
 SPECIAL = {"pad": 0, "unk": 100, "cls": 101, "sep": 102, "mask": 103}
 
 
-def synthetic_rows(n: int, seq: int, max_pred: int, gen: np.random.Generator) -> dict[str, list]:
+def synthetic_rows(
+    n: int, seq: int, max_pred: int, gen: np.random.Generator, vocab: int = VOCAB
+) -> dict[str, list]:
     """Rows shaped like the pipeline's: [CLS] A [SEP] B [SEP], static masks, NSP labels."""
     columns: dict[str, list] = {name: [] for name in shard_format.COLUMNS}
     lengths = np.where(gen.random(n) < 0.9, seq, gen.integers(8, seq, n))
     for length in lengths.tolist():
-        ids = gen.integers(1000, VOCAB, length).astype(np.int64)
+        ids = gen.integers(1000, vocab, length).astype(np.int64)
         split = int(gen.integers(2, length - 2))
         ids[0], ids[split], ids[-1] = SPECIAL["cls"], SPECIAL["sep"], SPECIAL["sep"]
         segments = np.zeros(length, np.int64)
@@ -56,13 +58,16 @@ def synthetic_rows(n: int, seq: int, max_pred: int, gen: np.random.Generator) ->
     return columns
 
 
-def write_synthetic(directory: Path, rows: int, shards: int, seq: int, max_pred: int) -> None:
+def write_synthetic(
+    directory: Path, rows: int, shards: int, seq: int, max_pred: int, vocab_size: int = VOCAB
+) -> None:
     """A complete shard directory (shards, vocab.txt, manifest.json) of synthetic rows."""
     gen = np.random.default_rng(0)
-    schema = shard_format.shard_schema(VOCAB, seq)
+    schema = shard_format.shard_schema(vocab_size, seq)
     entries = []
     for index in range(shards):
-        data = shard_writer.encode_shard(synthetic_rows(rows // shards, seq, max_pred, gen), schema)
+        rows_of_shard = synthetic_rows(rows // shards, seq, max_pred, gen, vocab_size)
+        data = shard_writer.encode_shard(rows_of_shard, schema)
         name = shard_format.shard_name(index, shards)
         shard_writer.atomic_write_bytes(directory / name, data)
         entries.append(
@@ -73,11 +78,11 @@ def write_synthetic(directory: Path, rows: int, shards: int, seq: int, max_pred:
                 "sha256": __import__("hashlib").sha256(data).hexdigest(),
             }
         )
-    (directory / "vocab.txt").write_text("".join(f"t{i}\n" for i in range(VOCAB)))
+    (directory / "vocab.txt").write_text("".join(f"t{i}\n" for i in range(vocab_size)))
     vocab = {
         "file": "vocab.txt",
         "sha256": shard_format.sha256_file(directory / "vocab.txt"),
-        "size": VOCAB,
+        "size": vocab_size,
         "do_lower_case": True,
         "special_ids": SPECIAL,
     }

@@ -130,12 +130,14 @@ def _share_cpu_threads() -> None:
     """On CPU, split the cores between the ranks of this node (unless OMP_NUM_THREADS says).
 
     Two ranks with torch's default of one thread per core each oversubscribe the machine:
-    their threads wait on each other at every op. No bench runs two ranks on one node;
-    bench/train_speed.py times one rank's step on this machine's threads.
+    their threads wait on each other at every op. One rank keeps whatever the process has
+    (torch's default of one thread per core, or a bench's own ``--threads``).
     """
     if "OMP_NUM_THREADS" in os.environ:
         return
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", "1")))
+    if local_ranks <= 1:
+        return
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     threads = max(1, (cores or 1) // max(local_ranks, 1))
     torch.set_num_threads(threads)

@@ -1,0 +1,266 @@
+"""The host work of one optimizer step: the trainer's against the bare model step's, on the
+trainer's own batches, in one process.
+
+    python bench/step_overhead.py                                  # deploy/zero2.json
+    python bench/step_overhead.py --ds-config deploy/zero2.json deploy/zero3.json deploy/cpu.json
+    python bench/step_overhead.py --preset tiny --batch 8          # a real model
+
+The default model is a micro-BERT with Base's structure (12 layers, 207 parameter tensors) at
+hidden size 8, where compute is about nothing: its step time is host time, what a GPU step
+pays while its kernels run. Per arm it prints one JSON line:
+
+- ``ops_per_step``: aten ops dispatched in one optimizer step (a TorchDispatchMode). It does
+  not drift with load, so it is the number to compare across machines and commits;
+- ``reads_per_step`` and ``read_sites``: calls that read a tensor's value on the host
+  (``Tensor.item/tolist/__bool__/__float__/__int__/cpu/numpy/nonzero``, a tensor built from
+  Python values onto a device, DeepSpeed's ``accelerator.synchronize``), by call site. On a
+  GPU each such call on a device tensor stops the host until the device catches up; on a
+  CPU the bench cannot tell a host tensor from a device one, so it names every site;
+- ``step_ms``: host time per step, median and range over ``--steps`` steps, the arms
+  alternated step by step, with the threads and the load average.
+
+The bare arm is a forward, backward and torch AdamW step of the same model (in the DeepSpeed
+config's precision) on batches taken from the trainer's loader, moved to the device first.
+The trainer arm is ``Trainer._optimizer_step`` on non-log steps, the trainer built as
+trainer/run.py builds it, on one rank, padded (``--unpad false``, the GPU's default path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from bench.loader_speed import write_synthetic  # noqa: E402
+from model import BertConfig, BertForPreTraining  # noqa: E402
+from trainer import distributed  # noqa: E402
+from trainer.config import parse_args  # noqa: E402
+from trainer.loop import MODEL_INPUTS, Trainer  # noqa: E402
+
+READERS = ("item", "tolist", "__bool__", "__float__", "__int__", "cpu", "numpy", "nonzero")
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the aten ops dispatched while it is active."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _call_site() -> str:
+    """Where a read was asked for: the first frame outside torch and this file, else (a read
+    inside torch, e.g. its optimizers) the first outside this file."""
+    frame, inside_torch = sys._getframe(2), None
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name != __file__:
+            if "/torch/" not in name:
+                break
+            inside_torch = inside_torch or frame
+        frame = frame.f_back
+    frame = frame or inside_torch
+    if frame is None:
+        return "?"
+    short = frame.f_code.co_filename.split("site-packages/")[-1].replace(f"{REPO}/", "")
+    return f"{short}:{frame.f_lineno} {frame.f_code.co_name}"
+
+
+@contextlib.contextmanager
+def counting_reads(sites: collections.Counter):
+    """Counts host reads of tensor values into ``sites`` (call site -> calls) while active."""
+    from deepspeed.accelerator import get_accelerator
+
+    saved = {name: getattr(torch.Tensor, name) for name in READERS}
+    accelerator = get_accelerator()
+    make_tensor, synchronize = torch.tensor, accelerator.synchronize
+
+    def reader(name):
+        original = saved[name]
+
+        def read(self, *args, **kwargs):
+            sites[f"Tensor.{name} @ {_call_site()}"] += 1
+            return original(self, *args, **kwargs)
+
+        return read
+
+    def tensor(*args, **kwargs):
+        if kwargs.get("device") is not None:
+            sites[f"torch.tensor(device=) @ {_call_site()}"] += 1
+        return make_tensor(*args, **kwargs)
+
+    def synchronize_counted(*args, **kwargs):
+        sites[f"accelerator.synchronize @ {_call_site()}"] += 1
+        return synchronize(*args, **kwargs)
+
+    try:
+        for name in READERS:
+            setattr(torch.Tensor, name, reader(name))
+        torch.tensor, accelerator.synchronize = tensor, synchronize_counted
+        yield
+    finally:
+        for name, original in saved.items():
+            setattr(torch.Tensor, name, original)
+        torch.tensor, accelerator.synchronize = make_tensor, synchronize
+
+
+def micro_config(args) -> BertConfig:
+    if args.preset:
+        return BertConfig.preset(args.preset)
+    return BertConfig.from_dict(
+        {
+            "num_hidden_layers": 12,
+            "hidden_size": 8,
+            "num_attention_heads": 1,
+            "intermediate_size": 32,
+            "vocab_size": 1024,
+            "pad_token_id": 0,
+        }
+    )
+
+
+def make_trainer(tmp: Path, ds_config: Path, cfg: BertConfig, args) -> tuple[Trainer, object]:
+    """A Trainer on one rank with ``ds_config`` at micro-batch ``--batch``: (trainer, loader)."""
+    ds = json.loads(ds_config.read_text())
+    ds.pop("train_batch_size", None)
+    ds.update(train_micro_batch_size_per_gpu=args.batch, gradient_accumulation_steps=args.accum)
+    work = tmp / ds_config.stem
+    work.mkdir()
+    (work / "ds.json").write_text(json.dumps(ds))
+    (work / "model.json").write_text(json.dumps(cfg.to_dict()))
+    config = parse_args(
+        [
+            *("--ds-config", str(work / "ds.json"), "--data", str(tmp / "shards")),
+            *("--model", str(work / "model.json"), "--output-dir", str(work / "out")),
+            *("--num-workers", "0", "--unpad", "false", "--save-every", "0"),
+            *("--log-every", str(10**9), "--dropout", "0"),
+        ]
+    )
+    trainer = Trainer(config, distributed.init_distributed())
+    trainer.build_engine()
+    return trainer, trainer._loader()
+
+
+def bare_step(cfg: BertConfig, dtype: torch.dtype, device: torch.device, batches: list[dict]):
+    """Forward, backward and AdamW of the model alone, cycling through ``batches``."""
+    torch.manual_seed(0)
+    model = BertForPreTraining(cfg, unpad=False).to(device=device, dtype=dtype).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    cycle = iter(batches * 1000)
+
+    def step():
+        model(**next(cycle)).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def measure(steps: dict, count_steps: int, timed_steps: int) -> dict[str, dict]:
+    """Per arm: ops and reads per step (counted alone), then host times, arms alternated."""
+    result: dict[str, dict] = {}
+    for name, step in steps.items():
+        for _ in range(3):  # warm-up: lazy state, allocator
+            step()
+        counter, sites = OpCounter(), collections.Counter()
+        with counter, counting_reads(sites):
+            for _ in range(count_steps):
+                step()
+        result[name] = {
+            "ops_per_step": counter.ops / count_steps,
+            "reads_per_step": sum(sites.values()) / count_steps,
+            "read_sites": {site: n / count_steps for site, n in sorted(sites.items())},
+        }
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(timed_steps):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - start)
+    for name, seconds in times.items():
+        ms = [1e3 * s for s in seconds]
+        result[name]["step_ms"] = {
+            "median": round(statistics.median(ms), 3),
+            "min": round(min(ms), 3),
+            "max": round(max(ms), 3),
+        }
+    return result
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--ds-config", nargs="+", default=[str(REPO / "deploy" / "zero2.json")])
+    p.add_argument("--preset", help="a model preset instead of the micro-BERT (e.g. tiny)")
+    p.add_argument("--batch", type=int, default=2, help="micro-batch rows (default 2)")
+    p.add_argument("--accum", type=int, default=1, help="micro-steps per optimizer step")
+    p.add_argument("--steps", type=int, default=30, help="timed steps per arm (default 30)")
+    p.add_argument("--count-steps", type=int, default=2, help="counted steps (default 2)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    cfg = micro_config(args)
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        write_synthetic(
+            tmp / "shards",
+            rows=64 * args.batch,
+            shards=2,
+            seq=128,
+            max_pred=20,
+            vocab_size=cfg.vocab_size,
+        )
+        for ds_config in map(Path, args.ds_config):
+            trainer, loader = make_trainer(tmp, ds_config, cfg, args)
+            torch.set_num_threads(args.threads)  # after init_distributed, which may set them
+            device = trainer.info.device
+            batches = iter(loader)
+            taken = [next(batches) for _ in range(8)]
+            own = [{k: b[k].to(device) for k in MODEL_INPUTS} for b in taken]
+            dtype = torch.bfloat16 if trainer.engine.bfloat16_enabled() else torch.float32
+            steps = {
+                "bare": bare_step(cfg, dtype, device, own),
+                "trainer": lambda t=trainer, b=batches: t._optimizer_step(b, None),
+            }
+            result = measure(steps, args.count_steps, args.steps)
+            loader.close()
+            distributed.shutdown()
+            bare, ours = result["bare"], result["trainer"]
+            row = {
+                "ds_config": str(ds_config),
+                "model": args.preset or "micro (12 layers, hidden 8)",
+                "batch": args.batch,
+                "accum": args.accum,
+                "dtype": str(dtype).removeprefix("torch."),
+                "threads": torch.get_num_threads(),
+                "load_average": [round(x, 2) for x in os.getloadavg()],
+                "ops_ratio": round(ours["ops_per_step"] / bare["ops_per_step"], 3),
+                "time_ratio": round(ours["step_ms"]["median"] / bare["step_ms"]["median"], 3),
+                "bare": bare,
+                "trainer": ours,
+            }
+            print(json.dumps(row), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
