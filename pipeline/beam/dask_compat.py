@@ -1,6 +1,6 @@
 """Fixes for Beam's DaskRunner, installed by ``python -m pipeline build`` when it is used.
 
-Checked with apache-beam 2.77 (``apache_beam/runners/dask/transform_evaluator.py``):
+Checked with apache-beam 2.77 and 2.78 (``apache_beam/runners/dask/transform_evaluator.py``):
 
 1. **Shared output buffers.** Every bundle of a ParDo appends to the *same* output
    list (the ``OneReceiver`` built once at graph construction, never cleared). A
@@ -43,12 +43,14 @@ DaskRunner's ParDo, duplicate outputs, ``apply_dofn_to_bundle``); none is filed.
 The module-level ``apply_dofn_to_bundle`` with its shared ``OneReceiver`` came
 with apache/beam PR #32941 ("Windowing Support for the Dask Runner", merged
 2024-11-18), so the first release with it is 2.62.0 by release dates (2.61.0 was
-branched before the merge) — inferred, not tested; only 2.77 was run here.
+branched before the merge) — inferred, not tested; 2.77 and 2.78 were run here (2.78
+still builds one ``OneReceiver`` per ParDo at graph construction, and its
+``to_dask_bag_visitor`` takes a new ``lazy_side_inputs``, which our wrapper passes on).
 
-Which versions get the fixes (:func:`plan`): 2.62 to 2.77 (:data:`KNOWN_BAD`): applied.
+Which versions get the fixes (:func:`plan`): 2.62 to 2.78 (:data:`KNOWN_BAD`): applied.
 Older: not applied: the replacement is written against the internals of 2.62 and
-later (checked on 2.77 only), and without it (3) mixes the build's counts into its data,
-so a Dask build needs 2.62 or later. Newer than 2.77, not yet
+later (checked on 2.77 and 2.78), and without it (3) mixes the build's counts into its
+data, so a Dask build needs 2.62 or later. Newer than 2.78, not yet
 checked: applied all the same, with a log line saying so, because the fix is
 harmless where the bug is gone (each bundle works on private copies of what it
 was given, at the cost of one deep copy per bundle); drop it, and raise
@@ -70,7 +72,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 logger = logging.getLogger(__name__)
 
 # Beam releases known to share one output buffer between a ParDo's bundles (see above).
-KNOWN_BAD = ((2, 62), (2, 77))
+KNOWN_BAD = ((2, 62), (2, 78))
 
 
 class DaskShuffleOptions(PipelineOptions):
@@ -198,8 +200,8 @@ def _with_outputs_apart(make_visitor):
             the project's does).
     """
 
-    def to_dask_bag_visitor(bag_kwargs=None):
-        visitor = make_visitor(bag_kwargs)
+    def to_dask_bag_visitor(*args, **kwargs):  # 2.78 added lazy_side_inputs: passed on
+        visitor = make_visitor(*args, **kwargs)
         visit = visitor.visit_transform
 
         def visit_transform(node) -> None:

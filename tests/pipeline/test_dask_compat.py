@@ -16,7 +16,8 @@ from pipeline.beam import dask_compat
         ("2.61.0", False, "not installed"),
         ("2.62.0", True, "installing the DaskRunner fix"),
         ("2.77.0", True, "installing the DaskRunner fix"),
-        ("2.78.0rc1", True, "newer than 2.62-2.77"),
+        ("2.78.0", True, "installing the DaskRunner fix"),
+        ("2.79.0rc1", True, "newer than 2.62-2.78"),
         ("3.0.0", True, "installing the fix anyway"),
         ("unknown", True, "installing the fix anyway"),
     ],
@@ -25,6 +26,31 @@ def test_plan_by_version(version, wanted, says):
     got, why = dask_compat.plan(version)
     assert got is wanted
     assert says in why and version in why
+
+
+def test_the_visitor_wrapper_passes_every_argument_on():
+    # Beam 2.78's to_dask_bag_visitor(bag_kwargs, lazy_side_inputs) took a second argument
+    # that a wrapper with the 2.77 signature refused: every Dask build failed.
+    seen = []
+
+    class Visitor:
+        def __init__(self):
+            self.bags = {}
+
+        def visit_transform(self, node):
+            pass
+
+    def make_visitor(*args, **kwargs):
+        seen.append((args, kwargs))
+        return Visitor()
+
+    wrapped = dask_compat._with_outputs_apart(make_visitor)
+    wrapped({"npartitions": 2}, True)
+    wrapped(bag_kwargs=None, lazy_side_inputs=False)
+    assert seen == [
+        (({"npartitions": 2}, True), {}),
+        ((), {"bag_kwargs": None, "lazy_side_inputs": False}),
+    ]
 
 
 def test_install_logs_and_replaces_the_pardo_translation(caplog):
