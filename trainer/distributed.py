@@ -26,6 +26,9 @@ import torch.distributed as dist
 
 logger = logging.getLogger(__name__)
 _OWN_ENV: list[str] = []  # environment variables set by init_distributed, not a launcher
+# A gloo group over every rank for host numbers (host_max) where the world's is NCCL's;
+# None: the world group is gloo already, or there is one rank.
+_HOST_GROUP: Any = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,9 @@ def init_distributed(timeout_s: float = 600.0) -> DistInfo:
         )
         if not cuda:
             _unlink_cpu_allreduce_buffer()
+    global _HOST_GROUP
+    if cuda and dist.get_world_size() > 1 and _HOST_GROUP is None:  # every rank, in step
+        _HOST_GROUP = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if not cuda:
         _share_cpu_threads()
@@ -149,6 +155,8 @@ def shutdown() -> None:
 
     Lets one process (a test) run the trainer several times.
     """
+    global _HOST_GROUP
+    _HOST_GROUP = None
     if dist.is_initialized():
         dist.destroy_process_group()
         # DeepSpeed caches groups derived from the world group; drop them with it.
@@ -173,6 +181,20 @@ def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return tensor
+
+
+def host_max(values: list[float]) -> list[float]:
+    """The maximum over ranks of each of a few host numbers, through a CPU (gloo) group:
+    nothing is copied to or read back from a device, so a GPU's queue keeps running.
+
+    ``host_max([12.5, 0.0])`` on two ranks whose values are [12.5, 0] and [12.7, 15] is
+    [12.7, 15.0] on both.
+    """
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [float(v) for v in values]
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=_HOST_GROUP)
+    return t.tolist()
 
 
 def any_rank(flag: bool, device: torch.device) -> bool:

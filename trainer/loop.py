@@ -12,14 +12,20 @@ rank 0, trainer/universal.py), then train until
 A time budget (``--max-minutes``, trainer/schedule.py) also ends the run: the training
 clock (this loop's wall time plus that of the runs it resumes) is agreed by all ranks in
 the per-step all-reduce below, so every rank stops after the same step, and the
-learning rate follows it.
+learning rate follows it. That all-reduce is of host numbers, over a CPU (gloo) group
+(:func:`distributed.host_max`): a step reads nothing back from the device for it, so the
+host runs ahead of a GPU.
 
-Non-finite loss: training stops. The check runs once per optimizer step, before the
-optimizer update (one small all-reduce), so the weights are never updated from a NaN or
-infinite loss; a :class:`checkpoint.NonFiniteError` ends the run with exit code 3 and the
-last checkpoint stays the one to resume from (lower the learning rate, or check the data
-around the logged stream position). Skipping the step instead would hide a diverging run.
-With fp16 DeepSpeed's loss scaler still skips steps whose *gradients* overflow, as usual.
+Non-finite loss: training stops. Each step's flag stays on the device, gathered with the
+first step that raised it; it is read (one small all-reduce) before the update of every
+step that reads the device anyway: a log, save or evaluation step, and the last. A NaN or
+infinite loss there stops the run before that update; one between two such steps is found
+at the next, named by its own step. The steps in between may carry it into the weights,
+which no checkpoint holds: the save step reads the flag first, and the save checks the
+weights. A :class:`checkpoint.NonFiniteError` ends the run with exit code 3 and the last
+checkpoint stays the one to resume from (lower the learning rate, or check the data around
+the logged stream position). Skipping the step instead would hide a diverging run. With
+fp16 DeepSpeed's loss scaler still skips steps whose *gradients* overflow, as usual.
 
 Distillation (``--teacher``, trainer/distillation.py): the same run with a frozen teacher
 beside the engine; its forward and the distillation loss replace the engine's loss, its
@@ -218,6 +224,7 @@ class Trainer:
             # trainer's step against the bare one; give it a ZeRO-0 fp32 --ds-config).
             self.engine.enable_backward_allreduce = False
         self.state = RunState()
+        self._first_bad: torch.Tensor | None = None  # _note_non_finite's, on the device
         resume = self.resume
         if resume is None:
             torch.manual_seed(derive_seed(self.config.seed, "dropout", self.info.rank))
@@ -333,20 +340,17 @@ class Trainer:
         s.step += 1
 
     def _before_update(self, bad: torch.Tensor) -> None:
-        """At the accumulation boundary, before the optimizer step: finite check, training
-        clock (one all-reduce for both), time budget, grad norm."""
+        """At the accumulation boundary, before the optimizer step: training clock and stop
+        signal (agreed on the host), time budget; on a step that reads the device anyway,
+        the non-finite flags since the last such step; the grad norm to log.
+
+        Args:
+            bad: bool, shape (), on the device: this step's loss was not finite.
+        """
         s, c = self.state, self.config
         local_s = s.clock_base + time.perf_counter() - s.clock_start
         stop = float(self.stop.signum or 0)  # the signal this rank got, if any
-        flags = torch.tensor(
-            [float(bad), local_s, stop], dtype=torch.float64, device=self.info.device
-        )
-        bad_anywhere, s.train_s, stop_anywhere = distributed.all_reduce_max(flags).tolist()
-        if bad_anywhere > 0:
-            raise checkpoint.NonFiniteError(
-                f"non-finite loss at step {s.step + 1} (stream position {s.position}); "
-                f"stopped before the update, resume from the last checkpoint"
-            )
+        s.train_s, stop_anywhere = distributed.host_max([local_s, stop])
         if stop_anywhere > 0:
             s.stopped_by = int(stop_anywhere)
             self.stop.agree(s.stopped_by)
@@ -355,8 +359,42 @@ class Trainer:
             s.out_of_time = s.train_s >= c.budget_s
         step = s.step + 1
         last = s.out_of_time or s.stopped_by or (c.step_limit is not None and step >= c.step_limit)
+        self._note_non_finite(bad, step)
+        saving = c.save_every and step % c.save_every == 0
+        evaluating = c.eval_every and self.eval_shards is not None and step % c.eval_every == 0
+        if last or step % c.log_every == 0 or saving or evaluating:
+            self._stop_if_non_finite(step)
         if self.own_grad_norm and (step % c.log_every == 0 or last):
             s.grad_norm = metrics.grad_norm(self.engine.module)  # gradients are reduced by now
+
+    def _note_non_finite(self, bad: torch.Tensor, step: int) -> None:
+        """Keep, on the device, the first step since the last read whose loss was not
+        finite (0: none): a few ops, no read."""
+        if self._first_bad is None:
+            self._first_bad = torch.zeros((), dtype=torch.int64, device=self.info.device)
+        first = self._first_bad
+        self._first_bad = torch.where(bad & (first == 0), step, first)
+
+    def _stop_if_non_finite(self, step: int) -> None:
+        """Read the flags kept by :meth:`_note_non_finite` (every rank's: the earliest step
+        wins) before ``step``'s update.
+
+        Raises:
+            checkpoint.NonFiniteError: some rank's loss was not finite since the last read.
+        """
+        if self._first_bad is None:
+            return
+        # The maximum of (NEVER - first) over ranks is the earliest first step; 0: none.
+        never = 1 << 62
+        key = torch.where(self._first_bad > 0, never - self._first_bad, 0)
+        found = int(distributed.all_reduce_max(key.reshape(1)).item())
+        if found:
+            first, s = never - found, self.state
+            where = "" if first == step else f"; found before the update of step {step}"
+            raise checkpoint.NonFiniteError(
+                f"non-finite loss at step {first}{where} (stream position {s.position}); "
+                f"stopped before the update, resume from the last checkpoint"
+            )
 
     def _log(self, writer: metrics.MetricsWriter) -> dict:
         s = self.state

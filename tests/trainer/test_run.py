@@ -379,6 +379,31 @@ def test_non_finite_loss_stops_before_the_update_and_saves_nothing(
     assert not (ckpt / "step00000003").exists()
 
 
+def test_non_finite_loss_between_reads_is_named_and_no_checkpoint_holds_it(
+    tiny_shards, tmp_path, monkeypatch, caplog
+):
+    # The flag stays on the device on steps that read nothing back (here 3): it is read
+    # before the next log or save step's update (4), which names the first bad step.
+    calls = {"n": 0}
+    forward = BertForPreTraining.forward
+
+    def poisoned(self, *a, **k):
+        out = forward(self, *a, **k)
+        calls["n"] += 1
+        if calls["n"] == 3:
+            out.loss = out.loss * float("nan")
+        return out
+
+    monkeypatch.setattr(BertForPreTraining, "forward", poisoned)
+    extra = ("--max-steps", "8", "--save-every", "2", "--log-every", "4")
+    assert main(args(tmp_path, tiny_shards, *extra)) == 3
+    assert "non-finite loss at step 3; found before the update of step 4" in caplog.text
+    ckpt = tmp_path / "out" / "checkpoints"
+    assert (ckpt / "latest").read_text() == "step00000002"
+    assert not (ckpt / "step00000004").exists()
+    assert calls["n"] == 4  # stopped at step 4, before its update
+
+
 def test_entry_point_runs_as_a_module_and_as_a_file():
     for cmd in (["-m", "trainer.run", "--help"], [str(REPO / "trainer" / "run.py"), "--help"]):
         done = subprocess.run(

@@ -63,3 +63,37 @@ def test_shipped_gpu_configs_do_not_synchronize_to_time_steps(rows):
     for row in rows:
         timing = [s for s in row["trainer"]["read_sites"] if s.startswith("accelerator.sync")]
         assert not timing, (row["ds_config"], timing)
+
+
+def test_zero2_does_not_check_gradients_for_overflow(rows):
+    # bf16.check_grad_overflow (deploy/README.md): an inf/NaN check of every gradient
+    # partition and a device read a step, to skip steps the trainer stops on instead.
+    zero2 = rows[0]
+    assert Path(zero2["ds_config"]).name == "zero2.json"
+    overflow = [s for s in zero2["trainer"]["read_sites"] if "has_overflow" in s]
+    assert not overflow, overflow
+
+
+# The trainer's reads that touch host tensors only: the loader's, and the counts of a batch
+# taken before it is moved to the device. On a GPU none of them waits for the device.
+HOST_SIDE = {
+    "trainer/data.py": ("from_transfer", "group_from_transfer"),
+    "trainer/metrics.py": ("host_counts", "model_flops"),
+}
+
+
+def test_the_trainer_reads_nothing_from_the_device_on_a_non_log_step(rows):
+    # Its clock and stop signal are agreed on the host, and the non-finite flag stays on
+    # the device until a step that reads it anyway (trainer/loop.py). A `.item()` or a
+    # `float(tensor)` added to the step fails here, named by its call site.
+    for row in rows:
+        ours = [site for site in row["trainer"]["read_sites"] if " @ trainer/" in site]
+        device_reads = [
+            site
+            for site in ours
+            if not any(
+                f"@ {path}:" in site and site.rsplit(" ", 1)[-1] in functions
+                for path, functions in HOST_SIDE.items()
+            )
+        ]
+        assert not device_reads, (row["ds_config"], device_reads)
