@@ -68,7 +68,8 @@ def test_distinct_parts_give_distinct_seeds():
     keys = [shard_key(42, f"doc-{doc}", 0, i) for doc in range(100) for i in range(10)]
     assert len(set(keys)) == len(keys)
     # key % num_shards spreads instances evenly: 1000 keys over 8 shards.
-    counts = np.bincount(np.array(keys, dtype=np.uint64) % np.uint64(8), minlength=8)
+    shards = (np.array(keys, dtype=np.uint64) % np.uint64(8)).astype(np.int64)  # numpy 1.x:
+    counts = np.bincount(shards, minlength=8)  # bincount takes no uint64
     assert counts.min() > 80 and counts.max() < 170, counts
 
 
