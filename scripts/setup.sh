@@ -82,9 +82,12 @@ sys.exit(0 if ok else 1)'
 # LOCK is ""), `pip install PIP_ARGS`: the newest releases the ranges allow. Then `pip freeze`
 # in the log.
 lock_install() {
-  local python="$1" lock="$2" why="no lock for BERT_EXTRAS=$extras"
+  local python="$1" lock="$2" why
   shift 2
-  if [ -n "$lock" ] && why="$(lock_usable "$python")"; then
+  if why="$(lock_usable "$python")" && [ -z "$lock" ]; then
+    why="no lock for BERT_EXTRAS=$extras"
+  fi
+  if [ -n "$lock" ] && [ -z "$why" ]; then
     setup_step "installing ${lock#"$root"/} (exact versions, hashes checked)" \
       "$python" -m pip install --require-hashes --no-deps -r "$lock"
     setup_step "installing the project (editable, its dependencies from the lock)" \
