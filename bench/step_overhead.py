@@ -17,7 +17,14 @@ pays while its kernels run. Per arm it prints one JSON line:
   GPU each such call on a device tensor stops the host until the device catches up; on a
   CPU the bench cannot tell a host tensor from a device one, so it names every site;
 - ``step_ms``: host time per step, median and range over ``--steps`` steps, the arms
-  alternated step by step, with the threads and the load average.
+  alternated step by step, with the threads and the load average. On CUDA each timed step
+  ends with a device synchronize, so it is the step's own time (``sequences_per_s`` too),
+  and ``cuda_syncs_per_step`` counts what ``torch.cuda.set_sync_debug_mode("warn")`` reports
+  in the counted steps: the syncs that stop the host, wherever they come from.
+
+On a GPU (``deploy/gpu_bench.sh``'s overhead stage)::
+
+    python bench/step_overhead.py --preset base --batch 128 --steps 20
 
 The bare arm is a forward, backward and torch AdamW step of the same model (in the DeepSpeed
 config's precision) on batches taken from the trainer's loader, moved to the device first.
@@ -37,6 +44,7 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -122,6 +130,22 @@ def counting_reads(sites: collections.Counter):
         torch.tensor, accelerator.synchronize = make_tensor, synchronize
 
 
+@contextlib.contextmanager
+def counting_cuda_syncs(found: list[str]):
+    """Appends to ``found`` each device sync CUDA reports while active (none without CUDA)."""
+    if not torch.cuda.is_available():
+        yield
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+            found.extend(str(w.message) for w in caught if "synchroniz" in str(w.message))
+
+
 def micro_config(args) -> BertConfig:
     if args.preset:
         return BertConfig.preset(args.preset)
@@ -142,6 +166,8 @@ def make_trainer(tmp: Path, ds_config: Path, cfg: BertConfig, args) -> tuple[Tra
     ds = json.loads(ds_config.read_text())
     ds.pop("train_batch_size", None)
     ds.update(train_micro_batch_size_per_gpu=args.batch, gradient_accumulation_steps=args.accum)
+    if args.torch_adam:  # torch's AdamW, not DeepSpeed's FusedAdam (a CUDA op to compile)
+        ds["optimizer"].setdefault("params", {})["torch_adam"] = True
     work = tmp / ds_config.stem
     work.mkdir()
     (work / "ds.json").write_text(json.dumps(ds))
@@ -180,8 +206,8 @@ def measure(steps: dict, count_steps: int, timed_steps: int) -> dict[str, dict]:
     for name, step in steps.items():
         for _ in range(3):  # warm-up: lazy state, allocator
             step()
-        counter, sites = OpCounter(), collections.Counter()
-        with counter, counting_reads(sites):
+        counter, sites, syncs = OpCounter(), collections.Counter(), []
+        with counter, counting_reads(sites), counting_cuda_syncs(syncs):
             for _ in range(count_steps):
                 step()
         result[name] = {
@@ -189,11 +215,18 @@ def measure(steps: dict, count_steps: int, timed_steps: int) -> dict[str, dict]:
             "reads_per_step": sum(sites.values()) / count_steps,
             "read_sites": {site: n / count_steps for site, n in sorted(sites.items())},
         }
+        if torch.cuda.is_available():
+            result[name]["cuda_syncs_per_step"] = len(syncs) / count_steps
+    cuda = torch.cuda.is_available()
     times: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(timed_steps):
         for name, step in steps.items():
+            if cuda:
+                torch.cuda.synchronize()
             start = time.perf_counter()
             step()
+            if cuda:
+                torch.cuda.synchronize()
             times[name].append(time.perf_counter() - start)
     for name, seconds in times.items():
         ms = [1e3 * s for s in seconds]
@@ -203,6 +236,10 @@ def measure(steps: dict, count_steps: int, timed_steps: int) -> dict[str, dict]:
             "max": round(max(ms), 3),
         }
     return result
+
+
+def _sequences_per_s(arm: dict, batch: int) -> float:
+    return round(1e3 * batch / arm["step_ms"]["median"], 1)
 
 
 def main(argv=None) -> int:
@@ -216,8 +253,16 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=30, help="timed steps per arm (default 30)")
     p.add_argument("--count-steps", type=int, default=2, help="counted steps (default 2)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument(
+        "--torch-adam",
+        action="store_true",
+        help="the configs' AdamW as torch's (deploy/gpu_bench.sh: TORCH_ADAM=1, its default)",
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    from trainer.ops import use_environment_cache
+
+    use_environment_cache()  # the trainer's op cache, as trainer/run.py (no second build)
     cfg = micro_config(args)
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
@@ -255,6 +300,10 @@ def main(argv=None) -> int:
                 "load_average": [round(x, 2) for x in os.getloadavg()],
                 "ops_ratio": round(ours["ops_per_step"] / bare["ops_per_step"], 3),
                 "time_ratio": round(ours["step_ms"]["median"] / bare["step_ms"]["median"], 3),
+                "sequences_per_s": {
+                    "bare": _sequences_per_s(bare, args.batch),  # one micro-batch a step
+                    "trainer": _sequences_per_s(ours, args.batch * args.accum),
+                },
                 "bare": bare,
                 "trainer": ours,
             }

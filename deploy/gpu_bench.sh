@@ -4,6 +4,10 @@
 # costs its limit, not the run:
 #
 #   import       torch sees the GPU, DeepSpeed and the trainer import (no op is compiled)
+#   overhead     bench/step_overhead.py for each of PRESETS at seq 128 with the trainer's micro
+#                batch: the trainer's step (deploy/zero2.json, and zero3.json) beside the bare
+#                model step on the same batches: aten ops a step, host reads by call site,
+#                the syncs CUDA reports (set_sync_debug_mode "warn") and both arms' sequences/s
 #   smoke        tiny: steps with a checkpoint, a resume to twice as many, the HF export
 #                (fp32 weights, loaded by transformers)
 #   correctness  tiny, dropout off, CHECK_STEPS steps (50) logged each step: fp32 padded on
@@ -27,8 +31,8 @@
 #                time (compiling included) and the graphs compiled are in each result line
 #
 # Sized to fit 10 minutes on one H200 without the compiled stage, start-up included (limits:
-# IMPORT_LIMIT 300, SMOKE_LIMIT 240, CHECK_LIMIT 300, SPEED_LIMIT 420, PROFILE_LIMIT 180,
-# COMPILE_LIMIT 420 s;
+# IMPORT_LIMIT 300, OVERHEAD_LIMIT 180, SMOKE_LIMIT 240, CHECK_LIMIT 300, SPEED_LIMIT 420,
+# PROFILE_LIMIT 180, COMPILE_LIMIT 420 s;
 # STAGES="import compiled" runs the compiled rows alone). A failed stage is recorded and the
 # next one runs (speed does not need correctness); the exit code is 1 if any stage failed.
 #
@@ -157,6 +161,27 @@ sys.exit(0 if cuda or os.environ["DEVICE"] == "cpu" else "no CUDA device: deploy
     python -c 'import deepspeed, trainer.loop, trainer.run, model; print("trainer imports")'
     after="$(cache_listing "$cache")"
     [[ "$before" == "$after" ]] || { echo "importing the trainer built an op in $cache"; return 1; }
+}
+
+stage_overhead() {
+    overhead_runs 2>&1 | tee -a "$RES/overhead.log"
+}
+
+overhead_runs() {  # one JSON line per preset and DeepSpeed config, into overhead.jsonl
+    local failed=0 preset adam=()
+    if [[ "$TORCH_ADAM" == 1 ]]; then adam=(--torch-adam); fi
+    if [[ "$DEVICE" == cpu ]]; then
+        # The micro-BERT: on CPU the stage checks that the bench runs.
+        python bench/step_overhead.py --steps 2 --count-steps 1 --ds-config deploy/zero2.json \
+            "${adam[@]}" | grep "^{" | tee -a "$RES/overhead.jsonl" || failed=1
+        return $failed
+    fi
+    for preset in $PRESETS; do
+        python bench/step_overhead.py --preset "$preset" --batch "$(micro_for "$preset" 128)" \
+            --ds-config deploy/zero2.json deploy/zero3.json --steps 20 --count-steps 1 \
+            "${adam[@]}" | grep "^{" | tee -a "$RES/overhead.jsonl" || failed=1
+    done
+    return $failed
 }
 
 stage_smoke() {
@@ -311,11 +336,13 @@ main() {
     echo "device $DEVICE, gpus $(gpus), presets $PRESETS, seqs $SEQS, work $WORK, results $RES"
     : > "$RES/stages.jsonl"
     : > "$RES/results.jsonl"
+    : > "$RES/overhead.jsonl"
     local failed=0 name
-    declare -A limit=([import]="${IMPORT_LIMIT:-300}" [smoke]="${SMOKE_LIMIT:-240}"
+    declare -A limit=([import]="${IMPORT_LIMIT:-300}" [overhead]="${OVERHEAD_LIMIT:-180}"
+                      [smoke]="${SMOKE_LIMIT:-240}"
                       [correctness]="${CHECK_LIMIT:-300}" [speed]="${SPEED_LIMIT:-420}"
                       [profile]="${PROFILE_LIMIT:-180}" [compiled]="${COMPILE_LIMIT:-420}")
-    for name in ${STAGES:-import smoke correctness speed compiled}; do
+    for name in ${STAGES:-import overhead smoke correctness speed compiled}; do
         run_stage "$name" "${limit[$name]}" || failed=1
         if [[ "$name" == import && "$failed" == 1 ]]; then break; fi  # nothing else can run
     done

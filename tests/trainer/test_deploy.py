@@ -120,7 +120,8 @@ def test_gpu_bench_import_stage_on_a_fresh_node(tmp_path):
 
 @pytest.mark.slow
 def test_gpu_bench_runs_every_stage_on_cpu(tmp_path):
-    """DEVICE=cpu runs deploy/gpu_bench.sh's every stage on tiny: import, smoke (checkpoint,
+    """DEVICE=cpu runs deploy/gpu_bench.sh's every stage on tiny: import, overhead (a step's
+    ops and reads, on the micro-BERT), smoke (checkpoint,
     resume, export), correctness (bf16 unpadded against padded), speed (both paths and the
     bare model steps), compiled (one --compile model run); each stage's line is written,
     and the results table."""
@@ -129,6 +130,7 @@ def test_gpu_bench_runs_every_stage_on_cpu(tmp_path):
     stages = [json.loads(line) for line in (res / "stages.jsonl").read_text().splitlines()]
     assert [(s["stage"], s["ok"]) for s in stages] == [
         ("import", True),
+        ("overhead", True),
         ("smoke", True),
         ("correctness", True),
         ("speed", True),
@@ -147,6 +149,8 @@ def test_gpu_bench_runs_every_stage_on_cpu(tmp_path):
     assert compiled["compiled_graphs"] > 0 and compiled["first_step_s"] > 0
     assert "tiny" in (res / "table.txt").read_text()
     assert "resumed from" in (res / "smoke.log").read_text() + done.stdout
+    (overhead,) = [json.loads(line) for line in (res / "overhead.jsonl").read_text().splitlines()]
+    assert overhead["bare"]["ops_per_step"] > 0 and overhead["trainer"]["ops_per_step"] > 0
 
 
 @pytest.mark.parametrize("torch_adam", [True, False])
