@@ -357,20 +357,26 @@ def test_resume_into_another_model_size_is_refused_naming_the_fields(
     assert not (tmp_path / "out" / "checkpoints").exists()
 
 
-def test_non_finite_loss_stops_before_the_update_and_saves_nothing(
-    tiny_shards, tmp_path, monkeypatch, caplog
-):
+def poison_loss(monkeypatch, at_call: int) -> dict:
+    """The model's loss is NaN on its ``at_call``-th forward; returns the call counter."""
     calls = {"n": 0}
     forward = BertForPreTraining.forward
 
     def poisoned(self, *a, **k):
         out = forward(self, *a, **k)
         calls["n"] += 1
-        if calls["n"] == 3:
+        if calls["n"] == at_call:
             out.loss = out.loss * float("nan")
         return out
 
     monkeypatch.setattr(BertForPreTraining, "forward", poisoned)
+    return calls
+
+
+def test_non_finite_loss_stops_before_the_update_and_saves_nothing(
+    tiny_shards, tmp_path, monkeypatch, caplog
+):
+    poison_loss(monkeypatch, at_call=3)
     argv = args(tmp_path, tiny_shards, "--max-steps", "5", "--save-every", "1")
     assert main(argv) == 3
     assert "non-finite loss at step 3" in caplog.text
@@ -384,17 +390,7 @@ def test_non_finite_loss_between_reads_is_named_and_no_checkpoint_holds_it(
 ):
     # The flag stays on the device on steps that read nothing back (here 3): it is read
     # before the next log or save step's update (4), which names the first bad step.
-    calls = {"n": 0}
-    forward = BertForPreTraining.forward
-
-    def poisoned(self, *a, **k):
-        out = forward(self, *a, **k)
-        calls["n"] += 1
-        if calls["n"] == 3:
-            out.loss = out.loss * float("nan")
-        return out
-
-    monkeypatch.setattr(BertForPreTraining, "forward", poisoned)
+    calls = poison_loss(monkeypatch, at_call=3)
     extra = ("--max-steps", "8", "--save-every", "2", "--log-every", "4")
     assert main(args(tmp_path, tiny_shards, *extra)) == 3
     assert "non-finite loss at step 3; found before the update of step 4" in caplog.text
