@@ -77,9 +77,11 @@ smoke() {
     failed=1
   fi
 }
-# after NAME...: whether the steps NAME... passed (a step that needs their output runs only then).
+# after STEP NAME...: whether the steps NAME... passed (STEP, which needs their output, runs
+# only then; it is reported skipped otherwise).
 after() {
-  local name
+  local step="$1" name
+  shift
   for name in "$@"; do
     if [ "${status[$name]:-}" != ok ]; then
       printf '[upgrade-check] %-8s ... skipped: %s failed\n' "$step" "$name"
@@ -90,24 +92,19 @@ after() {
 
 echo
 smoke corpus python -m pipeline corpus --output "$work/corpus" --files 4 --sources docstrings
-step=build
-after corpus && smoke build python -m pipeline build --input "$work/corpus/*.txt" \
+after build corpus && smoke build python -m pipeline build --input "$work/corpus/*.txt" \
   --output "$work/shards" --vocab_size 2000 --dupe_factor 1 --max_seq_length 64
-step=curate
-after corpus && smoke curate python -m pipeline curate --input "$work/corpus/*.txt" \
+after curate corpus && smoke curate python -m pipeline curate --input "$work/corpus/*.txt" \
   --output "$work/curated" --filters gopher_quality
-step=train
-after build && smoke train deepspeed --num_gpus 1 --master_port "$(python -c 'import socket
+after train build && smoke train deepspeed --num_gpus 1 --master_port "$(python -c 'import socket
 s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')" \
   trainer/run.py --ds-config deploy/cpu.json --data "$work/shards" --model tiny \
   --output-dir "$work/train" --max-steps 20 --log-every 5 --save-every 20
-step=export
-after build train && smoke export bash -c '
+after export build train && smoke export bash -c '
   python -c "import sys; from transformers import BertForPreTraining, BertTokenizerFast
 BertForPreTraining.from_pretrained(sys.argv[1]); print(len(BertTokenizerFast.from_pretrained(sys.argv[1])))" "$1/train/hf" &&
   python -m pipeline export "$1/shards" --to tfrecord --output "$1/tfrecord"' _ "$work"
 if [ -n "${UPGRADE_TESTS:-}" ]; then
-  step=pytest
   eval "smoke pytest python -m pytest -p no:cacheprovider -q $UPGRADE_TESTS"
 fi
 
