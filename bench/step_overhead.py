@@ -161,14 +161,17 @@ def micro_config(args) -> BertConfig:
     )
 
 
-def make_trainer(tmp: Path, ds_config: Path, cfg: BertConfig, args) -> tuple[Trainer, object]:
-    """A Trainer on one rank with ``ds_config`` at micro-batch ``--batch``: (trainer, loader)."""
+def make_trainer(
+    tmp: Path, ds_config: Path, cfg: BertConfig, args, accum: int
+) -> tuple[Trainer, object]:
+    """A Trainer on one rank with ``ds_config`` at micro-batch ``--batch`` and ``accum``
+    micro-steps a step: (trainer, loader)."""
     ds = json.loads(ds_config.read_text())
     ds.pop("train_batch_size", None)
-    ds.update(train_micro_batch_size_per_gpu=args.batch, gradient_accumulation_steps=args.accum)
+    ds.update(train_micro_batch_size_per_gpu=args.batch, gradient_accumulation_steps=accum)
     if args.torch_adam:  # torch's AdamW, not DeepSpeed's FusedAdam (a CUDA op to compile)
         ds["optimizer"].setdefault("params", {})["torch_adam"] = True
-    work = tmp / ds_config.stem
+    work = tmp / f"{ds_config.stem}-accum{accum}"
     work.mkdir()
     (work / "ds.json").write_text(json.dumps(ds))
     (work / "model.json").write_text(json.dumps(cfg.to_dict()))
@@ -177,7 +180,7 @@ def make_trainer(tmp: Path, ds_config: Path, cfg: BertConfig, args) -> tuple[Tra
             *("--ds-config", str(work / "ds.json"), "--data", str(tmp / "shards")),
             *("--model", str(work / "model.json"), "--output-dir", str(work / "out")),
             *("--num-workers", "0", "--unpad", "false", "--save-every", "0"),
-            *("--log-every", str(10**9), "--dropout", "0"),
+            *("--log-every", str(10**9), "--dropout", "0", "--engine", args.engine),
         ]
     )
     trainer = Trainer(config, distributed.init_distributed())
@@ -189,7 +192,10 @@ def bare_step(cfg: BertConfig, dtype: torch.dtype, device: torch.device, batches
     """Forward, backward and AdamW of the model alone, cycling through ``batches``."""
     torch.manual_seed(0)
     model = BertForPreTraining(cfg, unpad=False).to(device=device, dtype=dtype).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    try:  # fused where torch has the kernel (CUDA, CPU): the fastest plain step
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    except RuntimeError:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
     cycle = iter(batches * 1000)
 
     def step():
@@ -198,6 +204,30 @@ def bare_step(cfg: BertConfig, dtype: torch.dtype, device: torch.device, batches
         optimizer.zero_grad(set_to_none=True)
 
     return step
+
+
+def forward_backward(cfg: BertConfig, dtype: torch.dtype, device: torch.device, batches: list):
+    """A plain forward and backward of the model, no optimizer: what an accumulation
+    micro-step must cost."""
+    torch.manual_seed(0)
+    model = BertForPreTraining(cfg, unpad=False).to(device=device, dtype=dtype).train()
+    cycle = iter(batches * 1000)
+
+    def step():
+        model(**next(cycle)).loss.backward()
+
+    return step
+
+
+def count_ops(step, count_steps: int) -> float:
+    """Aten ops per call of ``step``, after 3 warm-up calls."""
+    for _ in range(3):
+        step()
+    counter = OpCounter()
+    with counter:
+        for _ in range(count_steps):
+            step()
+    return counter.ops / count_steps
 
 
 def measure(steps: dict, count_steps: int, timed_steps: int) -> dict[str, dict]:
@@ -246,10 +276,19 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--ds-config", nargs="+", default=[str(REPO / "deploy" / "zero2.json")])
+    p.add_argument("--ds-config", nargs="+", default=[str(REPO / "deploy" / "gpu.json")])
     p.add_argument("--preset", help="a model preset instead of the micro-BERT (e.g. tiny)")
     p.add_argument("--batch", type=int, default=2, help="micro-batch rows (default 2)")
-    p.add_argument("--accum", type=int, default=1, help="micro-steps per optimizer step")
+    p.add_argument(
+        "--accum",
+        type=int,
+        default=1,
+        help="micro-steps per optimizer step; above 1 the row adds extra_micro_ops, what "
+        "each micro-step past the first adds, counted against a one-micro-step trainer",
+    )
+    p.add_argument(
+        "--engine", default="auto", choices=("auto", "torch", "deepspeed"), help="--engine"
+    )
     p.add_argument("--steps", type=int, default=30, help="timed steps per arm (default 30)")
     p.add_argument("--count-steps", type=int, default=2, help="counted steps (default 2)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
@@ -275,7 +314,14 @@ def main(argv=None) -> int:
             vocab_size=cfg.vocab_size,
         )
         for ds_config in map(Path, args.ds_config):
-            trainer, loader = make_trainer(tmp, ds_config, cfg, args)
+            single = None  # ops of one micro-step a step, beside --accum's
+            if args.accum > 1:
+                trainer, loader = make_trainer(tmp, ds_config, cfg, args, 1)
+                batches = iter(loader)
+                single = count_ops(lambda t=trainer, b=batches: t._optimizer_step(b, None), 2)
+                loader.close()
+                distributed.shutdown()
+            trainer, loader = make_trainer(tmp, ds_config, cfg, args, args.accum)
             torch.set_num_threads(args.threads)  # after init_distributed, which may set them
             device = trainer.info.device
             batches = iter(loader)
@@ -287,6 +333,7 @@ def main(argv=None) -> int:
                 "trainer": lambda t=trainer, b=batches: t._optimizer_step(b, None),
             }
             result = measure(steps, args.count_steps, args.steps)
+            fwd_bwd = count_ops(forward_backward(cfg, dtype, device, own), args.count_steps)
             loader.close()
             distributed.shutdown()
             bare, ours = result["bare"], result["trainer"]
@@ -298,7 +345,9 @@ def main(argv=None) -> int:
                 "dtype": str(dtype).removeprefix("torch."),
                 "threads": torch.get_num_threads(),
                 "load_average": [round(x, 2) for x in os.getloadavg()],
+                "engine": trainer.engine_name,
                 "ops_ratio": round(ours["ops_per_step"] / bare["ops_per_step"], 3),
+                "fwd_bwd_ops": fwd_bwd,
                 "time_ratio": round(ours["step_ms"]["median"] / bare["step_ms"]["median"], 3),
                 "sequences_per_s": {
                     "bare": _sequences_per_s(bare, args.batch),  # one micro-batch a step
@@ -307,6 +356,10 @@ def main(argv=None) -> int:
                 "bare": bare,
                 "trainer": ours,
             }
+            if single is not None:  # what each micro-step past the first adds
+                extra = (ours["ops_per_step"] - single) / (args.accum - 1)
+                row["extra_micro_ops"] = extra
+                row["extra_micro_ratio"] = round(extra / fwd_bwd, 3)
             print(json.dumps(row), flush=True)
     return 0
 

@@ -37,6 +37,7 @@ PRECISIONS = ("config", "fp32", "bf16", "auto")  # trainer/dsconfig.py with_prec
 TEACHER_DTYPES = ("auto", "fp32", "bf16")
 DISTILL_INITS = ("auto", "teacher", "random")
 COMPILE_MODES = ("off", "model", "step")  # trainer/compiling.py
+ENGINES = ("auto", "torch", "deepspeed")  # trainer/engine.py
 DEFAULT_MAX_STEPS = 1000
 MASK_RATES = (0.05, 0.5)  # the --mask-rate range (trainer/masking.py)
 
@@ -69,6 +70,13 @@ class TrainConfig:
         "config (as the DeepSpeed JSON says), fp32, bf16, or auto (bf16 where the device "
         "has it natively: CUDA with bf16, a CPU with AVX512-BF16 or AMX; else fp32)",
         choices=PRECISIONS,
+    )
+    # trainer/engine.py: auto runs a JSON without ZeRO, offload or fp16 on torch's engine.
+    engine: str = option(
+        "auto",
+        "auto (torch's engine where the DeepSpeed JSON asks for no ZeRO partitioning, "
+        "offload or fp16; else DeepSpeed's), torch, or deepspeed",
+        choices=ENGINES,
     )
     # A preset name (tiny ... large; vocab_size and pad id taken from the shards' manifest)
     # or a Hugging Face style config.json (used as is, and checked against the manifest).
@@ -241,6 +249,8 @@ class TrainConfig:
                 raise ValueError(f"--{_flag(name)} must be an int >= {low}, got {value!r}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"--precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"--engine must be one of {ENGINES}, got {self.engine!r}")
         if self.compile not in COMPILE_MODES:
             raise ValueError(f"--compile must be one of {COMPILE_MODES}, got {self.compile!r}")
         if self.masking not in MASKING:

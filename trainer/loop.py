@@ -56,6 +56,7 @@ from .data import PretrainingStream, StreamSpec, make_loader
 from .distillation import Distiller, check_resumed_teacher
 from .dsconfig import load_ds_config, precision, resolve_ds_config, with_precision
 from .dskeys import check_keys
+from .engine import TorchEngine, check_resumed_engine, choose_engine
 from .evaluate import baselines
 from .schedule import time_budget_scheduler
 from .signals import StopRequest, grace_warning
@@ -134,6 +135,7 @@ class Trainer:
             ds, info.world_size, config.step_limit or 0, where=where
         )
         compiling.check_zero(self.ds, config.compile, where=where)
+        self.engine_name, self.engine_why = choose_engine(config.engine, self.ds, where=where)
         self.scheduler_factory = (  # None: DeepSpeed builds the JSON's scheduler
             time_budget_scheduler(self.ds, config.budget_s, where=where)
             if config.budget_s is not None
@@ -175,7 +177,8 @@ class Trainer:
             checkpoint.remove_incomplete(self.config.output_dir)
             checkpoint.check_free_space(directory, tag, self.config.output_dir)
         saved = checkpoint.read_state(directory, tag)
-        if saved is not None:  # trainer_state.json: the data and batch, readable before loading
+        if saved is not None:  # trainer_state.json: engine, data and batch, before loading
+            check_resumed_engine(saved, self.engine_name, self.engine_why, f"{directory}/{tag}")
             prepare.check_resumed_data(self.config, self.fingerprint, saved, f"{directory}/{tag}")
             change = prepare.batch_change(saved, self.sizes)
             if change and self.info.is_main:
@@ -200,29 +203,33 @@ class Trainer:
             logger.info("model config: %s", json.dumps(self.model_config.to_dict(), sort_keys=True))
             logger.info("batch: %s, world size %d", self.sizes, self.info.world_size)
             logger.info("precision: %s (--precision %s)", self.precision, self.config.precision)
+            ranks = "one rank" if self.info.world_size == 1 else f"{self.info.world_size} ranks"
+            how = "DDP over " + ranks if self.info.world_size > 1 else ranks
+            if self.engine_name == "deepspeed":
+                stage = (self.ds.get("zero_optimization") or {}).get("stage", 0)
+                how = f"ZeRO stage {stage}, {ranks}"
+            logger.info("engine: %s (%s; %s)", self.engine_name, how, self.engine_why)
 
     def build_engine(self) -> None:
-        import deepspeed
-
         model = prepare.build_model(self.config, self.model_config, self.info.device.type)
-        if self.distiller is not None:  # outside DeepSpeed: no optimizer, checkpoint, ZeRO
+        if self.distiller is not None:  # outside the engine: no optimizer, checkpoint, ZeRO
             self.distiller.prepare(model, self.info.device, fresh=self.resume is None)
-        ops.announce_optimizer(self.ds)  # its op may be compiled first: say so
-        with _without_scheduler_start_warning():
-            self.engine, *_ = deepspeed.initialize(
-                model=model,
-                model_parameters=prepare.param_groups(model),
-                config=self.ds,
-                lr_scheduler=self.scheduler_factory,
-            )
+        self.own_grad_norm = False
+        if self.engine_name == "torch":  # trainer/engine.py
+            with _without_scheduler_start_warning():
+                self.engine = TorchEngine(
+                    model,
+                    prepare.param_groups(model),
+                    self.ds,
+                    device=self.info.device,
+                    world_size=self.info.world_size,
+                    rank=self.info.rank,
+                    accumulation=self.sizes.accumulation,
+                    scheduler_factory=self.scheduler_factory,
+                )
+        else:
+            self._deepspeed_engine(model)
         compiling.apply(self.engine, self.config)  # --compile: in place (trainer/compiling.py)
-        # DeepSpeed reports no gradient norm for fp32 without ZeRO (it clips, then drops it).
-        self.own_grad_norm = self.engine.zero_optimization_stage() == 0 and self.precision == "fp32"
-        if self.own_grad_norm and self.info.world_size == 1:
-            # Averaging gradients over one process is the identity, but DeepSpeed still
-            # flattens, all-reduces and copies them back (bench/train_speed.py times the
-            # trainer's step against the bare one; give it a ZeRO-0 fp32 --ds-config).
-            self.engine.enable_backward_allreduce = False
         self.state = RunState()
         self._first_bad: torch.Tensor | None = None  # _note_non_finite's, on the device
         resume = self.resume
@@ -242,6 +249,25 @@ class Trainer:
             self.info.world_size,
             derive_seed(self.config.seed, "dropout", self.info.rank, saved["step"]),
         )
+
+    def _deepspeed_engine(self, model: torch.nn.Module) -> None:
+        import deepspeed
+
+        ops.announce_optimizer(self.ds)  # its op may be compiled first: say so
+        with _without_scheduler_start_warning():
+            self.engine, *_ = deepspeed.initialize(
+                model=model,
+                model_parameters=prepare.param_groups(model),
+                config=self.ds,
+                lr_scheduler=self.scheduler_factory,
+            )
+        # DeepSpeed reports no gradient norm for fp32 without ZeRO (it clips, then drops it).
+        self.own_grad_norm = self.engine.zero_optimization_stage() == 0 and self.precision == "fp32"
+        if self.own_grad_norm and self.info.world_size == 1:
+            # Averaging gradients over one process is the identity, but DeepSpeed still
+            # flattens, all-reduces and copies them back (bench/train_speed.py times the
+            # trainer's step against the bare one; give it a ZeRO-0 fp32 --ds-config).
+            self.engine.enable_backward_allreduce = False
 
     def _loader(self):
         spec = StreamSpec(
@@ -471,6 +497,7 @@ class Trainer:
             "train_seconds": s.train_s,
             "skipped_shards": self.shards.skipped,
             "teacher": None if self.distiller is None else self.distiller.identity,
+            "engine": self.engine_name,
         }
         files = {
             "config.json": self.model_config.to_dict(),

@@ -34,27 +34,65 @@ def test_the_counters_see_ops_and_reads_at_their_call_site():
     assert torch.Tensor.item is not None and "read" not in torch.Tensor.item.__qualname__
 
 
-@pytest.fixture(scope="module")
-def rows(tmp_path_factory):
-    """bench/step_overhead.py's rows for the shipped GPU configs, on the micro-BERT."""
+GPU_CONFIGS = ("gpu.json", "zero2.json", "zero3.json")
+
+
+def bench_rows(*argv: str) -> list[dict]:
     import contextlib
     import io
 
     out = io.StringIO()
-    configs = [str(ROOT / "deploy" / name) for name in ("zero2.json", "zero3.json")]
     with contextlib.redirect_stdout(out):
-        step_overhead.main(["--ds-config", *configs, "--steps", "1", "--count-steps", "1"])
+        step_overhead.main([*argv, "--steps", "1", "--count-steps", "1"])
     return [json.loads(line) for line in out.getvalue().splitlines() if line.startswith("{")]
 
 
+@pytest.fixture(scope="module")
+def rows():
+    """bench/step_overhead.py's rows for the shipped GPU configs, on the micro-BERT."""
+    return bench_rows("--ds-config", *(str(ROOT / "deploy" / name) for name in GPU_CONFIGS))
+
+
+def first_gpu_config() -> str:
+    """The config deploy/README.md's commands give first for a one-node GPU launch."""
+    import re
+
+    text = (ROOT / "deploy" / "README.md").read_text()
+    one_node = (
+        r"# one node, \d+ GPUs\ndeepspeed --num_gpus \d+ trainer/run.py --ds-config deploy/(\S+)"
+    )
+    return re.search(one_node, text).group(1)
+
+
 def test_every_arm_is_counted(rows):
-    assert [Path(row["ds_config"]).name for row in rows] == ["zero2.json", "zero3.json"]
+    assert [Path(row["ds_config"]).name for row in rows] == list(GPU_CONFIGS)
     for row in rows:
         assert row["bare"]["ops_per_step"] > 1000 and row["trainer"]["ops_per_step"] > 1000
         assert row["ops_ratio"] == pytest.approx(
             row["trainer"]["ops_per_step"] / row["bare"]["ops_per_step"], abs=1e-3
         )
         assert row["dtype"] == "bfloat16" and row["threads"] == 1
+
+
+def test_the_first_gpu_config_steps_at_its_models_cost(rows):
+    """Issue 52's targets, counted (not timed) on the micro-BERT, for the config a one-node
+    GPU launch is given first: the trainer's aten ops per optimizer step at most 1.25x the
+    bare model step's, and no device read on a non-log step but at most 2 (in DeepSpeed or
+    torch; none in the trainer, tested below). DeepSpeed's ZeRO-2 engine measured 2.66x and
+    4 reads (docs/results.md)."""
+    first = first_gpu_config()
+    (row,) = [r for r in rows if Path(r["ds_config"]).name == first]
+    assert row["engine"] == "torch"
+    assert row["ops_ratio"] <= 1.25, row["ops_ratio"]
+    assert len(device_reads(row, inside=("",))) <= 2, row["trainer"]["read_sites"]
+
+
+def test_an_accumulation_micro_step_costs_a_forward_and_backward():
+    """Each micro-step past the first of an optimizer step dispatches at most 1.1x the ops of
+    a plain forward and backward (the gradient hooks and bucket copies of ZeRO-2 made it
+    2.2x)."""
+    (row,) = bench_rows("--ds-config", str(ROOT / "deploy" / first_gpu_config()), "--accum", "2")
+    assert row["extra_micro_ratio"] <= 1.1, (row["extra_micro_ops"], row["fwd_bwd_ops"])
 
 
 def test_shipped_gpu_configs_do_not_synchronize_to_time_steps(rows):
@@ -68,8 +106,7 @@ def test_shipped_gpu_configs_do_not_synchronize_to_time_steps(rows):
 def test_zero2_does_not_check_gradients_for_overflow(rows):
     # bf16.check_grad_overflow (deploy/README.md): an inf/NaN check of every gradient
     # partition and a device read a step, to skip steps the trainer stops on instead.
-    zero2 = rows[0]
-    assert Path(zero2["ds_config"]).name == "zero2.json"
+    (zero2,) = [r for r in rows if Path(r["ds_config"]).name == "zero2.json"]
     overflow = [s for s in zero2["trainer"]["read_sites"] if "has_overflow" in s]
     assert not overflow, overflow
 
@@ -82,18 +119,25 @@ HOST_SIDE = {
 }
 
 
+def device_reads(row: dict, inside=(" @ trainer/",)) -> list[str]:
+    """The read sites of a row's trainer arm in code under ``inside``, host-side ones left
+    out; each is named once per read a step."""
+    sites = row["trainer"]["read_sites"]
+    return [
+        site
+        for site, count in sites.items()
+        for _ in range(round(count))
+        if any(part in site for part in inside)
+        and not any(
+            f"@ {path}:" in site and site.rsplit(" ", 1)[-1] in functions
+            for path, functions in HOST_SIDE.items()
+        )
+    ]
+
+
 def test_the_trainer_reads_nothing_from_the_device_on_a_non_log_step(rows):
     # Its clock and stop signal are agreed on the host, and the non-finite flag stays on
     # the device until a step that reads it anyway (trainer/loop.py). A `.item()` or a
     # `float(tensor)` added to the step fails here, named by its call site.
     for row in rows:
-        ours = [site for site in row["trainer"]["read_sites"] if " @ trainer/" in site]
-        device_reads = [
-            site
-            for site in ours
-            if not any(
-                f"@ {path}:" in site and site.rsplit(" ", 1)[-1] in functions
-                for path, functions in HOST_SIDE.items()
-            )
-        ]
-        assert not device_reads, (row["ds_config"], device_reads)
+        assert not device_reads(row), (row["ds_config"], device_reads(row))
