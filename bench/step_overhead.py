@@ -1,7 +1,7 @@
 """The host work of one optimizer step: the trainer's against the bare model step's, on the
 trainer's own batches, in one process.
 
-    python bench/step_overhead.py                                  # deploy/zero2.json
+    python bench/step_overhead.py                                  # deploy/gpu.json
     python bench/step_overhead.py --ds-config deploy/zero2.json deploy/zero3.json deploy/cpu.json
     python bench/step_overhead.py --preset tiny --batch 8          # a real model
 

@@ -5,7 +5,8 @@
 #
 #   import       torch sees the GPU, DeepSpeed and the trainer import (no op is compiled)
 #   overhead     bench/step_overhead.py for each of PRESETS at seq 128 with the trainer's micro
-#                batch: the trainer's step (deploy/zero2.json, and zero3.json) beside the bare
+#                batch: the trainer's step (deploy/gpu.json on the torch engine, zero2.json and
+#                zero3.json on DeepSpeed's) beside the bare
 #                model step on the same batches: aten ops a step, host reads by call site,
 #                the syncs CUDA reports (set_sync_debug_mode "warn") and both arms' sequences/s
 #   smoke        tiny: steps with a checkpoint, a resume to twice as many, the HF export
@@ -15,7 +16,8 @@
 #                <= 2e-3: fp32 reductions in another order, compounding over the updates),
 #                and bf16 unpadded against bf16 padded (<= 3e-2: bf16 keeps 8 bits of
 #                mantissa, 0.4% per rounding)
-#   speed        sequences/s and MFU of trainer/run.py (bf16, ZeRO-2 from deploy/zero2.json)
+#   speed        sequences/s and MFU of trainer/run.py (bf16, DS_BASE: deploy/gpu.json, the
+#                torch engine; DS_BASE=deploy/zero2.json measures DeepSpeed's ZeRO-2)
 #                for each of PRESETS (base large) x SEQS (128; 512 too if time allows), with
 #                the unpadded encoder (--unpad true) and the padded reference path (--unpad
 #                false, the trainer's default on CUDA: deploy/README.md), then
@@ -97,6 +99,7 @@ export STEPS="${STEPS:-150}" LOG_EVERY="${LOG_EVERY:-25}" PRESETS="${PRESETS:-ba
 export SEQS="${SEQS:-128}" ROWS="${ROWS:-16384}" SMOKE_STEPS="${SMOKE_STEPS:-10}"
 export CHECK_STEPS="${CHECK_STEPS:-50}"
 export TORCH_ADAM="${TORCH_ADAM:-1}"
+export DS_BASE="${DS_BASE:-deploy/gpu.json}"  # the speed, smoke and correctness runs' recipe
 export COMPILE_SEQS="${COMPILE_SEQS:-128}" COMPILE_UNPADS="${COMPILE_UNPADS:-true false}"
 
 torch_adam() { if [[ "$TORCH_ADAM" == 1 ]]; then echo true; else echo false; fi; }
@@ -137,7 +140,7 @@ shards() {  # seq [rows] -> the directory of synthetic shards (written once per 
 }
 
 ds_json() {  # name micro precision -> a DeepSpeed JSON for one run
-    python bench/gpu_bench.py ds-config deploy/zero2.json "$WORK/ds-$1.json" --micro "$2" \
+    python bench/gpu_bench.py ds-config "$DS_BASE" "$WORK/ds-$1.json" --micro "$2" \
         --gpus "$(gpus)" --torch-adam "$(torch_adam)" --precision "$3"
     echo "$WORK/ds-$1.json"
 }
@@ -172,13 +175,14 @@ overhead_runs() {  # one JSON line per preset and DeepSpeed config, into overhea
     if [[ "$TORCH_ADAM" == 1 ]]; then adam=(--torch-adam); fi
     if [[ "$DEVICE" == cpu ]]; then
         # The micro-BERT: on CPU the stage checks that the bench runs.
-        python bench/step_overhead.py --steps 2 --count-steps 1 --ds-config deploy/zero2.json \
-            "${adam[@]}" | grep "^{" | tee -a "$RES/overhead.jsonl" || failed=1
+        python bench/step_overhead.py --steps 2 --count-steps 1 \
+            --ds-config deploy/gpu.json deploy/zero2.json "${adam[@]}" | grep "^{" | tee -a "$RES/overhead.jsonl" || failed=1
         return $failed
     fi
     for preset in $PRESETS; do
         python bench/step_overhead.py --preset "$preset" --batch "$(micro_for "$preset" 128)" \
-            --ds-config deploy/zero2.json deploy/zero3.json --steps 20 --count-steps 1 \
+            --ds-config deploy/gpu.json deploy/zero2.json deploy/zero3.json --steps 20 \
+            --count-steps 1 \
             "${adam[@]}" | grep "^{" | tee -a "$RES/overhead.jsonl" || failed=1
     done
     return $failed

@@ -56,7 +56,7 @@ def parse_unpad(text: str) -> bool | str:
 class TrainConfig:
     """Everything ``trainer/run.py`` takes besides the DeepSpeed JSON (saved with each checkpoint)."""
 
-    # deploy/zero2.json, deploy/cpu.json, ... (trainer/dsconfig.py)
+    # deploy/gpu.json, deploy/cpu.json, deploy/zero2.json, ... (trainer/dsconfig.py)
     ds_config: str = option(
         help="DeepSpeed JSON: precision, ZeRO, batch sizes, optimizer, schedule"
     )

@@ -3,7 +3,8 @@
 Order of a run (every rank): check paths, the DeepSpeed JSON's keys (trainer/dskeys.py) and
 its batch sizes against the world size, open and check the shards, resolve the model config
 against the manifest (and the checkpoint's, with ``--resume``: model and data must be
-the same), build the model, ``deepspeed.initialize``, load the checkpoint named by
+the same), build the model and its engine (trainer/engine.py: torch's, or
+``deepspeed.initialize``), load the checkpoint named by
 ``--resume`` (saved on another number of ranks: its universal conversion, made once by
 rank 0, trainer/universal.py), then train until
 ``--max-steps`` optimizer steps, and finally save a checkpoint and (rank 0) export it to

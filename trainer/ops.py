@@ -111,7 +111,8 @@ def announce_optimizer(ds: dict[str, Any]) -> None:
 
 def build(ds: dict[str, Any]) -> list[str]:
     """Compile now, once, the ops a run of DeepSpeed config ``ds`` will load (on CPU the
-    shared-memory all-reduce; the optimizer's, if it has one), so that a launch later pays
+    shared-memory all-reduce; the optimizer's, if DeepSpeed's engine runs ``ds`` under
+    ``--engine auto``: trainer/engine.py), so that a launch later pays
     only their import: the quickstart builds them before training's budget is set, the
     tests before any launch they time. Returns the builders' names; an op already built
     costs nothing.
@@ -121,7 +122,10 @@ def build(ds: dict[str, Any]) -> list[str]:
 
     use_environment_cache()  # where the trainer will look for them
     names = [] if torch.cuda.is_available() else ["ShareMemCommBuilder"]
-    names += [b for b in [optimizer_builder(ds)] if b is not None]
+    from .engine import deepspeed_only
+
+    if deepspeed_only(ds) is not None:  # else --engine auto runs torch's own AdamW
+        names += [b for b in [optimizer_builder(ds)] if b is not None]
     for name in names:
         if compile_directory(name) is not None:
             print(f"building DeepSpeed op {name} (once; cached)", flush=True)

@@ -1,4 +1,4 @@
-"""Pretrain BERT (MLM + NSP) on the pipeline's shards with DeepSpeed ZeRO.
+"""Pretrain BERT (MLM + NSP) on the pipeline's shards: torch's engine (DDP) or DeepSpeed ZeRO.
 
 One process (CPU, or one GPU)::
 
@@ -8,11 +8,11 @@ One process (CPU, or one GPU)::
 One node, 8 GPUs; several nodes, one launcher per node (hostfile: deploy/hostfile.example;
 SLURM: deploy/slurm.sbatch; with ssh between the nodes, the first one starts them all)::
 
-    deepspeed --num_gpus 8 trainer/run.py --ds-config deploy/zero2.json --data shards/ \\
+    deepspeed --num_gpus 8 trainer/run.py --ds-config deploy/gpu.json --data shards/ \\
         --model large --output-dir runs/large --max-steps 100000 --save-every 1000
     deepspeed --hostfile deploy/hostfile --no_ssh --node_rank 0 --master_addr node-01 \\
-        --master_port 29500 trainer/run.py --ds-config deploy/zero2.json ...   # node 1: --node_rank 1
-    deepspeed --hostfile deploy/hostfile trainer/run.py --ds-config deploy/zero2.json ...
+        --master_port 29500 trainer/run.py --ds-config deploy/gpu.json ...   # node 1: --node_rank 1
+    deepspeed --hostfile deploy/hostfile trainer/run.py --ds-config deploy/gpu.json ...
 
 Two CPU ranks: ``DS_ACCELERATOR=cpu deepspeed --num_gpus 2 trainer/run.py ...``. Resume:
 ``--resume auto`` (the latest checkpoint of --output-dir, if any; on another number of

@@ -54,3 +54,18 @@ def test_each_python_environment_has_its_own_extensions_cache(tmp_path):
     assert ops.use_environment_cache(again, str(tmp_path / ".venv")) == one["TORCH_EXTENSIONS_DIR"]
     named = {"TORCH_EXTENSIONS_DIR": str(tmp_path)}  # the user's choice stays
     assert ops.use_environment_cache(named, str(tmp_path / ".venv")) == str(tmp_path)
+
+
+def test_a_config_the_torch_engine_runs_builds_no_deepspeed_optimizer_op(monkeypatch):
+    """deploy/gpu.json names DeepSpeed's default AdamW (FusedAdam on CUDA, a compiler and a
+    minute); --engine auto runs it on torch's fused AdamW, so no op is built for it."""
+    import json
+
+    from tests.helpers import REPO
+
+    monkeypatch.setattr(ops, "compile_directory", lambda name: None)  # build nothing here
+    configs = {n: json.loads((REPO / "deploy" / n).read_text()) for n in ("gpu.json", "zero2.json")}
+    deepspeeds = ops.optimizer_builder(configs["zero2.json"])
+    assert deepspeeds is not None and deepspeeds == ops.optimizer_builder(configs["gpu.json"])
+    assert deepspeeds in ops.build(configs["zero2.json"])
+    assert deepspeeds not in ops.build(configs["gpu.json"])
