@@ -149,8 +149,13 @@ def test_gpu_bench_runs_every_stage_on_cpu(tmp_path):
     assert compiled["compiled_graphs"] > 0 and compiled["first_step_s"] > 0
     assert "tiny" in (res / "table.txt").read_text()
     assert "resumed from" in (res / "smoke.log").read_text() + done.stdout
-    (overhead,) = [json.loads(line) for line in (res / "overhead.jsonl").read_text().splitlines()]
-    assert overhead["bare"]["ops_per_step"] > 0 and overhead["trainer"]["ops_per_step"] > 0
+    overhead = [json.loads(line) for line in (res / "overhead.jsonl").read_text().splitlines()]
+    assert [(Path(r["ds_config"]).name, r["engine"]) for r in overhead] == [
+        ("gpu.json", "torch"),
+        ("zero2.json", "deepspeed"),
+    ]
+    assert all(r["bare"]["ops_per_step"] > 0 and r["trainer"]["ops_per_step"] > 0 for r in overhead)
+    assert "engine: torch (one rank; --engine auto" in (res / "smoke.log").read_text()
 
 
 @pytest.mark.parametrize("torch_adam", [True, False])
