@@ -29,6 +29,7 @@ class FinetuneConfig:
     train: str = option(help="training file (.jsonl/.json or .csv)")
     eval: str = option(help="evaluation file (.jsonl/.json or .csv), after every epoch")
     output_dir: str | None = option(None, "write the model, tokenizer and results here")
+    overwrite: bool = option(False, "write over an earlier result in --output-dir")
     epochs: int = option(3, "passes over --train (unless --max-steps)")
     max_steps: int = option(0, "stop after this many optimizer steps; 0: --epochs decide")
     lr: float = option(3e-5, "peak learning rate, after warmup")

@@ -185,12 +185,35 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+# What a finished fine-tune leaves in --output-dir (with the model's own files).
+RESULT_FILES = ("eval_results.json", "finetune_config.json")
+
+
+def check_output_dir(cfg: FinetuneConfig) -> None:
+    """Refuse, before any work, an --output-dir that holds an earlier fine-tune's result
+    (its model would be replaced at the end) unless --overwrite.
+
+    Raises:
+        ValueError: naming the file found and the flag.
+    """
+    if cfg.output_dir is None or cfg.overwrite:
+        return
+    for name in RESULT_FILES:
+        if Path(cfg.output_dir, name).is_file():
+            raise ValueError(
+                f"{Path(cfg.output_dir, name)}: --output-dir holds an earlier fine-tune's "
+                f"result, which this run would replace; nothing was changed. Give another "
+                f"--output-dir, or add --overwrite to replace it"
+            )
+
+
 def run(cfg: FinetuneConfig) -> dict:
     """Load, fine-tune, evaluate and save; returns the final eval metrics.
 
     Raises:
         DataError: a bad train/eval file. FileNotFoundError / ValueError: a bad --init.
     """
+    check_output_dir(cfg)
     cls = MODELS[cfg.task]
     bert, architecture, head = read_hf_config(cfg.init)
     tokenizer = load_tokenizer(cfg.init)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import itertools
-import json
 import logging
 import math
 import os
@@ -32,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline.options import CommandParser
+from report.records import read_current
 
 logger = logging.getLogger(__name__)
 
@@ -46,24 +46,16 @@ EPOCH_LABEL = "end of an epoch"
 
 
 def read_metrics(path: str | os.PathLike) -> tuple[list[dict], list[dict]]:
-    """(train records, eval records) of a metrics.jsonl; blank or torn last lines are skipped.
+    """(train records, eval records) of a metrics.jsonl's current run (report/records.py:
+    none of a run started over in the same directory, none a resume did again); blank or
+    torn lines are skipped.
 
     Raises:
         FileNotFoundError: no such file.
     """
     train, evaluation = [], []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                logger.warning(
-                    "%s: line %d is not JSON (a run killed mid-write?); skipped", path, number
-                )
-                continue
-            (evaluation if record.get("split") == "eval" else train).append(record)
+    for record in read_current(path):
+        (evaluation if record.get("split") == "eval" else train).append(record)
     return train, evaluation
 
 

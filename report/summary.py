@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline.options import CommandParser
+from report.records import read_current
 from report.stages import stage_lines
 
 MARGIN = 0.05  # accuracy above the trivial baseline that counts as learned
@@ -288,18 +289,13 @@ def path_lines(run: Path, train: Path) -> list[str]:
 
 
 def read_records(path: Path) -> list[dict]:
-    """The records of a metrics.jsonl; a torn last line (a killed run) is skipped.
+    """The records of a metrics.jsonl's current run (report/records.py); torn lines (a killed
+    run's last) are skipped.
 
     Raises:
         FileNotFoundError: no such file.
     """
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
+    return read_current(path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -29,6 +29,7 @@ import errno
 import json
 import logging
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -186,6 +187,108 @@ def remove_incomplete(output_dir: str) -> list[str]:
             directory,
         )
     return removed
+
+
+def kept(output_dir: str) -> dict[int, Path]:
+    """The complete checkpoints under ``output_dir``: {step: directory}, by step."""
+    found = {}
+    for path in Path(output_dir, CHECKPOINTS).glob("step*"):
+        match = re.fullmatch(r"step(\d+)", path.name)
+        if match and (path / STATE_FILE).is_file():
+            found[int(match.group(1))] = path
+    return dict(sorted(found.items()))
+
+
+# What a run writes beside its checkpoints; --overwrite removes them with the checkpoints when
+# it starts over (its logs/ stay: each process's log appends).
+RUN_OUTPUTS = ("metrics.jsonl", "tensorboard", "hf", "plots", "samples-rank*.txt")
+
+
+def check_start(
+    output_dir: str,
+    resume: tuple[str, str] | None,
+    *,
+    overwrite: bool,
+    resume_command: str,
+    overwrite_command: str,
+) -> list[Path]:
+    """Refuse a start that would leave ``latest`` below a kept checkpoint, or say what
+    ``--overwrite`` removes so it does not.
+
+    A fresh start (``resume`` None) in an ``output_dir`` that holds checkpoints would train
+    from step 0 beside them and repoint ``latest`` at its own: the natural mistake of running
+    a stopped run's command again without ``--resume auto``. A resume from an earlier
+    checkpoint than ``output_dir`` keeps would do the same from that step. Either is refused
+    with the two commands that say what the user meant, unless ``overwrite``.
+
+    Returns:
+        What rank 0 removes (:func:`start_over`) before anything is written: the later
+        checkpoints (and their universal conversions); on a fresh start, the run's other
+        outputs too (:data:`RUN_OUTPUTS`). Empty when the start conflicts with nothing.
+
+    Raises:
+        ValueError: a conflict without ``overwrite``; its message names both commands.
+    """
+    steps = kept(output_dir)
+    start = 0 if resume is None else _step_of(*resume)
+    later = [path for step, path in steps.items() if step > start]
+    if not later:
+        return []
+    if not overwrite:
+        resume_command = resume_command or "the same command with --resume auto"
+        overwrite_command = overwrite_command or "the same command with --overwrite"
+        where = Path(output_dir, CHECKPOINTS)
+        names = ", ".join(path.name for path in later[-3:])
+        if len(later) > 3:
+            names = f"{len(later)} checkpoints, the last {names}"
+        if resume is None:
+            problem = (
+                f"{where} holds an earlier run's checkpoints ({names}): a fresh run would "
+                f"train from step 0 beside them and repoint '{LATEST}' at its own"
+            )
+            choice = "start over, deleting them and that run's metrics, TensorBoard logs, plots and export"
+        else:
+            problem = (
+                f"{where} holds checkpoints past step {start}, the one --resume names "
+                f"({names}): resuming it there would repoint '{LATEST}' below them"
+            )
+            choice = f"resume step {start} as asked, deleting them"
+        raise ValueError(
+            f"{problem}. Nothing was changed. To continue from the latest:\n"
+            f"  {resume_command}\nor, to {choice}:\n  {overwrite_command}"
+        )
+    gone = [*later, *(path.with_name(universal_tag(path.name)) for path in later)]
+    if resume is None:
+        gone += [p for pattern in RUN_OUTPUTS for p in sorted(Path(output_dir).glob(pattern))]
+    return [path for path in gone if path.exists()]
+
+
+def start_over(output_dir: str, paths: list[Path], resume: tuple[str, str] | None) -> None:
+    """Remove ``paths`` (from :func:`check_start`; rank 0, before anything is written) and
+    point ``latest`` at the checkpoint resumed from when it is one of ``output_dir``'s, or
+    remove it."""
+    if not paths:
+        return
+    latest = Path(output_dir, CHECKPOINTS, LATEST)
+    ours = resume is not None and Path(resume[0]).resolve() == latest.parent.resolve()
+    if ours:  # first: a kill from here on leaves 'latest' naming a checkpoint
+        write_text_atomic(latest, resume[1])
+    else:
+        latest.unlink(missing_ok=True)
+    for path in paths:
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    logger.warning("--overwrite: removed %s from %s", ", ".join(p.name for p in paths), output_dir)
+
+
+def _step_of(directory: str, tag: str) -> int:
+    state = read_state(directory, tag)
+    if state is not None:
+        return int(state["step"])
+    match = re.match(r"step(\d+)", tag)
+    return int(match.group(1)) if match else 0
 
 
 def check_free_space(directory: str, tag: str, output_dir: str) -> None:

@@ -105,6 +105,13 @@ class TrainConfig:
     resume: str | None = option(
         None, "'auto' (latest checkpoint of --output-dir, if any) or a checkpoint path"
     )
+    # trainer/checkpoint.py check_start: a start that would train beside later checkpoints
+    # of --output-dir (running a stopped run's command again without --resume) is refused.
+    overwrite: bool = option(
+        False,
+        "start as asked in an --output-dir holding later checkpoints: delete them (and, "
+        "on a fresh start, the run's metrics, TensorBoard logs, plots and export)",
+    )
     # E.g. phase 1 -> phase 2.
     init_from_hf: str | None = option(
         None, "initial weights from a Hugging Face BertForPreTraining directory"
@@ -279,6 +286,7 @@ class TrainConfig:
             "export_hf",
             "record_samples",
             "distill_nsp",
+            "overwrite",
             "verbose",
         ):
             if not isinstance(getattr(self, name), bool):

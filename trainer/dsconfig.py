@@ -129,6 +129,27 @@ def resolve_ds_config(
     return out, sizes
 
 
+def warmup_warning(ds: dict[str, Any], steps: int | None) -> str | None:
+    """A warning when the JSON's warmup takes half or more of a run of ``steps`` optimizer
+    steps (None: a time budget, whose warmup is checked by nobody), else None: such a run
+    spends most of its updates at a low learning rate and ends near where it began.
+
+    Example: warmup_num_steps 100 and 100 steps -> a warning that the whole run warms up.
+    """
+    scheduler = ds.get("scheduler")
+    if not steps or not isinstance(scheduler, dict):
+        return None
+    warmup = scheduler.get("params", {}).get("warmup_num_steps")
+    if not isinstance(warmup, int) or warmup * 2 < steps:
+        return None
+    share = "the whole run warms up" if warmup >= steps else f"{warmup / steps:.0%} of it warms up"
+    return (
+        f"the scheduler's warmup_num_steps {warmup} against --max-steps {steps}: {share}, "
+        f"so the learning rate spends the run below its peak and the model learns little; "
+        f"give more steps, or a DeepSpeed JSON with a shorter warmup"
+    )
+
+
 def precision(ds: dict[str, Any]) -> str:
     """ "bf16", "fp16" or "fp32", as the JSON enables them."""
     for name in ("bf16", "fp16"):

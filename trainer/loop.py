@@ -43,6 +43,7 @@ import contextlib
 import json
 import logging
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,7 +56,13 @@ from . import checkpoint, compiling, distributed, masking, metrics, ops, prepare
 from .config import TrainConfig
 from .data import PretrainingStream, StreamSpec, make_loader
 from .distillation import Distiller, check_resumed_teacher
-from .dsconfig import load_ds_config, precision, resolve_ds_config, with_precision
+from .dsconfig import (
+    load_ds_config,
+    precision,
+    resolve_ds_config,
+    warmup_warning,
+    with_precision,
+)
 from .dskeys import check_keys
 from .engine import TorchEngine, check_resumed_engine, choose_engine
 from .evaluate import baselines
@@ -109,6 +116,9 @@ class RunState:
     out_of_time: bool = False
     stopped_by: int | None = None  # the signal all ranks agreed to stop on (trainer/signals.py)
     grad_norm: float | None = None  # computed here only where DeepSpeed reports none
+    # The run's id in every metrics record (report/records.py): new on a fresh start, the
+    # checkpoint's on a resume (None for a checkpoint from before run ids were saved).
+    run_id: str | None = None
     first_step_s: float | None = None  # this run's first step, compiling included
     counts: torch.Tensor | None = None  # device counts since the last log
     host: list[float] = field(default_factory=lambda: [0.0] * len(metrics.HOST_COUNTS))
@@ -136,6 +146,9 @@ class Trainer:
             ds, info.world_size, config.step_limit or 0, where=where
         )
         compiling.check_zero(self.ds, config.compile, where=where)
+        warning = warmup_warning(self.ds, config.step_limit)
+        if warning and info.is_main:
+            logger.warning("%s", warning)
         self.engine_name, self.engine_why = choose_engine(config.engine, self.ds, where=where)
         self.scheduler_factory = (  # None: DeepSpeed builds the JSON's scheduler
             time_budget_scheduler(self.ds, config.budget_s, where=where)
@@ -159,6 +172,17 @@ class Trainer:
             prepare.check_fit(self.model_config, self.eval_shards.manifest)
         self.fingerprint = prepare.data_fingerprint(self.shards)
         self.resume = checkpoint.find_resume(config.resume, config.output_dir)
+        replaced = checkpoint.check_start(
+            config.output_dir,
+            self.resume,
+            overwrite=config.overwrite,
+            resume_command=self.stop.resume,
+            overwrite_command=self.stop.overwrite,
+        )
+        if replaced:  # --overwrite: gone before anything is written (and before a resume)
+            if info.is_main:
+                checkpoint.start_over(config.output_dir, replaced, self.resume)
+            distributed.barrier()
         if self.resume is not None:
             self._check_resume(*self.resume)
         self.masker = masking.masker_for(self.shards, config)  # MLM shards: always one
@@ -236,6 +260,9 @@ class Trainer:
         resume = self.resume
         if resume is None:
             torch.manual_seed(derive_seed(self.config.seed, "dropout", self.info.rank))
+            self.state.run_id = distributed.gather_objects(uuid.uuid4().hex, self.info.world_size)[
+                0
+            ]
             return
         saved = checkpoint.load(self.engine, *resume)
         prepare.check_resumed_data(self.config, self.fingerprint, saved, "/".join(resume))
@@ -243,6 +270,7 @@ class Trainer:
         check_resumed_teacher(saved.get("teacher"), teacher, f"{resume[0]}/{resume[1]}")
         self.state.step, self.state.position = saved["step"], saved["position"]
         self.state.last_saved = saved["step"]
+        self.state.run_id = saved.get("run_id")
         self.state.clock_base = self.state.train_s = float(saved.get("train_seconds", 0.0))
         checkpoint.restore_rng(
             saved,
@@ -299,6 +327,7 @@ class Trainer:
             max_steps=c.step_limit,
             start_step=s.step,
             budget_s=c.budget_s,
+            run_id=s.run_id,
         )
         samples = self._samples_file()
         last: dict = {}
@@ -499,6 +528,7 @@ class Trainer:
             "skipped_shards": self.shards.skipped,
             "teacher": None if self.distiller is None else self.distiller.identity,
             "engine": self.engine_name,
+            "run_id": s.run_id,
         }
         files = {
             "config.json": self.model_config.to_dict(),

@@ -30,6 +30,7 @@ import logging
 import math
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -188,10 +189,14 @@ class MetricsWriter:
         max_steps: int | None,
         start_step: int,
         budget_s: float | None = None,
+        run_id: str | None = None,
     ):
         self.enabled = enabled
         self._jsonl = self._tb = self._bar = None
         self._exit = contextlib.ExitStack()
+        # In every record: which run and which process wrote it (report/records.py keeps the
+        # run as its checkpoints hold it from a file that holds more).
+        self._stamp = {"run_id": run_id, "segment": uuid.uuid4().hex[:12], "start_step": start_step}
         if not enabled:
             return
         Path(output_dir).mkdir(parents=True, exist_ok=True)
@@ -199,7 +204,9 @@ class MetricsWriter:
         try:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(str(Path(output_dir, "tensorboard")))
+            # A resume drops the events a killed run logged past its checkpoint.
+            purge = start_step + 1 if start_step else None
+            self._tb = SummaryWriter(str(Path(output_dir, "tensorboard")), purge_step=purge)
         except ImportError:  # tensorboard is a dependency, but a missing one must not stop a run
             logger.warning("tensorboard is not installed: no TensorBoard logs")
         if sys.stderr.isatty():
@@ -218,7 +225,7 @@ class MetricsWriter:
             k: (None if isinstance(v, float) and not math.isfinite(v) else v)
             for k, v in record.items()
         }
-        self._jsonl.write(json.dumps(record) + "\n")
+        self._jsonl.write(json.dumps({**record, **self._stamp}) + "\n")
         self._jsonl.flush()
         split, step = record.get("split", "train"), record["step"]
         if self._tb is not None:

@@ -167,7 +167,13 @@ def _stop_request(argv: list[str], config):
 
     launched = any(name in os.environ for name in _RANK_ENV)
     resume = how_to_resume(argv, sys.argv[0], launched)
-    return StopRequest(resume=resume, output_dir=config.output_dir, is_main=_launcher_rank() == 0)
+    overwrite = how_to_resume(argv, sys.argv[0], launched, overwrite=True)
+    return StopRequest(
+        resume=resume,
+        overwrite=overwrite,
+        output_dir=config.output_dir,
+        is_main=_launcher_rank() == 0,
+    )
 
 
 _RANK_ENV = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")

@@ -79,16 +79,37 @@ def _without(args: Sequence[str], flags: Sequence[str]) -> list[str]:
     return out
 
 
-def resume_command(prefix: Sequence[str], args: Sequence[str]) -> str:
+def _without_switch(args: Sequence[str], switch: str) -> list[str]:
+    """``args`` without a bool flag given as ``--switch``, ``--switch=v`` or ``--switch v``
+    (v a true/false word): ``(["--overwrite", "false", "--data", "s"], "--overwrite")`` ->
+    ``["--data", "s"]``."""
+    out, after = [], False
+    for arg in args:
+        if after and arg.lower() in ("true", "false", "yes", "no", "1", "0"):
+            after = False
+            continue
+        after = arg == switch
+        if not after and arg.split("=")[0] != switch:
+            out.append(arg)
+    return out
+
+
+def resume_command(prefix: Sequence[str], args: Sequence[str], *, overwrite: bool = False) -> str:
     """The shell command that continues a run: ``prefix``, then ``args`` without any
-    ``--resume``, then ``--resume auto``.
+    ``--resume`` or ``--overwrite``, then ``--resume auto``. With ``overwrite``, the command that runs as asked
+    over what the output directory holds: ``args`` as they are, then ``--overwrite``
+    (trainer/checkpoint.py check_start).
 
     Example: ``(["python", "trainer/run.py"], ["--data", "my shards", "--resume=x"])``
     -> ``"python trainer/run.py --data 'my shards' --resume auto"``. A launcher of one node of
     several (``deepspeed --no_ssh --node_rank 0``: rank 0's) gets a note that every node
     runs it with its own ``--node_rank``.
     """
-    command = shlex.join([*prefix, *_without(args, ("--resume",)), "--resume", "auto"])
+    if overwrite:
+        command = shlex.join([*prefix, *_without_switch(args, "--overwrite"), "--overwrite"])
+    else:
+        args = _without_switch(_without(args, ("--resume",)), "--overwrite")
+        command = shlex.join([*prefix, *args, "--resume", "auto"])
     if "--no_ssh" in prefix:
         command += "\n  (on every node, each with its own --node_rank; under SLURM: sbatch again)"
     return command
@@ -135,8 +156,11 @@ def ancestor_cmdlines() -> list[list[str]]:
         return []
 
 
-def how_to_resume(argv: Sequence[str], script: str, launched: bool) -> str:
-    """The resume command of this run (module docstring), from its ancestors' command lines.
+def how_to_resume(
+    argv: Sequence[str], script: str, launched: bool, *, overwrite: bool = False
+) -> str:
+    """The resume command of this run (module docstring), from its ancestors' command lines;
+    with ``overwrite``, its command with ``--overwrite`` (:func:`resume_command`).
 
     Args:
         argv: this process's arguments after the script.
@@ -147,10 +171,10 @@ def how_to_resume(argv: Sequence[str], script: str, launched: bool) -> str:
     args = script_args(argv)
     prefix = launch_prefix(ancestor_cmdlines(), args, script)
     if prefix is not None:
-        return resume_command(prefix, args)
+        return resume_command(prefix, args, overwrite=overwrite)
     if launched:
-        return "<your launcher, as before> " + resume_command([script], args)
-    return resume_command(["python", "-m", "trainer.run"], args)
+        return "<your launcher, as before> " + resume_command([script], args, overwrite=overwrite)
+    return resume_command(["python", "-m", "trainer.run"], args, overwrite=overwrite)
 
 
 def grace_warning(step_s: float, save_s: float, grace_s: float) -> str | None:
@@ -191,6 +215,8 @@ class StopRequest:
 
     Args:
         resume: the command that continues the run (:func:`how_to_resume`).
+        overwrite: the run's command with ``--overwrite``, for a start refused because the
+            output directory holds later checkpoints (trainer/checkpoint.py check_start).
         output_dir: the run's --output-dir; an abort names its last complete checkpoint.
         is_main: rank 0 prints; the other ranks log to their file only.
         same_request_s: signals this close to the first count once.
@@ -201,10 +227,12 @@ class StopRequest:
         *,
         resume: str,
         output_dir: str,
+        overwrite: str = "",
         is_main: bool = True,
         same_request_s: float = SAME_REQUEST_S,
     ):
         self.resume, self.output_dir, self.is_main = resume, output_dir, is_main
+        self.overwrite = overwrite
         self.same_request_s = same_request_s
         self.signum: int | None = None  # the stop's signal: this rank's first, or the agreed one
         self.training = False  # the phase where a first signal stops after the step

@@ -207,7 +207,7 @@ def test_a_head_of_the_task_keeps_its_label_order_and_refuses_unknown_labels(
     assert main(argv) == 0
     assert BertForSequenceClassification.from_hf(tmp_path / "out").config.labels == labels
     other = write_jsonl(tmp_path / "other.jsonl", [*rows, {"text": "w4", "label": "mango"}])
-    assert main([*argv[:5], other, "--eval", train, *argv[8:]]) == 2
+    assert main([*argv[:5], other, "--eval", train, *argv[8:], "--overwrite"]) == 2
     assert "labels ['mango'] are not among the model's ['zebra', 'apple']" in caplog.text
 
 
@@ -237,3 +237,28 @@ def test_device_is_checked_and_the_model_runs_where_it_says(tmp_path, init_dir, 
         assert main([*argv, "--device", "auto"]) == 0
     where = "cuda" if torch.cuda.is_available() else "cpu"
     assert f"labels ('no', 'yes'), on {where}" in caplog.text
+
+
+def test_an_earlier_result_is_kept_unless_overwrite(tmp_path, init_dir, caplog):
+    first = finetune(tmp_path, init_dir, "classification", has_digit, 40, "--max-steps", "2")
+    out = tmp_path / "out"
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    train, eval_ = str(tmp_path / "train.jsonl"), str(tmp_path / "eval.jsonl")
+    argv = ["--task", "classification", "--init", str(init_dir), "--train", train]
+    argv += [
+        "--eval",
+        eval_,
+        "--max-steps",
+        "3",
+        "--max-seq-length",
+        "32",
+        "--output-dir",
+        str(out),
+    ]
+    assert main(argv) == 2
+    assert "eval_results.json: --output-dir holds an earlier fine-tune's result" in caplog.text
+    assert "--overwrite" in caplog.text
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert main([*argv, "--overwrite"]) == 0
+    assert json.loads((out / "finetune_config.json").read_text())["max_steps"] == 3
+    assert "accuracy" in first

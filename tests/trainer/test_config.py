@@ -7,7 +7,13 @@ import torch
 
 from trainer import dsconfig, prepare
 from trainer.config import parse_args, resolve_unpad
-from trainer.dsconfig import precision, resolve_batch_sizes, resolve_ds_config, with_precision
+from trainer.dsconfig import (
+    precision,
+    resolve_batch_sizes,
+    resolve_ds_config,
+    warmup_warning,
+    with_precision,
+)
 
 REQUIRED = ["--ds-config", "ds.json", "--data", "shards", "--output-dir", "out"]
 
@@ -185,3 +191,12 @@ def test_resume_in_another_precision_is_refused(tmp_path):
 def test_out_of_range_run_options_are_refused(flag, value):
     with pytest.raises(ValueError, match=flag):
         parse_args([*REQUIRED, flag, value])
+
+
+def test_a_warmup_of_half_the_run_or_more_is_warned_about():
+    ds = {"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 100}}}
+    assert "the whole run warms up" in warmup_warning(ds, 100)
+    assert "50% of it warms up" in warmup_warning(ds, 200)
+    assert warmup_warning(ds, 201) is None  # the README's toy run: 100 of 300
+    assert warmup_warning(ds, None) is None  # a time budget
+    assert warmup_warning({}, 10) is None

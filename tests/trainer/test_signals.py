@@ -204,9 +204,15 @@ def rank_tree(p: subprocess.Popen, rank: int) -> list[int]:
     raise AssertionError(f"no rank {rank} under {p.pid}")
 
 
-def stop_and_resume(p: subprocess.Popen, out: Path, code: int) -> tuple[int, str]:
+def stop_and_resume(
+    p: subprocess.Popen, out: Path, code: int, *, up_arrow: bool = False
+) -> tuple[int, str]:
     """Wait for the stop; check its exit code, console and checkpoint; run the printed command
-    (shlex-split, as a shell would) to the end. Returns (the step it stopped at, its stderr)."""
+    (shlex-split, as a shell would) to the end. Returns (the step it stopped at, its stderr).
+
+    ``up_arrow``: first run the stopped command again as it was (the mistake of not adding
+    ``--resume auto``): it must be refused, exit 2, naming both commands and rewriting
+    nothing (trainer/checkpoint.py check_start)."""
     _, err = p.communicate(timeout=240)
     assert p.returncode == code, err[-3000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
@@ -216,6 +222,13 @@ def stop_and_resume(p: subprocess.Popen, out: Path, code: int) -> tuple[int, str
     assert f"checkpoint {out / 'checkpoints' / tag}. Resume with:\n  " in err
     command = err.split("Resume with:\n  ")[1].splitlines()[0]
     assert command.endswith(" --resume auto")
+    if up_arrow:
+        before = output_files(out)
+        again = subprocess.run(p.args, cwd=REPO, env=ENV, capture_output=True, text=True)
+        assert again.returncode == 2, again.stderr[-3000:]
+        assert "a fresh run would train from step 0 beside them" in again.stderr
+        assert f"  {command}\n" in again.stderr and " --overwrite\n" in again.stderr
+        assert output_files(out) == before
     done = subprocess.run(
         shlex.split(command), cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300
     )
@@ -225,6 +238,15 @@ def stop_and_resume(p: subprocess.Popen, out: Path, code: int) -> tuple[int, str
         in (out / "logs" / "train-rank0.log").read_text()
     )
     return stopped_at, err
+
+
+def output_files(out: Path) -> dict[str, tuple[int, bytes]]:
+    """A run's files but its logs (which append): {relative path: (mtime_ns, bytes)}."""
+    return {
+        str(path.relative_to(out)): (path.stat().st_mtime_ns, path.read_bytes())
+        for path in sorted(out.rglob("*"))
+        if path.is_file() and "logs" not in path.relative_to(out).parts
+    }
 
 
 @pytest.fixture(scope="module")
@@ -266,7 +288,7 @@ def test_ctrl_c_stops_a_one_rank_run_that_resumes_on_the_same_rows(files, small_
     p = launch(files, small_shards, out, ranks=1)
     wait_for_step(p, out, SIGNAL_AT)
     os.killpg(p.pid, signal.SIGINT)  # as a terminal does: the DataLoader worker gets it too
-    stopped_at, err = stop_and_resume(p, out, 130)
+    stopped_at, err = stop_and_resume(p, out, 130, up_arrow=True)
     assert err.count("SIGINT: finishing this step, then saving a checkpoint") == 1  # no worker
     assert err.split("Resume with:\n  ")[1].startswith(f"{sys.executable} trainer/run.py ")
     assert rows_in_order(sample_lines(out, 1)) == rows_in_order(sample_lines(files / "straight", 2))
