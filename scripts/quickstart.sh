@@ -213,7 +213,7 @@ fi
 
 if [ -n "$fillmask" ]; then
   stage "fill-mask demo on held-out sentences" fillmask \
-  python -m trainer.fillmask "$run/train/hf" "$run/heldout" -n 5
+  python -m trainer.fillmask "$run/train/hf" "$run/heldout"
 fi
 
 if [ -n "$fillmask" ] && [ "${VERBOSE:-0}" = 0 ]; then

@@ -114,7 +114,12 @@ def test_biased_model_gives_the_exact_ranks(small_shards, tmp_path):
     assert 9 <= results[3]["rank"] <= 200
     assert [p["token"] for p in results[0]["predictions"]] == RANKED[:5]
     assert results[0]["predictions"][0]["score"] > 0.99
-    assert fillmask.summary(results, 5) == "true word in top 1: 1/4, in top 5: 2/4"
+    # The true words king, river, war, the: each once, so the commonest-word baseline
+    # guesses one of them for top 1 (1 of 4) and all four in its top 5.
+    assert fillmask.summary(results, 5) == (
+        "true word in top 1: 1/4 (25%), in top 5: 2/4 (50%); baseline (the commonest true "
+        "words of these examples): top 1 1/4 (25%), top 5 4/4 (100%)"
+    )
     assert "rank: >5 (rank 8 of 200)" in fillmask.format_example(3, results[2], 5)
 
 
@@ -127,7 +132,12 @@ def test_demo_on_shards_is_deterministic_in_the_seed(export_dir, small_shards, c
     lines = outputs[0].splitlines()
     assert [line.split(".")[0] for line in lines[::3][:3]] == ["1", "2", "3"]
     assert sum("[MASK]" in line for line in lines) == 3
-    assert lines[-1].startswith("true word in top 1: ") and lines[-1].endswith("/3")
+    assert lines[-1].startswith("true word in top 1: ") and "/3 (" in lines[-1]
+    assert "baseline (the commonest true words of these examples): top 1 " in lines[-1]
+    assert fillmask.main([str(export_dir), str(small_shards), "-n", "4", "--show", "1"]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert sum("[MASK]" in line for line in shown) == 1 and "... and 3 more" in shown[-2]
+    assert "/4 (" in shown[-1]
 
 
 def test_demo_on_text_and_its_errors(export_dir, tmp_path, capsys):
@@ -135,7 +145,7 @@ def test_demo_on_text_and_its_errors(export_dir, tmp_path, capsys):
     assert fillmask.main([str(export_dir), str(tmp_path / "notes.txt"), "-n", "2"]) == 0
     out = capsys.readouterr().out
     assert "1. The queen built a church." not in out and "[MASK]" in out  # one sentence only
-    assert out.splitlines()[-1].endswith("/1")
+    assert "/1 (" in out.splitlines()[-1]
     bare = tmp_path / "bare"
     BertForPreTraining(BertConfig.preset("tiny", vocab_size=200)).save_hf(bare)
     with pytest.raises(FileNotFoundError, match=r"python -m trainer\.export"):
