@@ -8,9 +8,11 @@ held-out shard directory (local or gs://, s3://): rows are stored already masked
 (pipeline/shards/FORMAT.md), so the original ids are put back from ``masked_lm_ids`` and one segment
 (A or B; for MLM rows one document's run of sentences) is decoded with the shards' vocab.txt. Or from text files, split into sentences by
 the pipeline's splitter. In each sentence one whole word that the export's tokenizer keeps as
-a single token (not a special token, not punctuation) is replaced by ``[MASK]`` and
-``transformers.pipeline("fill-mask", model=EXPORT_DIR)`` predicts it. The true word's rank is
-exact, over the whole vocab, from the model's logits. Rows, segments and words are chosen by
+a single token (not a special token, not punctuation) is replaced by ``[MASK]`` and the model
+loaded by ``transformers.pipeline("fill-mask", model=EXPORT_DIR)`` guesses it. Its guesses and
+the true word's rank (exact, from the logits) count only the tokens that can be such a word:
+punctuation and ``##`` pieces, never the answer, are not ranked (a model that puts "," first
+would otherwise lose to any baseline that knows better). Rows, segments and words are chosen by
 one ``random.Random(seed)``, so a seed always shows the same examples. Offline, CPU, seconds.
 
 Exit codes: 0 printed, 2 a missing or bad export or source, or no maskable sentence in it.
@@ -232,26 +234,44 @@ def load_fill_mask(export_dir: str | os.PathLike, top_k: int = 5):
     )
 
 
+def word_tokens(tokenizer):
+    """A bool tensor (V,): the ids that can be a masked word's answer, as
+    :func:`mask_one_word` chooses words: not special, not a ``##`` continuation, with a letter
+    or digit. Punctuation and word pieces are never the answer, so they are not ranked."""
+    import torch
+
+    special = set(tokenizer.all_special_ids)
+    tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    return torch.tensor(
+        [
+            i not in special and not t.startswith("##") and any(ch.isalnum() for ch in t)
+            for i, t in enumerate(tokens)
+        ]
+    )
+
+
 def fill_mask_examples(
     export_dir: str | os.PathLike, examples: Sequence[tuple[str, str]], top_k: int = 5
 ) -> list[dict]:
-    """The export's predictions for each (text with one mask token, true word).
+    """The export's guesses for each (text with one mask token, true word), among the
+    tokens that can be a word's answer (:func:`word_tokens`).
 
     Returns:
         One dict per example: ``text``, ``true_word``, ``true_id``, ``predictions`` (the
-        pipeline's top_k as ``[{"token": str, "id": int, "score": float}]``, best first),
-        ``rank`` (int in 1..V, exact, from the logits over the whole vocab) and
-        ``vocab_size`` (V).
+        top_k word tokens as ``[{"token": str, "id": int, "score": float}]``, best first,
+        scores the model's probabilities over the whole vocab), ``rank`` (int in 1..W,
+        exact, from the logits) and ``words`` (W, the word tokens ranked).
 
     Raises:
         FileNotFoundError: see :func:`load_fill_mask`.
         ValueError: a text without exactly one mask token, or a true word that is not a
-            single token of the export's vocab.
+            word token of the export's vocab.
     """
     import torch
 
     fill = load_fill_mask(export_dir, top_k)
     tokenizer, model = fill.tokenizer, fill.model
+    words = word_tokens(tokenizer)
     results = []
     for text, word in examples:
         inputs = tokenizer(text, return_tensors="pt")
@@ -261,11 +281,18 @@ def fill_mask_examples(
         true_id = tokenizer.convert_tokens_to_ids(word)
         if true_id is None or tokenizer.convert_ids_to_tokens(true_id) != word:
             raise ValueError(f"{word!r} is not a token of the vocab of {export_dir}")
+        if not words[true_id]:
+            raise ValueError(f"{word!r} is not a word token (punctuation, special or ##)")
         with torch.no_grad():
             logits = model(**inputs).logits[0, int(where[0])]  # (V,)
+        probs = logits.float().softmax(-1)
+        answers = torch.zeros(len(logits), dtype=torch.bool)  # the model's vocab may be padded
+        answers[: len(words)] = words[: len(logits)]
+        ranked = torch.where(answers, logits, float("-inf"))
+        best = ranked.topk(min(top_k, int(answers.sum()))).indices.tolist()
         predictions = [
-            {"token": p["token_str"], "id": int(p["token"]), "score": float(p["score"])}
-            for p in fill(text)
+            {"token": tokenizer.convert_ids_to_tokens(i), "id": i, "score": float(probs[i])}
+            for i in best
         ]
         results.append(
             {
@@ -273,8 +300,8 @@ def fill_mask_examples(
                 "true_word": word,
                 "true_id": true_id,
                 "predictions": predictions,
-                "rank": rank_of(logits, true_id),
-                "vocab_size": int(logits.shape[0]),
+                "rank": rank_of(ranked, true_id),
+                "words": int(answers.sum()),
             }
         )
     return results
@@ -299,7 +326,7 @@ def shorten(text: str, mask: str = "[MASK]", width: int = 100) -> str:
 def format_example(number: int, result: Mapping, top_k: int) -> str:
     """Three lines: the shortened text, the true word and its rank, the predictions."""
     rank = result["rank"] if result["rank"] <= top_k else f">{top_k}"
-    exact = f" (rank {result['rank']} of {result['vocab_size']})" if result["rank"] > top_k else ""
+    exact = f" (rank {result['rank']} of {result['words']} words)" if result["rank"] > top_k else ""
     predictions = "  ".join(f"{p['token']} {p['score']:.3f}" for p in result["predictions"])
     return (
         f"{number}. {shorten(result['text'])}\n"

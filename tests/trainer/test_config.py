@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+from tests.helpers import REPO
 from trainer import dsconfig, prepare
 from trainer.config import parse_args, resolve_unpad
 from trainer.dsconfig import (
@@ -197,6 +198,23 @@ def test_a_warmup_of_half_the_run_or_more_is_warned_about():
     ds = {"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 100}}}
     assert "the whole run warms up" in warmup_warning(ds, 100)
     assert "50% of it warms up" in warmup_warning(ds, 200)
-    assert warmup_warning(ds, 201) is None  # the README's toy run: 100 of 300
+    assert warmup_warning(ds, 201) is None  # the README's toy run: 100 of 500
     assert warmup_warning(ds, None) is None  # a time budget
     assert warmup_warning({}, 10) is None
+
+
+def test_the_readme_toy_run_warms_up_for_a_part_of_it_only():
+    # The toy run is the first thing a newcomer trains: a warmup as long as the run left it
+    # on the unigram plateau (docs/results.md, "The toy run").
+    import re
+    import shlex
+
+    readme = (REPO / "README.md").read_text()
+    toy = readme.split("## A two-minute toy run")[1].split("\n## ")[0]
+    (command,) = [c for c in toy.replace("\\\n", " ").splitlines() if "trainer/run.py" in c]
+    argv = shlex.split(command)
+    flags = dict(zip(argv[2::2], argv[3::2], strict=True))
+    assert re.fullmatch(r"\d+", flags["--max-steps"]), command
+    ds = json.loads((REPO / flags["--ds-config"]).read_text())
+    assert warmup_warning(ds, int(flags["--max-steps"])) is None
+    assert "--eval-data" in flags  # its summary checks learning on held-out rows

@@ -91,7 +91,7 @@ def test_fill_mask_on_a_tiny_model_reports_a_rank(export_dir):
     for result, (text, word) in zip(results, examples, strict=True):
         assert (result["text"], result["true_word"]) == (text, word)
         assert isinstance(result["rank"], int) and 1 <= result["rank"] <= 200
-        assert result["vocab_size"] == 200 and len(result["predictions"]) == 5
+        assert result["words"] == 113 and len(result["predictions"]) == 5  # of 200 ids
         ids = [p["id"] for p in result["predictions"]]
         # Our rank agrees with the pipeline's own order where the word is in its top 5.
         assert (result["true_id"] in ids) == (result["rank"] <= 5)
@@ -120,7 +120,22 @@ def test_biased_model_gives_the_exact_ranks(small_shards, tmp_path):
         "true word in top 1: 1/4 (25%), in top 5: 2/4 (50%); baseline (the commonest true "
         "words of these examples): top 1 1/4 (25%), top 5 4/4 (100%)"
     )
-    assert "rank: >5 (rank 8 of 200)" in fillmask.format_example(3, results[2], 5)
+    assert "rank: >5 (rank 8 of 113 words)" in fillmask.format_example(3, results[2], 5)
+
+
+def test_only_tokens_that_can_be_a_word_are_ranked(export_dir):
+    # A model that puts "," or "##s" first has not guessed a word: neither is ranked, and the
+    # ranks and the top 5 are over words only, as the masked word is chosen.
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(export_dir)
+    words = fillmask.word_tokens(tokenizer)
+    vocab = tokenizer.get_vocab()
+    assert words[vocab["king"]] and words[vocab["the"]]
+    unranked = [t for t in vocab if t in (",", ".", "[MASK]", "[CLS]") or t.startswith("##")]
+    assert len(unranked) > 4 and not any(words[vocab[t]] for t in unranked)
+    (result,) = fillmask.fill_mask_examples(export_dir, [("a [MASK] by the river", "city")])
+    assert all(words[p["id"]] for p in result["predictions"])
 
 
 def test_demo_on_shards_is_deterministic_in_the_seed(export_dir, small_shards, capsys):
