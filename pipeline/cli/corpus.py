@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import hashlib
 import io
 import itertools
@@ -210,6 +211,7 @@ def write_package_corpus(
     files: int = 1,
     heldout_permille: int = 0,
     processes: int | None = None,
+    max_bytes: int | None = None,
 ) -> tuple[list[Path], list[dict]]:
     """Write the prose of ``packages``' docstrings and comments into ``files`` txt files
     (``packages-000.txt``, ...) plus ``packages-heldout.txt``; returns (paths, sources).
@@ -219,7 +221,8 @@ def write_package_corpus(
     is left out of it, and a document of fewer than two sentences is skipped. Documents whose
     text's sha256 falls in the first ``heldout_permille`` of 1000 go to the held-out file, so
     the split depends on a document's text only, not on the other packages. ``sources`` holds
-    one dict per package: name, version, documents, bytes written.
+    one dict per package: name, version, documents, bytes written. With ``max_bytes``, the
+    documents stop before the one that would take the files (held-out one included) past it.
 
     Raises:
         FileNotFoundError: a package is not installed (named), before anything is written.
@@ -230,27 +233,33 @@ def write_package_corpus(
     chunks: list[list[bytes]] = [[] for _ in range(files + 1)]  # the last: held out
     sources: dict[str, dict] = {}
     seen: set[bytes] = set()
-    i = documents = 0
-    for name, version, pieces in package_documents(packages, processes):
-        source = sources.setdefault(
-            name, {"name": name, "version": version, "documents": 0, "bytes": 0}
-        )
-        sentences = []
-        for piece in pieces:
-            digest = hashlib.sha256("\n".join(piece).encode("utf-8")).digest()
-            if digest not in seen:
-                seen.add(digest)
-                sentences += piece
-        if len(sentences) < 2:
-            continue
-        text = ("\n".join(sentences) + "\n\n").encode("utf-8")
-        digest = hashlib.sha256(text).digest()
-        held_out = int.from_bytes(digest[:8], "big") % 1000 < heldout_permille
-        chunks[files if held_out else i % files].append(text)
-        i += 0 if held_out else 1
-        documents += 1
-        source["documents"] += 1
-        source["bytes"] += len(text)
+    i = documents = written = 0
+    limit = max_bytes if max_bytes is not None else float("inf")
+    # closing: a stop at max_bytes ends the worker pool at once, not when collected.
+    with contextlib.closing(package_documents(packages, processes)) as found:
+        for name, version, pieces in found:
+            source = sources.setdefault(
+                name, {"name": name, "version": version, "documents": 0, "bytes": 0}
+            )
+            sentences = []
+            for piece in pieces:
+                digest = hashlib.sha256("\n".join(piece).encode("utf-8")).digest()
+                if digest not in seen:
+                    seen.add(digest)
+                    sentences += piece
+            if len(sentences) < 2:
+                continue
+            text = ("\n".join(sentences) + "\n\n").encode("utf-8")
+            if written + len(text) > limit:
+                break
+            written += len(text)
+            digest = hashlib.sha256(text).digest()
+            held_out = int.from_bytes(digest[:8], "big") % 1000 < heldout_permille
+            chunks[files if held_out else i % files].append(text)
+            i += 0 if held_out else 1
+            documents += 1
+            source["documents"] += 1
+            source["bytes"] += len(text)
     names = [f"packages-{k:03d}.txt" for k in range(files)] + ["packages-heldout.txt"]
     paths = [Path(output, name) for name in names]
     for path, chunk in zip(paths, chunks, strict=True):
@@ -297,7 +306,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--output", required=True, help="directory for the txt files")
     p.add_argument(
-        "--max_mb", type=float, default=None, help="cap in MB (default: everything once)"
+        "--max_mb",
+        type=float,
+        default=None,
+        help="cap on the whole corpus in MB, packages' files included (default: everything once)",
     )
     p.add_argument("--files", type=int, default=1, help="number of files (default: 1)")
     p.add_argument("--repeat", action="store_true", help="repeat documents up to --max_mb")
@@ -341,6 +353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             repeat=args.repeat,
             sources=args.sources,
         )
+        left = None if max_bytes is None else max_bytes - sum(p.stat().st_size for p in paths)
         python = platform.python_version()
         sources = [{"name": f"python-{name}", "version": python} for name in args.sources]
         if packages:
@@ -350,6 +363,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 files=args.files,
                 heldout_permille=args.heldout_permille,
                 processes=args.processes,
+                max_bytes=left,
             )
             paths, sources = paths + more, sources + package_sources
         manifest = write_manifest(args.output, paths, sources)

@@ -146,3 +146,16 @@ def test_a_files_prose_is_one_document_in_source_order(tmp_path):
         ["Push the children of one node onto the stack, last child first."],
         ["A tree of nodes, each with a list of children that may be empty."],
     ]
+
+
+def test_max_mb_caps_the_whole_corpus_packages_included(tmp_path):
+    from pipeline.cli.corpus import main, write_corpus
+
+    reference = sum(p.stat().st_size for p in write_corpus(tmp_path / "r", sources=["reference"]))
+    cap = reference + 30_000  # room for a few of the package's documents, not all
+    argv = ["--output", str(tmp_path / "c"), "--sources", "reference", "--processes", "1"]
+    assert main([*argv, "--packages", "packaging", "--max_mb", str(cap / 1e6)]) == 0
+    manifest = json.loads((tmp_path / "c" / "corpus.json").read_text())
+    assert reference < manifest["bytes"] <= cap
+    assert main([*argv[:1], str(tmp_path / "all"), *argv[2:], "--packages", "packaging"]) == 0
+    assert json.loads((tmp_path / "all" / "corpus.json").read_text())["bytes"] > cap
