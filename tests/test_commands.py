@@ -155,12 +155,27 @@ def test_the_trainers_and_finetunes_flags_with_underscores(tmp_path):
             "s",
             "--output_dir",
             "o",
+            "--model",
+            "tiny",
             "--max_steps=7",
             "--local_rank=3",
         ]
     )
     assert (config.ds_config, config.output_dir, config.max_steps) == ("d.json", "o", 7)
-    both = parse_args(["--ds-config", "d", "--data", "s", "--output-dir", "o", "--local-rank", "0"])
+    both = parse_args(
+        [
+            "--ds-config",
+            "d",
+            "--data",
+            "s",
+            "--output-dir",
+            "o",
+            "--model",
+            "tiny",
+            "--local-rank",
+            "0",
+        ]
+    )
     assert both.ds_config == "d"
     config = parse_config(
         [

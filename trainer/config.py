@@ -80,9 +80,14 @@ class TrainConfig:
     )
     # A preset name (tiny ... large; vocab_size and pad id taken from the shards' manifest)
     # or a Hugging Face style config.json (used as is, and checked against the manifest).
-    # None: "base", or the config of --init-from-hf when that is given.
+    # None: the config of --init-from-hf, which must then be given. No default: any size is
+    # wrong on one kind of machine (base takes hours on a CPU to show anything, tiny wastes a
+    # GPU), and a default that followed the machine would make one command train different
+    # models on a laptop and a cluster.
     model: str | None = option(
-        None, "preset (tiny mini small medium base large) or a config.json [base]"
+        None,
+        "preset (tiny mini small medium base large) or a config.json; required unless "
+        "--init-from-hf gives the config",
     )
     # Optimizer steps (not micro-batches). None: 1000, or no step limit with --max-minutes.
     max_steps: int | None = option(
@@ -245,6 +250,12 @@ class TrainConfig:
                 not isinstance(value, str) or not value
             ):
                 raise ValueError(f"--{_flag(name)} must be a non-empty string, got {value!r}")
+        if self.model is None and self.init_from_hf is None:
+            raise ValueError(
+                "--model is required: a preset (tiny mini small medium base large; tiny "
+                "trains in minutes on a CPU, base and large are GPU sizes) or a config.json "
+                "(or --init-from-hf, whose config is used)"
+            )
         positive = ("max_steps", "log_every", "shuffle_window")
         non_negative = ("save_every", "eval_every", "num_workers", "seed")
         for name in (*positive, *non_negative):

@@ -291,11 +291,19 @@ class RunWatch:
             with contextlib.suppress(OSError):
                 if first and hint:
                     log = f" (log: {self.log_path})" if self.log_path else ""
+                    # A bad row comes again on a resume: the data must change first.
+                    repair = (
+                        " A resume reads the same row again: repair the shard first (python -m "
+                        "pipeline validate names the bad ones; build them again), then resume"
+                        if code == DATA_ERROR
+                        else " Resume"
+                    )
                     logger.error(
-                        "%s%s; %s. Resume with:\n  %s",
+                        "%s%s; %s.%s with:\n  %s",
                         line,
                         log,
                         self.stop.checkpoint_note(),
+                        repair,
                         self.stop.resume,
                     )
                 elif first:

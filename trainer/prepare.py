@@ -82,12 +82,17 @@ def open_shards(path: str, config: TrainConfig, *, flag: str) -> ShardSet:
     """
     shards = ShardSet(path)
     skipped = shards.check(verify=config.verify_shards, skip_corrupt=config.skip_corrupt)
+    # Not verified by default: a sha256 of every shard reads the whole dataset on every rank
+    # at start-up (docs/training.md, "Data"); sizes and row counts are
+    # checked always, and a bad id met mid-run is a data error naming the row.
+    checked = "sha256 verified" if config.verify_shards else "sha256 not checked: --verify-shards"
     logger.info(
-        "%s %s: %d shards, %d rows%s",
+        "%s %s: %d shards, %d rows (sizes and row counts checked, %s)%s",
         flag,
         path,
         len(shards.names),
         shards.num_rows,
+        checked,
         f", skipped {len(skipped)} corrupt: {skipped}" if skipped else "",
     )
     return shards
@@ -113,7 +118,7 @@ def model_config(config: TrainConfig, manifest: dict) -> BertConfig:
                 f"{config.init_from_hf}; give only one of them"
             )
     else:
-        cfg = _load_model_arg(config.model or "base", vocab)
+        cfg = _load_model_arg(config.model, vocab)  # TrainConfig: given without --init-from-hf
     if config.dropout is not None:
         cfg = dataclasses.replace(
             cfg, hidden_dropout_prob=config.dropout, attention_probs_dropout_prob=config.dropout
@@ -209,12 +214,12 @@ def check_resumed_model(config: TrainConfig, cfg: BertConfig, directory: str, ta
     def show(c: BertConfig) -> str:
         return ", ".join(f"{name}={getattr(c, name)}" for name in differ)
 
-    if config.model is not None:
-        built_by = f"--model {config.model}"
-    elif config.init_from_hf is not None:
-        built_by = f"--init-from-hf {config.init_from_hf}"
-    else:
-        built_by = "--model base, the default"
+    # TrainConfig requires one of them.
+    built_by = (
+        f"--model {config.model}"
+        if config.model is not None
+        else f"--init-from-hf {config.init_from_hf}"
+    )
     afresh = "give a new --output-dir" if config.resume == "auto" else "leave out --resume"
     if set(differ) <= {"vocab_size", "pad_token_id"}:  # a preset takes them from --data
         advice = "Resume on the shards it was trained on (--data)"

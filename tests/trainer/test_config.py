@@ -16,7 +16,7 @@ from trainer.dsconfig import (
     with_precision,
 )
 
-REQUIRED = ["--ds-config", "ds.json", "--data", "shards", "--output-dir", "out"]
+REQUIRED = ["--ds-config", "ds.json", "--data", "shards", "--output-dir", "out", "--model", "tiny"]
 
 
 def test_defaults_json_file_then_flags(tmp_path):
@@ -32,7 +32,14 @@ def test_defaults_json_file_then_flags(tmp_path):
     # Everything, the required options and bools included, can come from the file.
     config_file.write_text(
         json.dumps(
-            {"ds_config": "ds.json", "data": "d", "output_dir": "o", "unpad": False, "max_steps": 7}
+            {
+                "ds_config": "ds.json",
+                "data": "d",
+                "output_dir": "o",
+                "unpad": False,
+                "max_steps": 7,
+                "model": "tiny",
+            }
         )
     )
     config = parse_args(["--config", str(config_file), "--data", "shards"])
@@ -218,3 +225,10 @@ def test_the_readme_toy_run_warms_up_for_a_part_of_it_only():
     ds = json.loads((REPO / flags["--ds-config"]).read_text())
     assert warmup_warning(ds, int(flags["--max-steps"])) is None
     assert "--eval-data" in flags  # its summary checks learning on held-out rows
+
+
+def test_the_model_size_is_a_choice_the_command_makes():
+    without = [flag for flag in REQUIRED if flag not in ("--model", "tiny")]
+    with pytest.raises(ValueError, match="--model is required: a preset"):
+        parse_args(without)
+    assert parse_args([*without, "--init-from-hf", "hf/x"]).model is None  # its config

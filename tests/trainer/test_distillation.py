@@ -183,7 +183,16 @@ def test_student_init_copies_embeddings_the_chosen_layers_and_heads():
 
 
 def test_distillation_flags_need_a_teacher():
-    required = ["--ds-config", "ds.json", "--data", "shards", "--output-dir", "out"]
+    required = [
+        "--ds-config",
+        "ds.json",
+        "--data",
+        "shards",
+        "--output-dir",
+        "out",
+        "--model",
+        "tiny",
+    ]
     with pytest.raises(ValueError, match="--distill-temperature only apply with --teacher"):
         parse_args([*required, "--distill-temperature", "4"])
     with pytest.raises(ValueError, match="both 0"):

@@ -79,7 +79,9 @@ def test_one_process_failure_says_one_line_and_returns_the_code(tmp_path, caplog
     assert len(errors) == 1
     assert errors[0].getMessage() == (
         "step 7 failed on rank 0: ShardFormatError: /s/a.arrow: bad row 3; no complete checkpoint "
-        "yet. Resume with:\n  python -m trainer.run --data s --resume auto"
+        "yet. A resume reads the same row again: repair the shard first (python -m pipeline "
+        "validate names the bad ones; build them again), then resume with:\n  python -m "
+        "trainer.run --data s --resume auto"
     )
     usage = RunWatch(rank=0, world_size=1, stop=stop).fail(
         ValueError("--data x: no manifest"), usage=True

@@ -147,9 +147,11 @@ def check_failed(outcome: Outcome, code: int, cause: str, *, ranks: int) -> None
     # A rank that took the launcher's SIGTERM for a stop request, not the failure it follows.
     assert "aborted at once" not in console, console[-3000:]
     assert re.search(cause, errors[0]), errors[0]
-    complete = f"the last complete checkpoint is {{}}/checkpoints/{outcome.latest}. Resume with"
+    # A data error's row comes again on a resume: the hint says to repair the shard first.
+    follow = "A resume reads the same row again: repair the shard" if code == 2 else "Resume with"
+    complete = f"the last complete checkpoint is {{}}/checkpoints/{outcome.latest}. {follow}"
     assert re.search(complete.format(".*"), console), console[-2000:]
-    assert "--resume auto" in console.split("Resume with:")[-1]
+    assert "--resume auto" in re.split("[Rr]esume with:", console)[-1]
     assert outcome.seconds <= EXIT_BOUND_S, outcome.seconds
     print(f"{errors[0].split('ERROR')[1][:90]}... exit {code} {outcome.seconds:.2f} s after")
     said = [log for log in outcome.logs if re.search(LOGGED_ERROR, log)]

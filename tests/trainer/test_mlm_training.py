@@ -99,7 +99,9 @@ def mlm_stream(path, options=None, **spec) -> PretrainingStream:
 
 def train_config(*flags: str):
     """A TrainConfig of these flags (and placeholder paths, never read)."""
-    return parse_args(["--ds-config", "x", "--data", "y", "--output-dir", "z", *flags])
+    return parse_args(
+        ["--ds-config", "x", "--data", "y", "--output-dir", "z", "--model", "tiny", *flags]
+    )
 
 
 def epoch(stream: PretrainingStream) -> list[dict]:

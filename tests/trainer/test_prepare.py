@@ -13,6 +13,7 @@ VOCAB = {"vocab_size": 200, "pad_token_id": 0}
 
 
 def train_config(**values) -> TrainConfig:
+    values.setdefault("model", "tiny")
     return TrainConfig(ds_config="ds.json", data="shards", output_dir="out", **values)
 
 
@@ -56,8 +57,10 @@ def test_a_custom_model_is_named_by_its_config_json_and_vocab_by_the_data(tmp_pa
         hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, **VOCAB
     )
     resume = checkpoint_of(tmp_path, custom)
-    with pytest.raises(ValueError, match=r"\(--model base, the default\)\. Resume with --model "):
-        check_resumed_model(train_config(resume="runs/x"), BertConfig(**VOCAB), *resume)
+    with pytest.raises(ValueError, match=r"\(--model base\)\. Resume with --model "):
+        check_resumed_model(
+            train_config(model="base", resume="runs/x"), BertConfig(**VOCAB), *resume
+        )
     with pytest.raises(ValueError, match=r"config\.json, or leave out --resume to start afresh"):
         check_resumed_model(train_config(resume="runs/x"), BertConfig(**VOCAB), *resume)
     other_vocab = dataclasses.replace(custom, vocab_size=300)

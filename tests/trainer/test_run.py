@@ -100,6 +100,8 @@ def test_console_shows_our_lines_and_the_log_file_everything(
     console = capfd.readouterr()
     log = (tmp_path / "out" / "logs" / "train-rank0.log").read_text()
     assert f"is a manifest: reading its shard directory {tiny_shards}\n" in console.err
+    # What the start-up check of the shards did, and did not (their sha256 costs a read).
+    assert "(sizes and row counts checked, sha256 not checked: --verify-shards)" in console.err
     assert SCHEDULER_START_WARNING not in log + console.err  # DeepSpeed's, at every start
     assert "step 2/2  loss " in console.err and "ETA" in console.err
     assert f"full log: {tmp_path / 'out' / 'logs' / 'train-rank0.log'}" in console.err
