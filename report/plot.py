@@ -126,12 +126,27 @@ def _axes(title: str, ylabel: str):
     return fig, ax
 
 
-def _curves(ax, train: list[dict], evaluation: list[dict], key: str, label: str) -> str:
-    """The train line and the eval points of ``key`` in one colour; returns the colour."""
-    (line,) = ax.plot(*_series(train, key), label=f"{label} (train)")
-    steps, values = _series(evaluation, key)
+def _rate(records: list[dict], key: str) -> str:
+    """``", masked at 15%"`` from the records' last ``key`` (a masking rate), else ``""``."""
+    rate = _last(records, key)
+    return f", masked at {100 * rate:g}%" if rate is not None else ""
+
+
+def _curves(
+    ax, train: list[dict], evaluation: list[dict], key: str, label: str, *, rates: bool = False
+) -> str | None:
+    """The train line and the eval points of ``key`` in one colour; returns the colour, or
+    None when neither has data (NSP on MLM-only rows: no legend entry for it). ``rates``:
+    name the masking rate of each (MLM accuracy: training rows may be masked at another
+    rate than the held-out ones, and accuracy depends on it)."""
+    train_points, (steps, values) = _series(train, key), _series(evaluation, key)
+    if not train_points[0] and not steps:
+        return None
+    train_rate = _rate(train, "mask_rate") if rates else ""
+    eval_rate = _rate(evaluation, "eval_mask_rate") if rates else ""
+    (line,) = ax.plot(*train_points, label=f"{label} (train{train_rate})")
     if steps:
-        ax.plot(steps, values, "o:", color=line.get_color(), label=f"{label} (eval)")
+        ax.plot(steps, values, "o:", color=line.get_color(), label=f"{label} (eval{eval_rate})")
     return line.get_color()
 
 
@@ -141,7 +156,7 @@ def loss_figure(train: list[dict], evaluation: list[dict]):
     fig, ax = _axes("Training and held-out loss (MLM, NSP, total)", "loss (nats)")
     colors = {key: _curves(ax, train, evaluation, key, label) for key, label in LOSSES}
     unigram = _last(evaluation, "mlm_unigram_loss")
-    if unigram is not None:
+    if unigram is not None and colors["mlm_loss"] is not None:
         ax.axhline(unigram, color=colors["mlm_loss"], linestyle="--", label=UNIGRAM_LABEL)
     _mark_epochs(ax, train)
     _legend_outside(fig, ax)
@@ -155,9 +170,9 @@ def accuracy_figure(train: list[dict], evaluation: list[dict]):
         "Training and held-out accuracy (MLM, NSP) beside trivial baselines", "accuracy"
     )
     for key, label, baseline_key, baseline_label in ACCURACIES:
-        color = _curves(ax, train, evaluation, key, label)
+        color = _curves(ax, train, evaluation, key, label, rates=key == "mlm_accuracy")
         baseline = _last(evaluation, baseline_key)
-        if baseline is not None:
+        if baseline is not None and color is not None:
             ax.axhline(baseline, color=color, linestyle="--", label=baseline_label)
     ax.set_ylim(0, 1)
     _mark_epochs(ax, train)

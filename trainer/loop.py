@@ -186,6 +186,12 @@ class Trainer:
         if self.resume is not None:
             self._check_resume(*self.resume)
         self.masker = masking.masker_for(self.shards, config)  # MLM shards: always one
+        # The rate its training rows are masked at, in every train record (the held-out
+        # rows' is fixed, --eval-mask-rate): the plots name both beside the accuracies.
+        params = self.shards.manifest.get("params", {})
+        self.train_mask_rate = (
+            self.masker.rate if self.masker is not None else params.get("masked_lm_prob")
+        )
         self.eval_masker = self.eval_shards and masking.eval_masker_for(self.eval_shards, config)
         self.precision = precision(self.ds)
         self.peak = metrics.peak_tflops(config.peak_tflops, self.precision)
@@ -469,6 +475,7 @@ class Trainer:
         lr = self.engine.get_lr()
         norm = s.grad_norm if self.own_grad_norm else self.engine.get_global_grad_norm()
         record.update(
+            mask_rate=self.train_mask_rate,
             lr=float(lr[0]) if lr else None,
             grad_norm=float(norm) if norm is not None else None,
             epoch=s.position / self.shards.num_rows,

@@ -86,6 +86,8 @@ def compute_stats(directory: str) -> dict:
         totals["as_mask"] += int((shown == mask_id).sum())
         totals["kept"] += int((shown == original).sum())
     rows, masked = max(totals["rows"], 1), max(totals["masked"], 1)
+    # Unmasked MLM rows hold no predictions (the trainer masks them): no shares to give.
+    share = (lambda n: round(n / masked, 4)) if totals["masked"] else (lambda n: None)
     real = totals["tokens"] - totals["specials"]
     max_predictions = manifest["params"].get("max_predictions_per_seq", max_len)
     return {
@@ -99,9 +101,9 @@ def compute_stats(directory: str) -> dict:
         "masks_per_full_row": round(totals["full_row_masks"] / max(totals["full_rows"], 1), 3),
         "rows_at_max_predictions_share": round(int(masks_hist[max_predictions:].sum()) / rows, 4),
         "masked_share_of_real_tokens": round(totals["masked"] / max(real, 1), 4),
-        "mask_token_share": round(totals["as_mask"] / masked, 4),
-        "kept_share": round(totals["kept"] / masked, 4),
-        "random_id_share": round(1 - (totals["as_mask"] + totals["kept"]) / masked, 4),
+        "mask_token_share": share(totals["as_mask"]),
+        "kept_share": share(totals["kept"]),
+        "random_id_share": share(totals["masked"] - totals["as_mask"] - totals["kept"]),
         **({"random_next_share": round(totals["random_next"] / rows, 4)} if nsp else {}),
         "packing_efficiency": round(totals["tokens"] / (rows * max_len), 4),
         "length_histogram": lengths_hist.tolist(),
@@ -158,9 +160,13 @@ def plot(stats: dict, out_dir: str) -> list[str]:
         f"{stats['masks_per_row']:.2f} per row, {stats['masks_per_full_row']:.2f} per full row"
     )
     shares = [stats["mask_token_share"], stats["random_id_share"], stats["kept_share"]]
-    right.bar(["[MASK]", "random", "kept"], shares)
-    right.axhline(0.8, ls="--", c="gray")
-    right.axhline(0.1, ls="--", c="gray")
+    if None in shares:  # unmasked rows: nothing stored to draw
+        right.axis("off")
+        right.text(0.5, 0.5, "no static masks:\nthe trainer masks these rows", ha="center")
+    else:
+        right.bar(["[MASK]", "random", "kept"], shares)
+        right.axhline(0.8, ls="--", c="gray")
+        right.axhline(0.1, ls="--", c="gray")
     if "random_next_share" in stats:
         right.set_title(f"Predictions; random-next {100 * stats['random_next_share']:.1f}%")
     else:

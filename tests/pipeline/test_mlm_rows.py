@@ -418,3 +418,22 @@ def test_stats_and_inspect_read_mlm_rows(corpus, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert printed.count("no next-sentence label") == 3 and "[CLS]" in printed
     assert re.search(r"\[\S+>\S+\]", printed)  # a masked position as [input>target]
+
+
+def test_stats_and_the_build_line_of_unmasked_rows_say_what_they_hold(corpus, tmp_path):
+    # Unmasked rows have no predictions: no share of them is "random" (it said 1.0), and the
+    # build's shares of short rows and filled slots are stated so that they agree.
+    from pipeline.cli.main import row_shape
+    from pipeline.cli.stats import compute_stats
+
+    out = tmp_path / "mlm"
+    build(corpus, out, "--objective", "mlm", "--max_seq_length", "64")
+    stats = compute_stats(str(out))
+    assert stats["masks_per_row"] == 0
+    assert stats["mask_token_share"] is stats["random_id_share"] is stats["kept_share"] is None
+    line = row_shape(stats, "mlm", 64)
+    pattern = r"([\d.]+)% of token slots filled \(([\d.]+)% of rows end short of 64, by ([\d.]+)"
+    filled, short, by = map(float, re.search(pattern, line).groups())
+    assert line.endswith("no static masks: the trainer masks them"), line
+    # The slots left empty are the short rows times their mean shortfall.
+    assert (100 - filled) / 100 * 64 == pytest.approx(short / 100 * by, abs=0.06), line

@@ -173,3 +173,20 @@ def test_epoch_markers_sit_where_a_test_runs_epochs_end(small_shards, tmp_path):
     for fig in (loss_figure(train, []), accuracy_figure(train, [])):
         assert epoch_lines(fig) == pytest.approx(expected)
         assert EPOCH_LABEL in lines(fig)
+
+
+def test_mlm_only_runs_show_no_nsp_and_accuracies_name_their_masking_rates():
+    records = []
+    for r in make_records():
+        r = {k: v for k, v in r.items() if not k.startswith("nsp")}
+        if r["split"] == "train":
+            r["mask_rate"] = 0.3
+        else:
+            r.update(eval_mask_rate=0.15, nsp_baseline_accuracy=None)
+        records.append(r)
+    train, evaluation = split(records)
+    accuracy = lines(accuracy_figure(train, evaluation))
+    assert not [label for label in accuracy if "NSP" in label], list(accuracy)
+    # Training rows masked at 30% against held-out rows at 15%: said, not left to guess.
+    assert "MLM (train, masked at 30%)" in accuracy and "MLM (eval, masked at 15%)" in accuracy
+    assert not [label for label in lines(loss_figure(train, evaluation)) if "NSP" in label]

@@ -73,6 +73,8 @@ def test_metrics_are_logged_to_jsonl_and_tensorboard(finished_run, tiny_shards):
     assert abs(train[0]["loss"] - train[0]["mlm_loss"] - train[0]["nsp_loss"]) < 1e-4
     assert 0 < train[0]["tokens_per_s"] < 48 * train[0]["sequences_per_s"]
     assert train[0]["grad_norm"] > 0 and 0 < train[0]["lr"] <= 1e-3
+    manifest = ShardSet(str(tiny_shards)).manifest  # static masks: the rate they were made at
+    assert train[0]["mask_rate"] == manifest["params"]["masked_lm_prob"]
     evals = records(finished_run, "eval")
     assert [r["step"] for r in evals] == [3, 6]
     assert evals[0]["rows"] == ShardSet(str(tiny_shards)).num_rows  # every held-out row once
