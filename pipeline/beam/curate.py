@@ -422,7 +422,7 @@ def write_outputs(
                 )
             )
     write_atomic(join(config.output, "removed_samples.jsonl"), ("\n".join(lines) + "\n").encode())
-    plot = funnel_png(funnel)
+    plot = funnel_png(funnel, report["removed"])
     if plot is not None:
         write_atomic(join(config.output, "funnel.png"), plot)
     manifest = {
@@ -443,8 +443,24 @@ def write_outputs(
 FILE_KEYS = ("documents_in", "bytes_in", "documents_out", "bytes_out")
 
 
-def funnel_png(funnel: list[dict]) -> bytes | None:
-    """Documents and bytes kept after each step, as a PNG (None without matplotlib)."""
+def funnel_lines(report: dict, kept: int) -> list[str]:
+    """The console's funnel: what each rule removed, as counts and shares of what was read.
+
+    Example: 6,625 read, gopher_quality 6,000 and exact_dup 220 removed, 405 kept ->
+    ``["  removed by gopher_quality:  6000 (90.6%)", "  removed by exact_dup:  220 (3.3%)",
+    "  kept:  405 (6.1%)"]``.
+    """
+    read = max(report["funnel"][0]["documents"], 1) if report["funnel"] else 1
+    lines = [
+        f"  removed by {reason}: {r['documents']:6d} ({100 * r['documents'] / read:.1f}%)"
+        for reason, r in sorted(report["removed"].items(), key=lambda item: -item[1]["documents"])
+    ]
+    return [*lines, f"  kept: {kept:6d} ({100 * kept / read:.1f}%)"]
+
+
+def funnel_png(funnel: list[dict], removed: dict) -> bytes | None:
+    """Documents kept after each step, and removed by each rule, as a PNG with the numbers on
+    the bars (None without matplotlib)."""
     try:
         import matplotlib
     except ImportError:
@@ -452,14 +468,19 @@ def funnel_png(funnel: list[dict]) -> bytes | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
-    steps = [row["step"] for row in funnel]
-    left.bar(steps, [row["documents"] for row in funnel])
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    read = max(funnel[0]["documents"], 1) if funnel else 1
+    bars = left.bar([row["step"] for row in funnel], [row["documents"] for row in funnel])
+    left.bar_label(bars, labels=[f"{row['documents']:,}" for row in funnel], fontsize=8)
     left.set_title("documents kept after each step")
-    right.bar(steps, [row["bytes"] / 1e6 for row in funnel])
-    right.set_title("MB kept after each step")
+    rules = sorted(removed, key=lambda reason: -removed[reason]["documents"])
+    counts = [removed[reason]["documents"] for reason in rules]
+    bars = right.bar(rules, counts, color="C3")
+    right.bar_label(bars, labels=[f"{n:,} ({100 * n / read:.1f}%)" for n in counts], fontsize=8)
+    right.set_title("documents removed by each rule (share of those read)")
     for ax in (left, right):
         ax.tick_params(axis="x", rotation=20)
+        ax.margins(y=0.15)  # room for the labels
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=100)
@@ -642,14 +663,36 @@ def run_curate(argv: Sequence[str], log_file: str | None, verbose: bool, handler
     with FileSystems.open(FileSystems.join(config.output, "report.json")) as f:
         report = json.loads(f.read())
     read = report["funnel"][0]["documents"] if report["funnel"] else 0
+    if not read:  # as build refuses a build of 0 rows: nothing to keep
+        remove_outputs(config.output)
+        logger.error(
+            "0 documents read from %s (skipped: %s): nothing to curate, so nothing is kept in "
+            "%s; check --input",
+            list(config.input),
+            report["skipped"] or "nothing",
+            config.output,
+        )
+        return 2
     logger.info(
-        "done in %.1f s: %d documents -> %d kept in %d file(s); removed %s",
+        "done in %.1f s: %d documents -> %d kept in %d file(s)",
         time.perf_counter() - start,
         read,
         manifest["num_documents"],
         len(manifest["files"]),
-        manifest["removed"] or "nothing",
     )
+    for line in funnel_lines(report, manifest["num_documents"]):
+        logger.info("%s", line)
+    for reason, removed in report["removed"].items():
+        if removed["documents"] * 2 > read:
+            logger.warning(
+                "!! %s removed %d of %d documents (%.0f%%): more than half the corpus. Check "
+                "its threshold against removed_samples.jsonl in %s before training on the rest",
+                reason,
+                removed["documents"],
+                read,
+                100 * removed["documents"] / read,
+                config.output,
+            )
     if report["components_changed_in_last_round"]:
         logger.warning(
             "near-duplicate clusters had not converged after --cc_rounds %d (%d documents "

@@ -21,6 +21,7 @@ from pipeline.beam.curate import (
     IdPacks,
     add_pairs,
     file_counts,
+    funnel_lines,
     sample_key,
     smallest,
 )
@@ -717,3 +718,38 @@ def test_a_dask_curate_gets_partitions_of_its_input_size(planted, tmp_path, capf
     shuffles = -(-size // (64 << 20))  # memory.CURATE_SHUFFLE_BYTES of input each
     assert f"--dask_npartitions={expected} --dask_shuffle_partitions={shuffles})" in err
     assert not (tmp_path / "out").exists()  # a dry run writes nothing
+
+
+def test_the_console_says_what_each_rule_removed_and_warns_past_half(tmp_path, caplog):
+    rng = random.Random(3)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    texts = [document(rng, 60) for _ in range(4)] + [document(rng, 20) for _ in range(6)]
+    (corpus / "docs.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    out = tmp_path / "out"
+    argv = ["curate", "--input", str(corpus / "*.jsonl"), "--output", str(out), "--dedup", "none"]
+    assert main([*argv, "--filters", "gopher_quality"]) == 0
+    said = caplog.text
+    assert "removed by gopher_quality.word_count:      6 (60.0%)" in said
+    assert "kept:      4 (40.0%)" in said
+    assert "!! gopher_quality.word_count removed 6 of 10 documents (60%): more than half" in said
+
+
+def test_an_empty_input_exits_2_keeping_nothing(tmp_path, caplog):
+    (tmp_path / "empty.txt").write_text("")
+    out = tmp_path / "out"
+    assert main(["curate", "--input", str(tmp_path / "empty.txt"), "--output", str(out)]) == 2
+    assert "0 documents read" in caplog.text and "nothing is kept" in caplog.text
+    assert not (out / "manifest.json").exists()
+
+
+def test_funnel_lines_give_counts_and_shares_of_what_was_read():
+    report = {
+        "funnel": [{"step": "read", "documents": 6625, "bytes": 1}],
+        "removed": {"exact_dup": {"documents": 220}, "gopher_quality": {"documents": 6000}},
+    }
+    assert funnel_lines(report, 405) == [
+        "  removed by gopher_quality:   6000 (90.6%)",
+        "  removed by exact_dup:    220 (3.3%)",
+        "  kept:    405 (6.1%)",
+    ]
