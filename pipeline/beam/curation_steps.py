@@ -28,7 +28,9 @@ the ids MinHash drops (:class:`KeepDistinct`).
 from __future__ import annotations
 
 import glob
+import logging
 import pickle
+import re
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple
@@ -39,6 +41,8 @@ from apache_beam.pvalue import TaggedOutput
 from pipeline.beam.config import CurationOptions
 from pipeline.beam.document_steps import DocumentBatch, ReadDocuments, skipped
 from pipeline.core.sources import content_id, document_sentences
+
+logger = logging.getLogger(__name__)
 
 REMOVED = "removed"  # tagged output: (reason, (id, text)) of a removed document
 STEPS = "steps"  # KeepDistinct's tagged output: (step, (documents, UTF-8 bytes)) after it
@@ -253,16 +257,59 @@ class Filter(beam.DoFn):
 
 
 def eval_ngram_set(patterns: Sequence[str], n: int) -> frozenset[int]:
-    """The n-gram hashes of every evaluation file (read here, on the driver: they are
-    small; a missing one is an error naming it)."""
-    from pipeline.core.dedup import ngram_set
+    """The n-gram hashes of every evaluation passage, read here, on the driver (they are
+    small; a missing file is an error naming it).
+
+    A passage is a block of a file between blank lines (the corpus's document convention; a
+    file without blank lines is one passage). One of fewer than ``n`` words shares no n-gram
+    with a training document, so it checks nothing: such passages are counted and named in a
+    warning, never dropped silently.
+
+    Raises:
+        FileNotFoundError: a file that does not exist.
+        ValueError: no passage of ``n`` words in them all: nothing to check against.
+    """
+    from pipeline.core.dedup import ngram_set, normalize, words
 
     out: set[int] = set()
+    files = passages = 0
+    short: list[str] = []
     for pattern in patterns:
-        paths = sorted(glob.glob(pattern)) or [pattern]
-        for path in paths:
+        for path in sorted(glob.glob(pattern)) or [pattern]:
             with open(path, encoding="utf-8") as f:  # FileNotFoundError names it
-                out |= ngram_set(f.read(), n)
+                text = f.read()
+            files += 1
+            for passage in re.split(r"\n[ \t]*\n", text):
+                count = len(words(normalize(passage)))
+                if not count:
+                    continue
+                passages += 1
+                if count < n:
+                    short.append(f"{path}: {' '.join(passage.split())[:50]!r} ({count} words)")
+                    continue
+                out |= ngram_set(passage, n)
+    if not out:
+        raise ValueError(
+            f"--decontaminate {list(patterns)}: no passage of {n} words or more in "
+            f"{files} file(s) ({passages} shorter): nothing to check against; lower "
+            "--decontaminate_ngram or give longer passages"
+        )
+    logger.info(
+        "decontamination: %d held-out passage(s) from %d file(s), %d %d-grams",
+        passages - len(short),
+        files,
+        len(out),
+        n,
+    )
+    if short:
+        logger.warning(
+            "decontamination: %d of %d held-out passages have fewer than %d words "
+            "(--decontaminate_ngram) and check nothing, e.g. %s",
+            len(short),
+            passages,
+            n,
+            "; ".join(short[:3]),
+        )
     return frozenset(out)
 
 

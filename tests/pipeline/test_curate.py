@@ -753,3 +753,23 @@ def test_funnel_lines_give_counts_and_shares_of_what_was_read():
         "  removed by exact_dup:    220 (3.3%)",
         "  kept:    405 (6.1%)",
     ]
+
+
+def test_decontamination_counts_its_passages_and_names_the_short_ones(tmp_path, caplog):
+    rng = random.Random(5)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "docs.jsonl").write_text(json.dumps({"text": document(rng, 60)}) + "\n")
+    # Two passages (blank-line separated): one of 40 words, one of 5, under the 13-gram.
+    (tmp_path / "eval.txt").write_text(document(rng, 40) + "\n\nonly five words are here\n")
+    out = tmp_path / "out"
+    argv = ["curate", "--input", str(corpus / "*.jsonl"), "--output", str(out), "--dedup", "none"]
+    assert main([*argv, "--decontaminate", str(tmp_path / "eval.txt")]) == 0
+    assert "decontamination: 1 held-out passage(s) from 1 file(s), 28 13-grams" in caplog.text
+    assert "1 of 2 held-out passages have fewer than 13 words" in caplog.text
+    assert "'only five words are here' (5 words)" in caplog.text
+    # Nothing long enough to check against: said, exit 2, nothing written.
+    (tmp_path / "short.txt").write_text("a few words\n\nand a few more\n")
+    caplog.clear()
+    assert main([*argv, "--decontaminate", str(tmp_path / "short.txt"), "--overwrite"]) == 2
+    assert "no passage of 13 words or more in 1 file(s) (2 shorter)" in caplog.text
