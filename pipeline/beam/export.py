@@ -17,7 +17,7 @@ rows) as it is read. Each file is written atomically; vocab.txt is copied (verif
 ``manifest.json`` last: the source manifest's sha256, format, field names, L and P, every
 file's rows and sha256. Rows keep their order, ids and masks; pipeline/shards/export_formats.py
 pads them each consumer's way (FORMAT.md, "Exports"); pipeline/shards/mds_format.py writes
-them unpadded with streaming's MDSWriter. ``--to megatron`` is another job, of documents
+them unpadded as streaming's MDSWriter does. ``--to megatron`` is another job, of documents
 rather than rows: pipeline/beam/export_megatron.py.
 
 Exit codes: 0 success; 1 the job failed (a corrupt shard is named), and what it wrote is
@@ -100,7 +100,6 @@ def make_plan(config: ExportConfig) -> ExportPlan:
     digest, seq = hashlib.sha256(raw).hexdigest(), manifest["schema"]["max_seq_length"]
     kind = shard_format.manifest_kind(manifest)
     if config.to == formats.MDS:
-        mds_format.import_streaming()
         schema = shard_format.shard_schema(manifest["schema"]["vocab_size"], seq, kind)
         names = mds_format.mds_columns(schema, config.mds_token_column or "input_ids")
         return ExportPlan(config, manifest, digest, seq, None, names)

@@ -1,9 +1,9 @@
 """``python -m pipeline export --to mds``'s steps: one shard -> one MDS directory, and the
 dataset's index.json over them all (pipeline/shards/mds_format.py says what the files hold).
 
-Part of pipeline/beam/export.py's job: each shard is written by one worker with streaming's
-``MDSWriter`` into a local temporary directory, then each file is copied atomically (in
-chunks: memory holds one MDS shard file, MDSWriter's, at most) to
+Part of pipeline/beam/export.py's job: each shard is written by one worker, as streaming's
+``MDSWriter`` writes it (mds_format.write_mds), into a local temporary directory, then each
+file is copied atomically (in chunks: memory holds one MDS shard file at most) to
 ``OUTPUT/shard-NNNNN-of-MMMMM/`` (local or object storage), the directory's index.json last.
 After every shard, the driver's last step writes ``OUTPUT/index.json``, the directories'
 indexes merged as streaming's ``merge_index`` merges them, then the export's manifest.

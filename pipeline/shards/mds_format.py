@@ -1,4 +1,4 @@
-"""Mosaic ``streaming``'s MDS (Mosaic Data Shard) of one Arrow shard, written with ``MDSWriter``.
+"""Mosaic ``streaming``'s MDS (Mosaic Data Shard) of one Arrow shard, as ``MDSWriter`` writes it.
 
 Read by ``streaming.StreamingDataset`` and the trainers on it: composer, mosaicml/examples'
 BERT (MosaicBERT), llm-foundry and ModernBERT. ``pipeline/beam/export.py`` runs it per shard
@@ -28,11 +28,14 @@ reads raw shards only; ``StreamingDataset`` reads both).
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
+
+from .shard_writer import atomic_write_bytes
 
 MDS = "mds"
 INDEX_NAME = "index.json"  # streaming's get_index_basename()
@@ -41,16 +44,6 @@ INDEX_NAME = "index.json"  # streaming's get_index_basename()
 TOKEN_COLUMNS = ("input_ids", "tokens")
 # MDS shard files roll over at this size (MDSWriter's own default, 64 MiB).
 SIZE_LIMIT = 1 << 26
-INSTALL_HINT = "pip install 'bert-pipeline[mds]' (mosaicml-streaming)"
-
-
-def import_streaming():
-    """The ``streaming`` package, or an ImportError that names the extra to install."""
-    try:
-        import streaming
-    except ImportError as err:
-        raise ImportError(f"--to {MDS} needs mosaicml-streaming ({err}): {INSTALL_HINT}") from err
-    return streaming
 
 
 def mds_columns(schema: pa.Schema, token_column: str = "input_ids") -> dict[str, str]:
@@ -97,29 +90,102 @@ def mds_samples(table: pa.Table, token_column: str = "input_ids") -> Iterator[di
             yield sample
 
 
+def _encode_column(encoding: str, value) -> bytes:
+    """One value in an MDS encoding of :func:`mds_columns`: ``ndarray:DTYPE`` (dtype fixed in
+    the index, shape not: one byte ``ndim << 2 | shape dtype`` (uint8 0, uint16 1, uint32 2),
+    the shape, then the values) or a scalar ``uint8`` ... ``int64`` (its bytes).
+
+    ``_encode_column("ndarray:uint8", np.array([7, 9], np.uint8)) -> b"\\x04\\x02\\x07\\x09"``
+
+    Raises:
+        ValueError: an empty array (MDS cannot hold one), or another dtype than the column's.
+    """
+    if not encoding.startswith("ndarray:"):
+        return np.dtype(encoding).type(value).tobytes()
+    dtype = encoding.split(":", 1)[1]
+    if value.dtype != np.dtype(dtype):
+        raise ValueError(f"MDS column {encoding}: got an array of {value.dtype}")
+    if not value.size:
+        raise ValueError(f"MDS column {encoding}: an empty array cannot be written in MDS")
+    length = len(value)
+    shape_code, shape_dtype = next(
+        (code, dt)
+        for code, dt in enumerate((np.uint8, np.uint16, np.uint32))
+        if length < 256 ** (1 << code)
+    )
+    return (
+        bytes([(1 << 2) | shape_code]) + np.array([length], shape_dtype).tobytes() + value.tobytes()
+    )
+
+
+def _mds_shard(samples: list[bytes], config: bytes) -> bytes:
+    """An MDS shard file: the sample count (uint32), each sample's offset in the file and the
+    end's (uint32), the writer's config as JSON, then the samples."""
+    sizes = np.array([0, *map(len, samples)], np.int64).cumsum()
+    head = 4 + 4 * len(sizes) + len(config)
+    offsets = (sizes + head).astype(np.uint32)
+    return np.uint32(len(samples)).tobytes() + offsets.tobytes() + config + b"".join(samples)
+
+
 def write_mds(
     table: pa.Table, directory: str, token_column: str = "input_ids", size_limit: int = SIZE_LIMIT
 ) -> list[str]:
-    """One shard as an MDS dataset in the local ``directory`` (new or empty), written by
-    ``streaming.MDSWriter``, uncompressed. Memory: one MDS shard file (``size_limit``) and a
-    record batch's samples.
+    """One shard as an MDS dataset in the local ``directory`` (new or empty), uncompressed,
+    byte for byte as ``streaming.MDSWriter(out=directory, columns=mds_columns(...),
+    compression=None, size_limit=size_limit)`` writes it (tests/pipeline/test_export_mds.py
+    compares them). Written here rather than by streaming because ``import streaming`` needs
+    torch and torchvision, which a CPU machine cannot install from PyPI alone beside a CPU
+    torch (docs/exports.md); the format is streaming's documented MDS (its
+    ``format/mds/writer.py`` and ``encodings.py``), and streaming reads it back. Memory: one
+    MDS shard file (``size_limit``) and a record batch's samples.
 
     Returns:
         The file names written: ``shard.00000.mds`` (more past size_limit), then
         ``index.json``.
 
     Raises:
-        ImportError: mosaicml-streaming is not installed (names the extra).
+        ValueError: a value MDS cannot hold (an empty list column).
     """
-    streaming = import_streaming()
     columns = mds_columns(table.schema, token_column)
-    with streaming.MDSWriter(
-        out=directory, columns=columns, compression=None, size_limit=size_limit
-    ) as writer:
-        for sample in mds_samples(table, token_column):
-            writer.write(sample)
-    names = sorted(os.listdir(directory))
-    return sorted(names, key=lambda name: name == INDEX_NAME)
+    names = sorted(columns)
+    encodings = [columns[name] for name in names]
+    sizes = [None if e.startswith("ndarray:") else np.dtype(e).itemsize for e in encodings]
+    config = {
+        "version": 2,
+        "format": MDS,
+        "compression": None,
+        "hashes": [],
+        "size_limit": size_limit,
+        "column_names": names,
+        "column_encodings": encodings,
+        "column_sizes": sizes,
+    }
+    config_bytes = json.dumps(config, sort_keys=True).encode("utf-8")
+    shards: list[dict] = []
+    pending: list[bytes] = []
+    pending_size = 4 + 4 + len(config_bytes)  # MDSWriter's count of a shard's fixed bytes
+
+    def flush() -> None:
+        name = f"shard.{len(shards):05d}.{MDS}"
+        data = _mds_shard(pending, config_bytes)
+        atomic_write_bytes(os.path.join(directory, name), [data])
+        raw = {"basename": name, "bytes": len(data), "hashes": {}}
+        shards.append({"samples": len(pending), "raw_data": raw, "zip_data": None, **config})
+
+    for sample in mds_samples(table, token_column):
+        parts = [_encode_column(e, sample[n]) for n, e in zip(names, encodings, strict=True)]
+        variable = [len(p) for p, size in zip(parts, sizes, strict=True) if size is None]
+        encoded = np.array(variable, np.uint32).tobytes() + b"".join(parts)
+        if size_limit and size_limit < pending_size + len(encoded) + 4:
+            flush()
+            pending, pending_size = [], 4 + 4 + len(config_bytes)
+        pending.append(encoded)
+        pending_size += len(encoded) + 4
+    if pending:
+        flush()
+    index = json.dumps({"version": 2, "shards": shards}, sort_keys=True)
+    atomic_write_bytes(os.path.join(directory, INDEX_NAME), [index.encode("utf-8")])
+    return [shard["raw_data"]["basename"] for shard in shards] + [INDEX_NAME]
 
 
 def merged_index(parts: list[tuple[str, dict]]) -> dict:
