@@ -1,6 +1,6 @@
 """``python -m report.plot RUN_DIR``: PNG plots of a training run's ``metrics.jsonl``.
 
-Writes into ``RUN_DIR/plots/`` (or ``--out``), each against the optimizer step:
+Writes into ``RUN_DIR/plots/`` (or ``--output-dir``), each against the optimizer step:
 
 - ``loss.png``: total, MLM and NSP loss (train lines, eval points) and a dashed line at the
   unigram (context-free) loss of the held-out MLM targets: an MLM loss on that line means

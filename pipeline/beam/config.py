@@ -60,10 +60,12 @@ class CurationOptions:
         "paths, then position in the file)",
         choices=MINHASH_KEEP,
     )
-    # Label propagation with pointer jumping halves the longest path to a cluster's
-    # smallest id each round; 8 rounds join chains of 2**8 documents (curate's report.json
-    # says whether the last round changed anything).
-    cc_rounds: int = option(8, "connected components: rounds of label propagation (a bound)")
+    # Kiveris et al.'s alternating large-star and small-star rounds (curation_steps.py
+    # components); curate's report.json says whether the last round changed anything, and
+    # the console warns when it did.
+    cc_rounds: int = option(
+        8, "near-duplicate clusters: rounds of large-star/small-star connected components (a bound)"
+    )
     filters: str = option(
         "",
         "comma-separated quality rule sets (gopher_quality, gopher_repetition, c4, "
