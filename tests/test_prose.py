@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import importlib.util
+import importlib.machinery
 import json
 import re
 import shlex
@@ -149,8 +149,13 @@ def module_exists(name: str) -> bool:
     it: deepspeed's imports are slow) or one of EXTERNAL_MODULES."""
     parts = name.split(".")
     if not is_ours(name):
-        top = importlib.util.find_spec(parts[0])
-        if name in EXTERNAL_MODULES or (top and len(parts) == 1):
+        # PathFinder, not importlib.util.find_spec: the latter asks sys.meta_path's finders,
+        # and setuptools' distutils finder takes a lookup of "pip" for pip running and turns
+        # itself off for the rest of the process; a later `import setuptools` (torch's
+        # cpp_extension) then failed in whichever test came next.
+        top = importlib.machinery.PathFinder.find_spec(parts[0])
+        builtin = parts[0] in sys.builtin_module_names  # sys, time: not on sys.path
+        if name in EXTERNAL_MODULES or ((top or builtin) and len(parts) == 1):
             return True
         if top is None or not top.submodule_search_locations:
             return False
@@ -403,3 +408,11 @@ def test_module_docstrings_run_modules_that_exist():
                 if not module.isupper() and not module_exists(module):  # not a placeholder, X
                     missing.append(f"{path.relative_to(REPO)}: python -m {module}")
     assert not missing, "\n".join(missing)
+
+
+def test_looking_up_a_module_leaves_setuptools_importable():
+    # importlib.util.find_spec("pip") turned setuptools' distutils finder off for the process,
+    # and the next test to import setuptools (through torch's cpp_extension) failed.
+    code = "from tests.test_prose import module_exists; module_exists('pip'); import setuptools"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
