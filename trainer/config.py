@@ -393,13 +393,10 @@ class TrainConfig:
 def resolve_unpad(unpad: bool | str, device_type: str) -> bool:
     """Whether the encoder runs unpadded on ``device_type`` ("cpu", "cuda", ...).
 
-    ``auto`` is unpadded on CPU (faster there, the more so the more padding: docs/results.md)
-    and padded elsewhere. On one H200 (bf16, seq 128, docs/results.md "BERT-Base and -Large
-    on an H200") the padded model step was the faster or as fast everywhere: BERT-Base
-    3,894 seq/s padded against 3,952 on the varlen attention path (no attention dropout)
-    and 720 on the nested one (the presets' dropout), BERT-Large 1,366 against 793 and
-    155; the trainer's BERT-Base runs 1,136 padded against 592 unpadded. The nested path
-    spends its time in the host's dispatch of jagged tensors, not on the GPU.
+    ``auto`` is unpadded on CPU (faster there, the more so the more padding) and padded
+    elsewhere: on a GPU the padded step measured as fast or faster than both unpadded paths,
+    whose nested-tensor one spends its time in the host's dispatch of jagged tensors
+    (docs/results.md, "BERT-Base and -Large on an H200").
     """
     if unpad == "auto":
         return device_type == "cpu"
