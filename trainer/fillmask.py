@@ -168,7 +168,7 @@ def mask_one_word(sentence: str, tokenizer, rng: random.Random) -> tuple[str, st
     candidates = []
     for i, word in enumerate(word_ids):
         whole = tokens_per_word[word] == 1 and ids[i] not in special
-        if whole and any(ch.isalnum() for ch in tokenizer.convert_ids_to_tokens(ids[i])):
+        if whole and is_word(tokenizer.convert_ids_to_tokens(ids[i])):
             candidates.append(i)
     if not candidates:
         return None
@@ -242,12 +242,13 @@ def word_tokens(tokenizer):
 
     special = set(tokenizer.all_special_ids)
     tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
-    return torch.tensor(
-        [
-            i not in special and not t.startswith("##") and any(ch.isalnum() for ch in t)
-            for i, t in enumerate(tokens)
-        ]
-    )
+    return torch.tensor([i not in special and is_word(t) for i, t in enumerate(tokens)])
+
+
+def is_word(token: str) -> bool:
+    """A token that can stand for a whole word: not a ``##`` piece, with a letter or digit.
+    ``is_word("king") -> True``; ``is_word(",")``, ``is_word("##s") -> False``."""
+    return not token.startswith("##") and any(ch.isalnum() for ch in token)
 
 
 def fill_mask_examples(

@@ -266,9 +266,8 @@ class Trainer:
         resume = self.resume
         if resume is None:
             torch.manual_seed(derive_seed(self.config.seed, "dropout", self.info.rank))
-            self.state.run_id = distributed.gather_objects(uuid.uuid4().hex, self.info.world_size)[
-                0
-            ]
+            ids = distributed.gather_objects(uuid.uuid4().hex, self.info.world_size)
+            self.state.run_id = ids[0]  # rank 0's, on every rank
             return
         saved = checkpoint.load(self.engine, *resume)
         prepare.check_resumed_data(self.config, self.fingerprint, saved, "/".join(resume))

@@ -47,6 +47,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from pipeline.options import FALSE, TRUE
+
 logger = logging.getLogger(__name__)
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -81,11 +83,11 @@ def _without(args: Sequence[str], flags: Sequence[str]) -> list[str]:
 
 def _without_switch(args: Sequence[str], switch: str) -> list[str]:
     """``args`` without a bool flag given as ``--switch``, ``--switch=v`` or ``--switch v``
-    (v a true/false word): ``(["--overwrite", "false", "--data", "s"], "--overwrite")`` ->
-    ``["--data", "s"]``."""
+    (v a word pipeline/options.py's parse_bool takes): ``(["--overwrite", "off", "--data",
+    "s"], "--overwrite")`` -> ``["--data", "s"]``."""
     out, after = [], False
     for arg in args:
-        if after and arg.lower() in ("true", "false", "yes", "no", "1", "0"):
+        if after and arg.strip().lower() in (*TRUE, *FALSE):
             after = False
             continue
         after = arg == switch
@@ -96,9 +98,9 @@ def _without_switch(args: Sequence[str], switch: str) -> list[str]:
 
 def resume_command(prefix: Sequence[str], args: Sequence[str], *, overwrite: bool = False) -> str:
     """The shell command that continues a run: ``prefix``, then ``args`` without any
-    ``--resume`` or ``--overwrite``, then ``--resume auto``. With ``overwrite``, the command that runs as asked
-    over what the output directory holds: ``args`` as they are, then ``--overwrite``
-    (trainer/checkpoint.py check_start).
+    ``--resume`` or ``--overwrite``, then ``--resume auto``. With ``overwrite``, the command
+    that runs as asked over what the output directory holds: ``args`` as they are, then
+    ``--overwrite`` (trainer/checkpoint.py check_start).
 
     Example: ``(["python", "trainer/run.py"], ["--data", "my shards", "--resume=x"])``
     -> ``"python trainer/run.py --data 'my shards' --resume auto"``. A launcher of one node of

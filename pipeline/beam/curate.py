@@ -447,8 +447,8 @@ def funnel_lines(report: dict, kept: int) -> list[str]:
     """The console's funnel: what each rule removed, as counts and shares of what was read.
 
     Example: 6,625 read, gopher_quality 6,000 and exact_dup 220 removed, 405 kept ->
-    ``["  removed by gopher_quality:  6000 (90.6%)", "  removed by exact_dup:  220 (3.3%)",
-    "  kept:  405 (6.1%)"]``.
+    ``["  removed by gopher_quality:   6000 (90.6%)", "  removed by exact_dup:    220 (3.3%)",
+    "  kept:    405 (6.1%)"]``.
     """
     read = max(report["funnel"][0]["documents"], 1) if report["funnel"] else 1
     lines = [

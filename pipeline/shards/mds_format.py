@@ -163,7 +163,8 @@ def write_mds(
     config_bytes = json.dumps(config, sort_keys=True).encode("utf-8")
     shards: list[dict] = []
     pending: list[bytes] = []
-    pending_size = 4 + 4 + len(config_bytes)  # MDSWriter's count of a shard's fixed bytes
+    fixed = 4 + 4 + len(config_bytes)  # MDSWriter's count of a shard's bytes besides samples
+    pending_size = fixed
 
     def flush() -> None:
         name = f"shard.{len(shards):05d}.{MDS}"
@@ -178,7 +179,7 @@ def write_mds(
         encoded = np.array(variable, np.uint32).tobytes() + b"".join(parts)
         if size_limit and size_limit < pending_size + len(encoded) + 4:
             flush()
-            pending, pending_size = [], 4 + 4 + len(config_bytes)
+            pending, pending_size = [], fixed
         pending.append(encoded)
         pending_size += len(encoded) + 4
     if pending:

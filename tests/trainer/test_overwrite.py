@@ -101,7 +101,7 @@ def test_a_fresh_start_beside_records_but_no_checkpoint_is_allowed(tiny_shards, 
 
 
 def test_commands_to_resume_and_to_overwrite():
-    prefix, argv = ["python", "-m", "trainer.run"], ["--data", "s", "--overwrite", "false"]
+    prefix, argv = ["python", "-m", "trainer.run"], ["--data", "s", "--overwrite", "off"]
     assert resume_command(prefix, argv) == "python -m trainer.run --data s --resume auto"
     assert resume_command(prefix, [*argv, "--resume=x"], overwrite=True) == (
         "python -m trainer.run --data s --resume=x --overwrite"
