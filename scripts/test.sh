@@ -29,19 +29,10 @@
 # worker processes log otherwise (their INFO lines no longer reach Beam's log file). Copying
 # .venv-base means only the extra is installed; same stamp; BERT_TEST_BASE covers it too.
 #
-# The exports' readers, in an environment of their own, .venv-readers: a copy of .venv-base
-# plus mosaicml-streaming 0.13.0 (tests/pipeline/test_export_mds.py) and megatron-core 0.16.1
-# (tests/pipeline/test_export_megatron.py), pinned, with torch 2.13.0 for CPU (both import
-# torch; pinned, pip takes the CPU build this machine keeps, never a CUDA one). One
-# environment for both: their pins agree (streaming's numpy < 2.2 and transformers < 5;
-# megatron-core asks for torch, numpy and packaging only), and torch is installed once. Both
-# go in without their dependencies (locks/readers-nodeps.in) plus what their imports need
-# (locks/readers.in): streaming's declared
-# dependencies add its cloud clients (boto3, azure, google-cloud-storage, oci, paramiko),
-# matplotlib and torchvision, imported only when used, which took several times as long to
-# install. torchvision is a stub of the two names streaming's vision datasets import on
-# `import streaming`: PyPI's torchvision wheels are CUDA builds that do not load beside a CPU
-# torch (they need libtorch_cuda.so), and MDS never uses them. Same stamp; BERT_TEST_BASE
+# The exports' readers, in an environment of their own, .venv-readers: what scripts/readers.sh
+# makes for users (mosaicml-streaming 0.13.0 and megatron-core 0.16.1 with torch 2.13.0 for
+# CPU; it says why not the mds extra), started from a copy of .venv-base;
+# tests/pipeline/test_export_mds.py and test_export_megatron.py. Same stamp; BERT_TEST_BASE
 # covers it too.
 #
 # And in .venv-report (a copy of .venv-base plus matplotlib)
@@ -58,7 +49,7 @@ ruff check .
 ruff format --check .
 
 # What .venv-base and .venv-gcp install: their stamp.
-deps_stamp="$(cat pyproject.toml setup.py scripts/test.sh locks/* | python -c \
+deps_stamp="$(cat pyproject.toml setup.py scripts/test.sh scripts/install.sh scripts/readers.sh locks/* | python -c \
   'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')"
 
 # base_install_tests: tests/pipeline's fast tier in .venv-base (pip install -e . pytest).
@@ -116,46 +107,19 @@ report_tests() {
   "$venv/bin/python" -m pytest tests/report/test_base_install.py -p no:cacheprovider -q \
     --durations=3
 }
-# Unlocked (BERT_NO_LOCK=1), the same as locks/readers-nodeps.in and readers.in.
-mapfile -t READERS < <(grep -v '^#' locks/readers-nodeps.in)
-mapfile -t READER_DEPS < <(grep -v -e '^#' -e '^-r' locks/readers.in)
-
-# reader_tests: the MDS and Megatron exports read back by streaming and megatron-core.
+# reader_tests: the MDS and Megatron exports read back by streaming and megatron-core, in the
+# environment scripts/readers.sh makes for users (from a copy of .venv-base).
 reader_tests() {
   local venv="$root/.venv-readers"
   if [ "$(cat "$venv/.readers-stamp" 2>/dev/null)" != "$deps_stamp" ] \
     || [ ! -x "$venv/bin/python" ]; then
-    rm -rf "$venv"
-    setup_step "creating $venv (a copy of .venv-base)" cp -a "$root/.venv-base" "$venv"
-    setup_step "installing $torch_spec" "$venv/bin/python" -m pip install "$torch_spec"
-    if lock_usable "$venv/bin/python" >/dev/null; then
-      lock_install "$venv/bin/python" "$root/locks/readers.txt"
-    else
-      lock_install "$venv/bin/python" "" --no-deps "${READERS[@]}"
-      setup_step "installing what they import: ${READER_DEPS[*]}" \
-        "$venv/bin/python" -m pip install "${READER_DEPS[@]}"
-    fi
-    setup_step "writing a torchvision stub" torchvision_stub "$venv"
+    BERT_READERS_FROM="$root/.venv-base" bash "$root/scripts/readers.sh" "$venv"
     echo "$deps_stamp" >"$venv/.readers-stamp"
   fi
   echo "[test] the MDS and Megatron exports read by streaming and megatron-core ($venv)"
   BERT_MDS_TESTS=1 BERT_MEGATRON_TESTS=1 "$venv/bin/python" -m pytest \
     tests/pipeline/test_export_mds.py tests/pipeline/test_export_megatron.py \
     -p no:cacheprovider -q --durations=3
-}
-
-# torchvision_stub VENV: the two names streaming/vision/base.py imports, and nothing else.
-torchvision_stub() {
-  local site
-  site="$("$1/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-  mkdir -p "$site/torchvision/datasets" "$site/torchvision/transforms"
-  echo '"""A stub: streaming imports torchvision for its vision datasets only."""' \
-    >"$site/torchvision/__init__.py"
-  printf 'class VisionDataset:\n    """A stub."""\n\n\nclass CIFAR10(VisionDataset):\n    """A stub."""\n' \
-    >"$site/torchvision/datasets/__init__.py"
-  : >"$site/torchvision/transforms/__init__.py"
-  printf 'def to_tensor(pic):\n    raise NotImplementedError("a stub of torchvision")\n' \
-    >"$site/torchvision/transforms/functional.py"
 }
 
 # The tests that passed on the base install (base_install_tests), left out of the last run.

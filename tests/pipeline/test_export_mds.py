@@ -1,11 +1,11 @@
 """``python -m pipeline export --to mds``, read back by Mosaic's own ``streaming.StreamingDataset``.
 
 mosaicml-streaming pins numpy < 2.2 and needs torch, so it is not in .venv: scripts/test.sh
-runs this file in .venv-readers (the base install, mosaicml-streaming 0.13.0 and torch 2.13.0
-for CPU), where BERT_MDS_TESTS=1 makes a missing package a failure; elsewhere the tests that
+runs this file in .venv-readers (scripts/readers.sh: the base install, mosaicml-streaming
+0.13.0 and torch 2.13.0 for CPU), where BERT_MDS_TESTS=1 makes a missing package a failure; elsewhere the tests that
 need it skip, naming the environment:
 
-    .venv-readers/bin/python -m pytest tests/pipeline/test_export_mds.py   # after scripts/test.sh
+    .venv-readers/bin/python -m pytest tests/pipeline/test_export_mds.py
 
 The Arrow rows are read with pyarrow, as FORMAT.md says; the samples with StreamingDataset
 (local, no remote), and the token column also by the pre-tokenized readers' own rule,
@@ -32,7 +32,7 @@ KINDS = {
 }
 MDS_VENV = (
     "mosaicml-streaming ({}) is not in this environment: scripts/test.sh runs these tests in "
-    ".venv-readers (mosaicml-streaming==0.13.0, torch==2.13.0)"
+    ".venv-readers, which bash scripts/readers.sh makes (mosaicml-streaming==0.13.0, torch==2.13.0)"
 )
 
 

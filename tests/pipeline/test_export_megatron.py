@@ -1,8 +1,8 @@
 """``python -m pipeline export --to megatron``, read back by megatron-core's ``IndexedDataset``.
 
 megatron-core imports torch, so it is not in .venv (unpinned it also pulls torch 2.14):
-scripts/test.sh runs this file in .venv-readers (the base install, megatron-core 0.16.1 and
-torch 2.13.0 for CPU), where BERT_MEGATRON_TESTS=1 makes a missing package a failure;
+scripts/test.sh runs this file in .venv-readers (scripts/readers.sh: the base install,
+megatron-core 0.16.1 and torch 2.13.0 for CPU), where BERT_MEGATRON_TESTS=1 makes a missing package a failure;
 elsewhere the tests that need it skip, naming the environment:
 
     .venv-readers/bin/python -m pytest tests/pipeline/test_export_megatron.py
@@ -33,7 +33,7 @@ from tests.helpers import WORDS, make_corpus
 FLAGS = ["--vocab_size", "200", "--max_seq_length", "48", "--num_shards", "3"]
 MEGATRON_VENV = (
     "megatron-core ({}) is not in this environment: scripts/test.sh runs these tests in "
-    ".venv-readers (megatron-core==0.16.1, torch==2.13.0)"
+    ".venv-readers, which bash scripts/readers.sh makes (megatron-core==0.16.1, torch==2.13.0)"
 )
 
 
