@@ -53,14 +53,11 @@ from pipeline.beam.config import (
     resolve_curate_spool,
 )
 from pipeline.beam.curation_steps import (
-    ID_BYTES,
     Curate,
-    IdPacks,
     check_packages,
     document_totals,
     documents_of,
     eval_ngram_set,
-    unpack_ids,
     utf8_bytes,
 )
 from pipeline.beam.document_steps import (
@@ -71,6 +68,7 @@ from pipeline.beam.document_steps import (
     add_up,
 )
 from pipeline.beam.shard_steps import write_atomic
+from pipeline.core.idpacks import ORIGIN_COLUMNS, IdPacks, add_counts, file_counts
 from pipeline.core.rng import derive_seed
 from pipeline.core.sources import range_bytes, split_ranges
 from pipeline.options import CommandParser, add_options, option, parse_options
@@ -83,7 +81,6 @@ FILE_BYTES = 128 * 2**20  # output files aim at this many bytes of text (--num_f
 # ReadTexts' tagged output: IdPacks of (id, input path rank, range start, index in the
 # range, UTF-8 bytes): the first three a position (curation_steps.BatchPositions')
 ORIGINS = "origins"
-ORIGIN_COLUMNS = 4
 # The hidden spool files of curation_steps.SpoolTexts and BandKeys (--spool): removed once
 # every file is written, or with the rest of a failed curate's output.
 SPOOL_PATTERNS = (".texts-*.spool", ".bands-*.spool")
@@ -235,55 +232,6 @@ def kept_packs(group) -> Iterator[tuple[int, tuple[bytes, bytes]]]:
     for doc_id, text in group[1]:
         packs.add(doc_id, utf8_bytes(text))
     yield from packs.packed()
-
-
-def file_counts(element, paths: Sequence[str]) -> Iterator[tuple[str, tuple[int, int, int, int]]]:
-    """(bucket, {"origin": packs of every copy read: (id, path rank, range start, index,
-    bytes), "kept": packs of the kept documents: (id, bytes)}) -> (path, (documents in,
-    bytes in, documents out, bytes out)) per path in the bucket: one in per copy read, and
-    one out per kept document, counted to the first path (in ``paths``' sorted order) of
-    its copies (they are identical, so the rule only names the file; no runner or file
-    order changes it).
-
-    Example, as records: origins ``(d1, 1, 0, 0, 5), (d1, 0, 0, 3, 5)`` and kept
-    ``(d1, 4)`` with ``paths == ["a", "b"]`` -> ``("a", (1, 5, 1, 4)), ("b", (1, 5, 0, 0))``.
-
-    Raises:
-        ValueError: a kept id was never read (a bug upstream, named here).
-    """
-    import numpy as np
-
-    _, grouped = element
-    ids, (ranks, _, _, sizes) = unpack_ids(grouped["origin"], ORIGIN_COLUMNS)
-    kept_ids, (kept_sizes,) = unpack_ids(grouped["kept"], 1)
-    order = np.lexsort((ranks, ids))  # by id, then by path rank
-    ids, first_ranks = ids[order], ranks[order]
-    first = np.r_[True, ids[1:] != ids[:-1]] if len(ids) else np.zeros(0, bool)
-    ids, first_ranks = ids[first], first_ranks[first]
-    at = np.searchsorted(ids, kept_ids)
-    found = at < len(ids)
-    found[found] = ids[at[found]] == kept_ids[found]
-    if not found.all():
-        missing = kept_ids[~found][0].ljust(ID_BYTES, b"\0").hex()
-        raise ValueError(f"kept document {missing} has no origin among the documents read")
-    kept_ranks = first_ranks[at]
-    rows = np.unique(np.concatenate([ranks, kept_ranks]))
-    counts = np.zeros((len(rows), 4), np.int64)
-    inputs, outputs = np.searchsorted(rows, ranks), np.searchsorted(rows, kept_ranks)
-    np.add.at(counts[:, 0], inputs, 1)
-    np.add.at(counts[:, 1], inputs, sizes)
-    np.add.at(counts[:, 2], outputs, 1)
-    np.add.at(counts[:, 3], outputs, kept_sizes)
-    for rank, row in zip(rows.tolist(), counts.tolist(), strict=True):
-        yield paths[rank], tuple(row)
-
-
-def add_counts(counts: Iterable[tuple[int, ...]]) -> tuple[int, ...]:
-    """Element-wise sums: ``[(1, 5, 0, 0), (0, 0, 1, 4)]`` -> ``(1, 5, 1, 4)``."""
-    total = (0, 0, 0, 0)
-    for more in counts:
-        total = tuple(a + b for a, b in zip(total, more, strict=True))
-    return total
 
 
 # ----------------------------------------------------------------------------- output

@@ -31,7 +31,6 @@ import glob
 import logging
 import pickle
 import re
-from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple
 
@@ -40,6 +39,22 @@ from apache_beam.pvalue import TaggedOutput
 
 from pipeline.beam.config import CurationOptions
 from pipeline.beam.document_steps import DocumentBatch, ReadDocuments, skipped
+from pipeline.core.components import (
+    band_bucket,
+    both_ways,
+    key_groups,
+    large_star,
+    ordered,
+    small_star,
+    star_edges,
+)
+from pipeline.core.idpacks import (
+    POSITION_COLUMNS,
+    IdPacks,
+    all_but_first,
+    member_positions,
+    member_records,
+)
 from pipeline.core.sources import content_id, document_sentences
 
 logger = logging.getLogger(__name__)
@@ -392,62 +407,13 @@ class BandKeys(beam.DoFn):
 
 
 # GroupBands' keys: a bucket holds 1/256 of the band records. Few, so that a bundle's
-# packs are large: a Dask task's 8 MB of input, filtered down to ~3,000 band records, went
-# one record an element into 4,096 buckets (~325 bytes of objects a record), and a 1 GB
-# curate's workers held all of them in the shuffle's splits at their peak (docs/results.md).
-# A bucket grouped is its records' packed bytes: 1/256 of 100 GB's is ~0.1 GB.
-BAND_BUCKETS = 256
-KEY_BYTES = 18  # a band key: 2 bytes of band index and a 16-byte digest (dedup.band_keys)
-
-
-def band_bucket(key: bytes) -> int:
-    """A band key's bucket, from its digest's last 4 bytes: a deterministic, even spread
-    (the digest is BLAKE2b's). ``band_bucket(b"\\x00\\x03" + bytes(15) + b"\\x05") == 5``."""
-    return int.from_bytes(key[-4:], "big") % BAND_BUCKETS
-
-
 def bucket_stars(element) -> Iterator[tuple[str, str]]:
     """(bucket, [(keys, ids)] packed by :class:`BandKeys`, or SpoolRefs to them) ->
-    :func:`star_edges` of each band key in it: its records sorted by key bytes, each run
-    of one key a group.
-
-    Example: the packs ``[(k1 + k2, "c\\nb"), (k1, "a")]`` (``k1`` and ``k2`` two keys) ->
-    ``("c", "a")``; ``k2``'s group has one id, so no edge.
-
-    Raises:
-        ValueError: a pack's keys are not 18 bytes per id.
-    """
-    import numpy as np
-
+    :func:`~pipeline.core.components.star_edges` of each band key in it
+    (:func:`~pipeline.core.components.key_groups`)."""
     _, packs = element
-    keys, ids = [], []
-    for packed_keys, packed_ids in spooled_values(packs):
-        names = packed_ids.split("\n")
-        if len(packed_keys) != KEY_BYTES * len(names):
-            raise ValueError(
-                f"a band pack holds {len(packed_keys)} key bytes for {len(names)} ids; "
-                f"expected {KEY_BYTES} per id"
-            )
-        keys.append(packed_keys)
-        ids.extend(names)
-    table = np.frombuffer(b"".join(keys), np.uint8).reshape(len(ids), KEY_BYTES)
-    order = np.lexsort(table.T[::-1])  # by byte 0, then 1, ...: the keys' byte order
-    table = table[order]
-    starts = np.flatnonzero(np.r_[True, (table[1:] != table[:-1]).any(axis=1)])
-    ends = np.r_[starts[1:], len(ids)]
-    for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
-        if end - start > 1:
-            yield from star_edges((None, [ids[i] for i in order[start:end].tolist()]))
-
-
-def star_edges(element) -> Iterator[tuple[str, str]]:
-    """(band key, ids sharing it) -> (id, the smallest of them) for every other id: a star
-    per band key. The ids are iterated twice and never held."""
-    _, ids = element
-    smallest = min(ids, default=None)
-    for doc_id in ids:
-        if doc_id != smallest:
-            yield doc_id, smallest
+    for ids in key_groups(spooled_values(packs)):
+        yield from star_edges((None, ids))
 
 
 class ConnectedComponents(beam.PTransform):
@@ -476,14 +442,14 @@ class ConnectedComponents(beam.PTransform):
         self._rounds = rounds
 
     def expand(self, edges):
-        edges = edges | "Ordered" >> beam.Map(_ordered) | "Unique" >> beam.Distinct()
+        edges = edges | "Ordered" >> beam.Map(ordered) | "Unique" >> beam.Distinct()
         previous = edges
         for r in range(self._rounds):
             previous = edges
-            for name, star in (("Large", _large_star), ("Small", _small_star)):
+            for name, star in (("Large", large_star), ("Small", small_star)):
                 edges = (
                     edges
-                    | f"{name}Adjacency{r}" >> beam.FlatMap(_both_ways)
+                    | f"{name}Adjacency{r}" >> beam.FlatMap(both_ways)
                     | f"{name}Group{r}" >> beam.GroupByKey()
                     | f"{name}Star{r}" >> beam.FlatMap(star)
                 )
@@ -504,123 +470,10 @@ class ConnectedComponents(beam.PTransform):
         return labels, changed
 
 
-def _ordered(edge) -> tuple[str, str]:
-    u, v = edge
-    return (u, v) if u <= v else (v, u)
-
-
-def _both_ways(edge) -> Iterator[tuple[str, str]]:
-    u, v = edge
-    yield u, v
-    yield v, u
-
-
-def _large_star(element) -> Iterator[tuple[str, str]]:
-    node, neighbours = element
-    neighbours = set(neighbours)
-    smallest = min(node, min(neighbours))
-    for v in neighbours:
-        if v > node:
-            yield (smallest, v) if smallest < v else (v, smallest)
-
-
-def _small_star(element) -> Iterator[tuple[str, str]]:
-    node, neighbours = element
-    smaller = {v for v in neighbours if v < node}
-    smallest = min([node, *smaller])
-    for v in [node, *smaller]:
-        if v != smallest:
-            yield smallest, v
-
-
-ID_BYTES = 16  # a content id's digest (pipeline/core/sources.py content_id: 32 hex digits)
-# IdPacks' keys: a bucket holds 1/64 of the documents' records. Few, for large packs (a
-# Dask task's ~3,600 documents go ~56 a pack: ~20 bytes of objects a record besides its own
-# 48); a bucket grouped is 1/64 of the records, ~35 MB at 100 GB.
-ID_BUCKETS = 64
-
-
-def id_bucket(doc_id: str) -> int:
-    """A content id's bucket: its last 8 hex digits modulo ``ID_BUCKETS``."""
-    return int(doc_id[-8:], 16) % ID_BUCKETS
-
-
-class IdPacks:
-    """(content id, ``columns`` integers) records, packed per bucket of ids: ``packed()``
-    gives ``(bucket, (ids, column, ...))`` per bucket, ``ids`` the digests' bytes
-    concatenated, each column int64 bytes in the same order, and empties the packs.
-
-    One Beam element per document (a tuple, its id, its path, a ``WindowedValue``: about
-    250 bytes of Python objects) was most of what a Dask worker held at a 1 GB curate's
-    peak (docs/results.md); packed, a record is 16 bytes and 8 per column. A bucket is
-    the id's last 8 hex digits modulo ``ID_BUCKETS``, so every copy of a document (the
-    same id) meets in one, whichever bundle read it.
-    """
-
-    def __init__(self, columns: int):
-        self._columns = columns
-        self._packs: dict[int, tuple[bytearray, list[array]]] = {}
-        self._held = 0
-
-    def __len__(self) -> int:
-        return self._held
-
-    def add(self, doc_id: str, *numbers: int) -> None:
-        try:
-            digest = bytes.fromhex(doc_id)
-        except ValueError:
-            digest = b""
-        if len(digest) != ID_BYTES:
-            raise ValueError(f"document id {doc_id!r} is not a content id ({ID_BYTES} bytes hex)")
-        bucket = id_bucket(doc_id)
-        pack = self._packs.get(bucket)
-        if pack is None:
-            pack = self._packs[bucket] = (bytearray(), [array("q") for _ in range(self._columns)])
-        pack[0].extend(digest)
-        for column, number in zip(pack[1], numbers, strict=True):
-            column.append(number)
-        self._held += 1
-
-    def packed(self) -> Iterator[tuple[int, tuple[bytes, ...]]]:
-        packs, self._packs, self._held = self._packs, {}, 0
-        for bucket, (ids, columns) in sorted(packs.items()):
-            yield bucket, (bytes(ids), *(column.tobytes() for column in columns))
-
-
-def unpack_ids(packs: Iterable[tuple[bytes, ...]], columns: int):
-    """:meth:`IdPacks.packed`'s values -> (ids as a numpy ``S16`` array, [int64 array per
-    column]), the packs concatenated.
-
-    Raises:
-        ValueError: a pack's columns do not hold 8 bytes per id, or ids 16 bytes each.
-    """
-    import numpy as np
-
-    ids, cols = [], [[] for _ in range(columns)]
-    for packed_ids, *packed_cols in packs:
-        n = len(packed_ids) // ID_BYTES
-        sizes = [len(packed_ids) - ID_BYTES * n] + [len(c) - 8 * n for c in packed_cols]
-        if len(packed_cols) != columns or any(sizes):
-            raise ValueError(
-                f"an id pack holds {len(packed_ids)} id bytes and columns of "
-                f"{[len(c) for c in packed_cols]} bytes; expected {ID_BYTES} and 8 per id, "
-                f"{columns} column(s)"
-            )
-        ids.append(packed_ids)
-        for col, packed in zip(cols, packed_cols, strict=True):
-            col.append(packed)
-    return (
-        np.frombuffer(b"".join(ids), f"S{ID_BYTES}"),
-        [np.frombuffer(b"".join(col), np.int64) for col in cols],
-    )
-
-
 # ----------------------------------------------------------------------------- positions
 # --minhash_keep first: each document's place in the input, (its path's rank among the
 # plan's sorted paths, its range's first byte, its number among that range's documents),
 # packed per bucket of ids (IdPacks), and joined with the clusters' members by id.
-
-POSITION_COLUMNS = 3  # rank, range start, index: the first columns of a positions pack
 
 
 class BatchPositions(beam.DoFn):
@@ -658,60 +511,6 @@ class BatchPositions(beam.DoFn):
         window = GlobalWindow()
         for element in self._packs.packed():
             yield WindowedValue(element, window.max_timestamp(), [window])
-
-
-def member_records(label) -> Iterator[tuple[int, tuple[str, str]]]:
-    """(node, its cluster's smallest id) -> (bucket, (id, that smallest id)) for the node
-    and for the smallest id itself (a member too; its copies meet in one bucket)."""
-    node, root = label
-    yield id_bucket(node), (node, root)
-    yield id_bucket(root), (root, root)
-
-
-def member_positions(element, columns: int) -> Iterator[tuple[str, tuple[int, int, int, str]]]:
-    """(bucket, {"position": positions packs of ``columns`` columns, the first three (rank,
-    range start, index), "member": (id, cluster)}) -> (cluster, (rank, start, index, id))
-    per member, its first copy's position.
-
-    Example, as records: positions ``(d1, 1, 0, 4), (d1, 0, 9, 2)`` and members ``(d1, c)``
-    twice -> ``(c, (0, 9, 2, d1))`` once.
-
-    Raises:
-        ValueError: a member never read (a bug upstream, named here).
-    """
-    import numpy as np
-
-    _, grouped = element
-    members = dict(grouped["member"])
-    if not members:
-        return
-    ids, cols = unpack_ids(grouped["position"], columns)
-    rank, start, index = cols[:POSITION_COLUMNS]
-    order = np.lexsort((index, start, rank, ids))  # by id, then position
-    ids, rank, start, index = ids[order], rank[order], start[order], index[order]
-    first = np.r_[True, ids[1:] != ids[:-1]] if len(ids) else np.zeros(0, bool)
-    ids, rank, start, index = ids[first], rank[first], start[first], index[first]
-    names = list(members)
-    wanted = np.array([bytes.fromhex(name) for name in names], f"S{ID_BYTES}")
-    at = np.searchsorted(ids, wanted)
-    found = at < len(ids)
-    found[found] = ids[at[found]] == wanted[found]
-    if not found.all():
-        missing = names[int(np.flatnonzero(~found)[0])]
-        raise ValueError(f"near-duplicate {missing} has no position among the documents read")
-    places = zip(rank[at].tolist(), start[at].tolist(), index[at].tolist(), strict=True)
-    for name, place in zip(names, places, strict=True):
-        yield members[name], (*place, name)
-
-
-def all_but_first(element) -> Iterator[str]:
-    """(cluster, [(rank, start, index, id)] of its members) -> the id of every member but
-    the first in input order. The members are iterated twice and never held."""
-    _, members = element
-    first = min(members, default=None)
-    for member in members:
-        if member[3] != first[3]:
-            yield member[3]
 
 
 class Curated(NamedTuple):

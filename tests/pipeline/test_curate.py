@@ -18,9 +18,7 @@ from pipeline.beam.config import resolve_curate_spool
 from pipeline.beam.curate import (
     FILE_KEYS,
     CombineInBundle,
-    IdPacks,
     add_pairs,
-    file_counts,
     funnel_lines,
     sample_key,
     smallest,
@@ -30,17 +28,14 @@ from pipeline.beam.curation_steps import (
     ConnectedComponents,
     KeepDistinct,
     SpoolTexts,
-    all_but_first,
-    band_bucket,
     bucket_stars,
-    member_positions,
-    member_records,
-    star_edges,
 )
 from pipeline.beam.shard_steps import SpoolRef
 from pipeline.cli.main import main
+from pipeline.core.components import band_bucket, star_edges
 from pipeline.core.sources import content_id
 from tests.helpers import REPO
+from tests.pipeline.test_curation_core import expected_labels
 
 # The curate extra (MinHash's xxhash, py3langid): scripts/test.sh's base-install stage has
 # none of the extras, and skips here; its main stage installs them.
@@ -62,21 +57,6 @@ def components(edges, rounds=8):
         labels, changed = p | beam.Create(edges) | ConnectedComponents(rounds)
         assert_that(labels, equal_to(expected_labels(edges)), label="labels")
         assert_that(changed, equal_to([0]), label="converged")
-
-
-def expected_labels(edges):
-    """Each node but its component's smallest: that smallest, by a plain union-find."""
-    parent = {}
-
-    def find(x):
-        while parent.setdefault(x, x) != x:
-            x = parent[x]
-        return x
-
-    for u, v in edges:
-        a, b = sorted((find(u), find(v)))
-        parent[b] = a
-    return [(node, find(node)) for node in parent if find(node) != node]
 
 
 def test_a_chain_is_one_component_and_a_separate_pair_another():
@@ -127,11 +107,6 @@ def test_combining_in_bundles_first_gives_the_same_sums_and_samples(monkeypatch)
             | beam.CombinePerKey(add_pairs)
         )
         assert_that(sums, equal_to(list(expected_sums.items())), label="sums")
-
-
-def test_star_edges_point_every_member_of_a_band_at_its_smallest():
-    assert sorted(star_edges(("key", ["c", "a", "b"]))) == [("b", "a"), ("c", "a")]
-    assert list(star_edges(("key", ["a"]))) == []
 
 
 def test_bucket_stars_group_packed_records_by_key():
@@ -486,64 +461,6 @@ def test_copies_a_filter_removes_count_to_its_rule_and_kept_ones_to_exact_dedup(
     assert sorted(curated_texts(out)) == sorted([good, other])
 
 
-def packed_counts(origins, kept, paths, packs=1):
-    """file_counts over IdPacks of the records, split into ``packs`` per side."""
-    groups = {"origin": [], "kept": []}
-    # an origin (id, rank, bytes) -> (id, rank, range start, index, bytes)
-    origins = [(doc_id, rank, 0, 0, size) for doc_id, rank, size in origins]
-    for side, records, columns in (("origin", origins, 4), ("kept", kept, 1)):
-        for i in range(packs):
-            ids = IdPacks(columns)
-            for doc_id, *numbers in records[i::packs]:
-                ids.add(doc_id, *numbers)
-            groups[side] += [pack for _, pack in ids.packed()]
-    return sorted(file_counts((0, groups), paths))
-
-
-def test_file_counts_count_a_kept_document_to_its_first_path():
-    d1, d2 = "0" * 30 + "a1", "f" * 28 + "0000"  # d2's digest ends in zero bytes
-    paths = ["a", "b", "c"]
-    assert packed_counts([(d1, 1, 5), (d1, 0, 5), (d2, 2, 7)], [(d1, 4)], paths) == [
-        ("a", (1, 5, 1, 4)),
-        ("b", (1, 5, 0, 0)),
-        ("c", (1, 7, 0, 0)),
-    ]
-    assert packed_counts([(d2, 2, 7), (d2, 1, 7)], [(d2, 7)], paths) == [
-        ("b", (1, 7, 1, 7)),
-        ("c", (1, 7, 0, 0)),
-    ]
-    with pytest.raises(ValueError, match=d2):  # a kept id that no origin has: named
-        packed_counts([(d1, 0, 5)], [(d2, 7)], paths)
-    with pytest.raises(ValueError, match="id pack holds"):
-        list(file_counts((0, {"origin": [(b"x" * 16, b"")], "kept": []}), paths))
-    with pytest.raises(ValueError, match="not a content id"):
-        IdPacks(1).add("abc", 1)
-
-
-@pytest.mark.parametrize("packs", [1, 3])
-def test_packed_file_counts_equal_a_per_document_count(packs):
-    rng = random.Random(5)
-    paths = [f"in/{i}.jsonl" for i in range(4)]
-    docs = [f"{rng.getrandbits(128):032x}" for _ in range(60)]
-    origins, kept, expected = [], [], {}
-    for doc_id in docs:
-        copies = [(rng.randrange(4), rng.randrange(1, 99)) for _ in range(rng.randrange(1, 4))]
-        size = copies[0][1]
-        for rank, _ in copies:
-            origins.append((doc_id, rank, size))
-            row = expected.setdefault(paths[rank], [0, 0, 0, 0])
-            row[0], row[1] = row[0] + 1, row[1] + size
-        for _ in range(rng.choice([0, 1, 1, 2])):  # dropped, kept, or kept twice (--dedup none)
-            kept.append((doc_id, size - 1))
-            row = expected[paths[min(rank for rank, _ in copies)]]
-            row[2], row[3] = row[2] + 1, row[3] + size - 1
-    rng.shuffle(origins)
-    got = {}
-    for path, counts in packed_counts(origins, kept, paths, packs):
-        got[path] = [a + b for a, b in zip(got.get(path, [0] * 4), counts, strict=True)]
-    assert got == expected
-
-
 def test_bad_options_exit_2_naming_them(tmp_path, capfd):
     argv = ["curate", "--input", str(tmp_path / "none*.jsonl"), "--output", str(tmp_path / "o")]
     assert main(argv) == 2
@@ -569,28 +486,6 @@ def test_a_document_without_words_is_kept_by_minhash(tmp_path):
     out = tmp_path / "out"
     assert main(["curate", "--input", str(corpus), "--output", str(out)]) == 0
     assert sorted(curated_texts(out)) == sorted(texts)  # the second "?!" is an exact copy
-
-
-def test_first_positions_pick_each_clusters_first_member_in_input_order():
-    d1, d2, d3 = "0" * 31 + "1", "0" * 31 + "2", "f" * 28 + "0000"  # d3's digest ends in 0s
-    packs = IdPacks(4)  # curate's origins: (rank, range start, index, bytes)
-    for record in [(d1, 1, 0, 4, 9), (d1, 0, 70, 2, 9), (d2, 0, 70, 1, 8), (d3, 0, 0, 5, 7)]:
-        packs.add(*record)
-    by_bucket = dict(packs.packed())
-    # d2 and d3 joined d1's cluster (labelled by the smallest id, d1)
-    members = [m for label in [(d2, d1), (d3, d1)] for m in member_records(label)]
-    positions = []
-    for bucket in sorted({b for b, _ in members}):
-        grouped = {
-            "position": [by_bucket[bucket]] if bucket in by_bucket else [],
-            "member": [m for b, m in members if b == bucket],
-        }
-        positions += list(member_positions((bucket, grouped), 4))
-    assert sorted(positions) == [(d1, (0, 0, 5, d3)), (d1, (0, 70, 1, d2)), (d1, (0, 70, 2, d1))]
-    assert sorted(all_but_first((d1, [p for _, p in positions]))) == [d1, d2]  # d3 stays
-    assert list(all_but_first((d1, []))) == []
-    with pytest.raises(ValueError, match=d2):  # a member no position names: a bug, named
-        list(member_positions((0, {"position": [], "member": [(d2, d1)]}), 4))
 
 
 def ordered_near_pairs(directory: Path, copies_first: bool) -> dict:
