@@ -64,7 +64,7 @@ from apache_beam.io.filesystems import FileSystems  # noqa: E402
 from apache_beam.pvalue import TaggedOutput  # noqa: E402
 
 import pipeline.beam.instance_steps  # noqa: E402
-from pipeline.beam.build import make_plan, prepare_output, resolve_input_format  # noqa: E402
+from pipeline.beam.build import make_plan, prepare_output  # noqa: E402
 from pipeline.beam.config import parse_build_args  # noqa: E402
 from pipeline.beam.document_steps import (  # noqa: E402
     DocumentBatch,
@@ -72,6 +72,7 @@ from pipeline.beam.document_steps import (  # noqa: E402
     Tokenize,
     TokenizedBatch,
 )
+from pipeline.beam.inputs import resolve_input_format  # noqa: E402
 from pipeline.beam.instance_steps import MakeInstances, split_into_buckets  # noqa: E402
 from pipeline.beam.shard_steps import JoinParts, WriteShard, parts_per_shard  # noqa: E402
 from pipeline.cli.corpus import write_corpus  # noqa: E402
@@ -197,7 +198,7 @@ def profile_steps(
     prepare_output(config)
     vocab, s = plan.vocab, {}
     with timed(s, "read"):
-        reader = ReadDocuments(config, plan.format_origin)
+        reader = ReadDocuments(config.read_options, plan.format_origin)
         batches = [
             b for part in plan.ranges for b in reader.process(part) if isinstance(b, DocumentBatch)
         ]

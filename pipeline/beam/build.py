@@ -64,6 +64,7 @@ from pipeline.beam.document_steps import (
     add_up,
     file_notes,
 )
+from pipeline.beam.inputs import InputPlan, plan_input
 from pipeline.beam.instance_steps import (
     BUCKET_SIZES,
     AssignBuckets,
@@ -80,14 +81,8 @@ from pipeline.beam.shard_steps import (
 from pipeline.beam.vocab_steps import CountWords, learn_vocab
 from pipeline.core.segment import segmenter_version
 from pipeline.core.sources import (
-    HEAD_BYTES,
-    FileRange,
-    check_format,
-    format_from_name,
     is_compressed,
     range_bytes,
-    sniff_format,
-    split_ranges,
 )
 from pipeline.core.vocab import parse_vocab
 from pipeline.shards import shard_format
@@ -96,22 +91,6 @@ logger = logging.getLogger(__name__)
 
 
 # ----------------------------------------------------------------------------- files
-
-
-def match_inputs(patterns: Iterable[str]) -> list[tuple[str, int]]:
-    """Expand globs through Beam's FileSystems; returns sorted (path, size_in_bytes).
-
-    Raises:
-        FileNotFoundError: a pattern matches no file (names the pattern).
-    """
-    found: dict[str, int] = {}
-    for pattern in patterns:
-        result = FileSystems.match([pattern])[0]
-        if not result.metadata_list:
-            raise FileNotFoundError(f"--input {pattern!r} matched no file")
-        for meta in result.metadata_list:
-            found[meta.path] = meta.size_in_bytes
-    return sorted(found.items())
 
 
 def default_num_shards(total_input_bytes: int, dupe_factor: int) -> int:
@@ -227,83 +206,46 @@ def read_vocab_file(path: str) -> list[str]:
 
 
 class Plan(NamedTuple):
-    """What the driver decides before the pipeline runs (fails fast on bad input)."""
+    """What the driver decides before the pipeline runs (fails fast on bad input): the
+    input (:class:`~pipeline.beam.inputs.InputPlan`, as curate plans it) and the build's own."""
 
-    files: list[str]
-    sizes: list[int]  # each file's bytes
-    ranges: list[FileRange]  # the files in the byte ranges workers read
+    input: InputPlan
     num_shards: int
     vocab: list[str] | None  # from --vocab_file, or None to learn one
-    input_format: str  # txt, jsonl or parquet: --input_format, or inferred
-    format_origin: str  # where input_format came from, for error messages
     eval_ngrams: frozenset[int] = frozenset()  # --decontaminate's n-gram hashes
 
-
-def read_head(path: str) -> bytes:
-    """The first bytes of a file (decompressed), enough to tell its format."""
-    with FileSystems.open(path) as f:
-        return f.read(HEAD_BYTES)
-
-
-def resolve_input_format(requested: str, files: list[str]) -> tuple[str, str]:
-    """The build's input format and where it came from: ``--input_format`` unless
-    ``auto``; then the files' extensions, which must agree; then the first file's bytes.
-
-    The first file's bytes are checked against the result here, so a mismatch stops the
-    build before it starts (every file is checked again as it is read).
-
-    Raises:
-        ValueError: extensions of two formats, or a first file that contradicts the format.
-    """
-    if requested != "auto":
-        fmt, origin = requested, f"--input_format {requested}"
-    else:
-        named: dict[str, str] = {}
-        for path in files:
-            named.setdefault(format_from_name(path) or "", path)
-        named.pop("", None)
-        if len(named) > 1:
-            examples = ", ".join(f"{path} ({fmt})" for fmt, path in sorted(named.items()))
-            raise ValueError(
-                f"--input mixes formats: {examples}; build each format separately or "
-                "pass --input_format to read them all one way"
-            )
-        if named:
-            fmt = next(iter(named))
-            origin = f"inferred from the extension of {named[fmt]}; --input_format overrides"
-        else:
-            fmt = sniff_format(read_head(files[0])) or "txt"
-            origin = f"inferred from the first bytes of {files[0]}; --input_format overrides"
-    check_format(files[0], read_head(files[0]), fmt, origin)
-    return fmt, origin
+    files = property(lambda self: self.input.files)
+    sizes = property(lambda self: self.input.sizes)
+    ranges = property(lambda self: self.input.ranges)
+    input_format = property(lambda self: self.input.input_format)
+    format_origin = property(lambda self: self.input.format_origin)
 
 
 def make_plan(config: BuildConfig) -> Plan:
-    """Match the inputs, size the shards and read --vocab_file.
+    """Plan the input (:func:`~pipeline.beam.inputs.plan_input`), size the shards and read
+    --vocab_file.
 
     Raises:
         FileNotFoundError: an input pattern matches nothing, or no --vocab_file.
-        ValueError: the vocab file is malformed (names file and line), or the input
-            format is ambiguous or contradicted by a file (see resolve_input_format).
+        ValueError: the vocab file is malformed (names file and line), or the input is
+            refused (:func:`~pipeline.beam.inputs.plan_input` says when).
         ImportError: --wwm_segmenter's package is not installed (names the extra).
     """
     segmenter_version(config.wwm_segmenter)  # fails here, not in every worker
-    files = match_inputs(config.input)
-    total = sum(size for _, size in files)
+    inputs = plan_input(config.input, config.read_options, config.input_split_mb)
+    total = inputs.total_bytes
     num_shards = config.num_shards or default_num_shards(total, config.dupe_factor)
     vocab = read_vocab_file(config.vocab_file) if config.vocab_file else None
-    paths = [path for path, _ in files]
-    input_format, origin = resolve_input_format(config.input_format, paths)
-    size = round(config.input_split_mb * 1e6) or range_bytes(total)
-    ranges = split_ranges(files, size)
     logger.info(
         "%d %s input file(s), %.1f MB, read in %d range(s); %d shard(s)",
-        len(files),
-        input_format,
+        len(inputs.files),
+        inputs.input_format,
         total / 1e6,
-        len(ranges),
+        len(inputs.ranges),
         num_shards,
     )
+    size = round(config.input_split_mb * 1e6) or range_bytes(total)
+    files = zip(inputs.files, inputs.sizes, strict=True)
     whole = [(path, n) for path, n in files if is_compressed(path) and n > size]
     for path, n in whole[:3]:
         logger.warning(
@@ -320,9 +262,7 @@ def make_plan(config: BuildConfig) -> Plan:
         check_packages(config)  # the curate extra's, here rather than in every worker
         if config.decontaminate:
             eval_ngrams = eval_ngram_set(config.decontaminate, config.decontaminate_ngram)
-    return Plan(
-        paths, [n for _, n in files], ranges, num_shards, vocab, input_format, origin, eval_ngrams
-    )
+    return Plan(inputs, num_shards, vocab, eval_ngrams)
 
 
 class ReadCorpus(beam.PTransform):
@@ -337,7 +277,9 @@ class ReadCorpus(beam.PTransform):
     def expand(self, pbegin):
         # Curation reads records' texts whole (its rules need a document's own lines).
         split = not self._config.curating
-        read_documents = ReadDocuments(self._config, self._plan.format_origin, split=split)
+        read_documents = ReadDocuments(
+            self._config.read_options, self._plan.format_origin, split=split
+        )
         read = (
             pbegin
             | "ListRanges" >> beam.Create(self._plan.ranges)  # reshuffled: spread to workers

@@ -14,6 +14,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from pipeline.beam import memory
 from pipeline.core.packing import PACKINGS
@@ -31,6 +32,14 @@ TARGET_SHARD_BYTES = 128 * 2**20
 # Output bytes per input byte and dupe pass, measured on English text at seq 128
 # (uint16 ids + uint8 segments + masks + Arrow offsets); only sizes the shard count.
 OUTPUT_BYTES_PER_INPUT_BYTE = 0.9
+
+
+class ReadOptions(NamedTuple):
+    """How records become documents: ``input_format`` (txt, jsonl, parquet, or auto: each
+    file's name or first bytes) and the jsonl field or parquet column of the text."""
+
+    input_format: str = "auto"
+    text_field: str = "text"
 
 
 DEDUP = ("none", "exact", "minhash")
@@ -257,6 +266,10 @@ class BuildConfig(CurationOptions):
                 f"--wwm_segmenter {self.wwm_segmenter} finds words for whole-word masking: "
                 "add --do_whole_word_mask true"
             )
+
+    @property
+    def read_options(self) -> ReadOptions:
+        return ReadOptions(self.input_format, self.text_field)
 
     @property
     def kind(self) -> str:

@@ -42,14 +42,13 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import StandardOptions
 from apache_beam.pvalue import TaggedOutput
 
-from pipeline.beam.build import Plan, match_inputs, resolve_input_format
 from pipeline.beam.config import (
     DEDUP,
     DEDUP_HELP,
     INPUT_FORMATS,
     ROW_SPOOL,
-    BuildConfig,
     CurationOptions,
+    ReadOptions,
     resolve_curate_spool,
 )
 from pipeline.beam.curation_steps import (
@@ -67,16 +66,15 @@ from pipeline.beam.document_steps import (
     ReadDocuments,
     add_up,
 )
+from pipeline.beam.inputs import CURATE_VERSION, InputPlan, plan_input
 from pipeline.beam.shard_steps import write_atomic
 from pipeline.core.idpacks import ORIGIN_COLUMNS, IdPacks, add_counts, file_counts
 from pipeline.core.rng import derive_seed
-from pipeline.core.sources import range_bytes, split_ranges
 from pipeline.options import CommandParser, add_options, option, parse_options
 from pipeline.shards.shard_writer import created_by, encode_manifest
 
 logger = logging.getLogger(__name__)
 
-CURATE_VERSION = 1  # of the curated manifest's keys
 FILE_BYTES = 128 * 2**20  # output files aim at this many bytes of text (--num_files default)
 # ReadTexts' tagged output: IdPacks of (id, input path rank, range start, index in the
 # range, UTF-8 bytes): the first three a position (curation_steps.BatchPositions')
@@ -152,16 +150,9 @@ class CurateConfig(CurationOptions):
         values["decontaminate"] = list(self.decontaminate)
         return values
 
-    def reading(self) -> BuildConfig:
-        """The build options that read the input, as ``build`` reads it."""
-        return BuildConfig(
-            input=self.input,
-            output=self.output,
-            input_format=self.input_format,
-            text_field=self.text_field,
-            input_split_mb=self.input_split_mb,
-            vocab_size=30522,
-        )
+    @property
+    def read_options(self) -> ReadOptions:
+        return ReadOptions(self.input_format, self.text_field)
 
 
 def curate_parser() -> CommandParser:
@@ -196,8 +187,8 @@ class ReadTexts(ReadDocuments):
 
     RECORDS = 1 << 18  # origin records held before they are emitted (~7 MB)
 
-    def __init__(self, config: BuildConfig, format_origin: str, paths: Sequence[str]):
-        super().__init__(config, format_origin, split=False)
+    def __init__(self, options: ReadOptions, format_origin: str, paths: Sequence[str]):
+        super().__init__(options, format_origin, split=False)
         self._ranks = {path: rank for rank, path in enumerate(paths)}
 
     def start_bundle(self):
@@ -439,31 +430,29 @@ def funnel_png(funnel: list[dict], removed: dict) -> bytes | None:
 # ----------------------------------------------------------------------------- the job
 
 
-def make_curate_plan(config: CurateConfig) -> tuple[Plan, int]:
+def make_curate_plan(config: CurateConfig) -> tuple[InputPlan, int]:
     """The input's byte ranges (as build plans them) and the number of output files."""
-    files = match_inputs(config.input)
-    paths = [path for path, _ in files]
-    total = sum(size for _, size in files)
-    input_format, origin = resolve_input_format(config.input_format, paths)
-    size = round(config.input_split_mb * 1e6) or range_bytes(total)
-    ranges = split_ranges(files, size)
-    num_files = config.num_files or max(1, math.ceil(total / FILE_BYTES))
+    plan = plan_input(config.input, config.read_options, config.input_split_mb)
+    num_files = config.num_files or max(1, math.ceil(plan.total_bytes / FILE_BYTES))
     logger.info(
         "%d %s input file(s), %.1f MB, read in %d range(s); %d output file(s)",
-        len(files),
-        input_format,
-        total / 1e6,
-        len(ranges),
+        len(plan.files),
+        plan.input_format,
+        plan.total_bytes / 1e6,
+        len(plan.ranges),
         num_files,
     )
-    plan = Plan(paths, [n for _, n in files], ranges, 1, None, input_format, origin)
     return plan, num_files
 
 
 def curate_graph(
-    p: beam.Pipeline, config: CurateConfig, plan: Plan, num_files: int, eval_ngrams: frozenset[int]
+    p: beam.Pipeline,
+    config: CurateConfig,
+    plan: InputPlan,
+    num_files: int,
+    eval_ngrams: frozenset[int],
 ):
-    reading = dataclasses.replace(config.reading(), input_format=plan.input_format)
+    reading = config.read_options._replace(input_format=plan.input_format)
     read = (
         p
         | "ListRanges" >> beam.Create(plan.ranges)

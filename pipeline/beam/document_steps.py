@@ -23,7 +23,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import TaggedOutput
 
-from pipeline.beam.config import BuildConfig
+from pipeline.beam.config import ReadOptions
 from pipeline.core.rows import (
     offsets_of,
     pack_array,
@@ -212,9 +212,9 @@ class ReadDocuments(beam.DoFn):
 
     BATCH_DOCUMENTS = 512
 
-    def __init__(self, config: BuildConfig, format_origin: str = "", split: bool = True):
-        self._config = config
-        self._origin = format_origin or f"--input_format {config.input_format}"
+    def __init__(self, options: ReadOptions, format_origin: str = "", split: bool = True):
+        self._options = options
+        self._origin = format_origin or f"--input_format {options.input_format}"
         self._split = split  # False: records' texts whole (curation: pipeline/beam/curate.py)
         self._docs = Metrics.counter(NAMESPACE, "documents_read")
         self._ranges = Metrics.counter(NAMESPACE, "ranges_read")
@@ -228,7 +228,7 @@ class ReadDocuments(beam.DoFn):
         else:
             f, head = FileSystems.open(path), b""
         with f:
-            input_format, origin = self._config.input_format, self._origin
+            input_format, origin = self._options.input_format, self._origin
             if input_format == "auto":  # the driver resolves it; a direct caller may not have
                 input_format = format_from_name(path) or sniff_format(head) or "txt"
                 origin = "inferred from its name or first bytes"
@@ -237,7 +237,7 @@ class ReadDocuments(beam.DoFn):
             items = read_documents(
                 f,
                 input_format=input_format,
-                text_field=self._config.text_field,
+                text_field=self._options.text_field,
                 path=path,
                 start=part.start,
                 end=part.end,

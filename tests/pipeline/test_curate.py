@@ -3,6 +3,7 @@ Beam steps, the report and manifest, determinism, and curate-then-build."""
 
 import json
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -287,6 +288,34 @@ def test_build_reads_curated_output(planted, tmp_path):
     manifest = json.loads((shards / "manifest.json").read_text())
     assert manifest["stats"]["documents"] == 130
     assert manifest["params"]["input_format"] == "parquet"
+
+
+@pytest.mark.parametrize("damage", ["no_manifest", "newer_version", "stray_file"])
+def test_build_refuses_curated_output_unfinished_newer_or_unlisted(
+    planted, tmp_path, capfd, damage
+):
+    """Curate's output read back is checked against its manifest (pipeline/beam/inputs.py):
+    without it (an unfinished curate), of a newer curate_version, or with a part file the
+    manifest does not list, build exits 2 naming the file and writes nothing."""
+    _, _, out = planted
+    copy = tmp_path / "curated"
+    shutil.copytree(out, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    if damage == "no_manifest":
+        (copy / "manifest.json").unlink()
+        said = "without its manifest.json"
+    elif damage == "newer_version":
+        manifest["curate_version"] += 1
+        (copy / "manifest.json").write_text(json.dumps(manifest))
+        said = f"curate_version {manifest['curate_version']}"
+    else:
+        shutil.copy(copy / "part-00000-of-00003.parquet", copy / "part-00007-of-00009.parquet")
+        said = "part-00007-of-00009.parquet: not among the files"
+    shards = tmp_path / "shards"
+    argv = ["build", "--input", str(copy / "*.parquet"), "--output", str(shards)]
+    assert main([*argv, "--vocab_size", "150"]) == 2
+    assert said in capfd.readouterr().err
+    assert not shards.exists()
 
 
 GERMAN = (

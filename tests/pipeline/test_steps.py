@@ -99,7 +99,7 @@ def outputs(items) -> tuple[list, dict[str, list]]:
 
 
 def test_read_documents_as_a_plain_function(corpus):
-    read = ReadDocuments(config(corpus))
+    read = ReadDocuments(config(corpus).read_options)
     batches, tagged = outputs(read.process(FileRange(str(corpus / "a.txt"))))
     assert tagged[COUNTS] == [(("skipped", "invalid_utf8_line"), 1)]
     documents = [["The river runs.", "The city."], ["Old north."], ["A b."]]
@@ -128,7 +128,7 @@ def test_ranges_of_a_file_read_each_document_once(tmp_path):
     text = text.replace("Doc 7 line 0.\n", "Doc 7 line 0.\n \t\n\n")  # a run of blank lines
     path = tmp_path / "a.txt"
     path.write_text(text)
-    read = ReadDocuments(config(tmp_path))
+    read = ReadDocuments(config(tmp_path).read_options)
 
     def ids(part):
         return [i for x in read.process(part) if isinstance(x, DocumentBatch) for i in x.doc_ids]
@@ -340,7 +340,9 @@ def test_steps_on_a_test_pipeline(corpus):
         files = p | beam.Create(
             [FileRange(str(corpus / "a.txt")), FileRange(str(corpus / "empty.txt"))]
         )
-        read = files | beam.ParDo(ReadDocuments(cfg)).with_outputs(COUNTS, main="documents")
+        read = files | beam.ParDo(ReadDocuments(cfg.read_options)).with_outputs(
+            COUNTS, main="documents"
+        )
         documents, counts = read.documents, read[COUNTS]
         doc_ids = documents | beam.FlatMap(lambda batch: batch.doc_ids)
         ids = [content_id(d) for d in (["The river runs.", "The city."], ["Old north."], ["A b."])]
