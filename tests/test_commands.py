@@ -123,7 +123,7 @@ def test_the_pipelines_flags_with_hyphens(tmp_path):
 def test_beams_options_with_hyphens_reach_beam():
     """Beam drops ``--direct-num-workers=2`` silently (it reads it as known, then discards
     it as unparseable); it is handed on in Beam's spelling, its own hyphenated one kept."""
-    from pipeline.cli.main import check_beam_options
+    from pipeline.beam.runner import check_beam_options
 
     given = [
         "--direct-num-workers=2",

@@ -33,7 +33,6 @@ import io
 import json
 import logging
 import math
-import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -42,6 +41,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import StandardOptions
 from apache_beam.pvalue import TaggedOutput
 
+from pipeline.beam import memory, runner, sizing
 from pipeline.beam.config import (
     DEDUP,
     DEDUP_HELP,
@@ -57,6 +57,7 @@ from pipeline.beam.curation_steps import (
     document_totals,
     documents_of,
     eval_ngram_set,
+    unconverged,
     utf8_bytes,
 )
 from pipeline.beam.document_steps import (
@@ -67,6 +68,7 @@ from pipeline.beam.document_steps import (
     add_up,
 )
 from pipeline.beam.inputs import CURATE_VERSION, InputPlan, plan_input
+from pipeline.beam.runner import Job
 from pipeline.beam.shard_steps import write_atomic
 from pipeline.core.idpacks import ORIGIN_COLUMNS, IdPacks, add_counts, file_counts
 from pipeline.core.rng import derive_seed
@@ -540,61 +542,49 @@ def remove_outputs(output: str, patterns: Sequence[str] = OUTPUT_PATTERNS) -> No
             FileSystems.delete(found)
 
 
-def run_curate(argv: Sequence[str], log_file: str | None, verbose: bool, handlers) -> int:
-    """The command's body under pipeline/cli/main.py's console (run_with_console)."""
-    from pipeline.beam import memory, runner, sizing
+def curate_job(argv: Sequence[str]) -> Job:
+    """Parse, plan and prepare --output (a dry run leaves it as it is), for run_job.
 
-    try:
-        config, beam_args = parse_curate_args(argv)
-        dry_run, beam_args = runner.split_dry_run(beam_args)
-        beam_args = runner.check_beam_options(beam_args, curate_parser())
-        plan, num_files = make_curate_plan(config)
-        # Dask partitions of ~8 MB of input, as build's (pipeline/beam/sizing.py): Beam's
-        # default, 128 ranges a partition, put 2.6 GB in one task at 1 GB on 2 GiB workers.
-        # Shuffles in partitions of ~64 MB: each carries ids or each kept text once.
-        runner_name = runner.runner_of(beam_args)
-        beam_args += sizing.dask_partitions(
-            beam_args,
-            runner_name,
-            len(plan.ranges),
-            sum(plan.sizes),
-            shuffle_bytes=memory.CURATE_SHUFFLE_BYTES,
-        )
-        eval_ngrams = (
-            eval_ngram_set(config.decontaminate, config.decontaminate_ngram)
-            if config.decontaminate
-            else frozenset()
-        )
-        check_packages(config)  # the curate extra's, here: exit 2, naming it
-        if not dry_run:
-            _prepare(config)
-    except (ValueError, OSError, ImportError) as e:
-        logger.error("%s", e)
-        return 2
-    log_file = runner.job_log_file(
-        log_file, verbose, config.output, "curate", handlers, dry_run=dry_run
+    Raises:
+        ValueError, OSError, ImportError: bad arguments or input, an earlier curate without
+            --overwrite, the curate extra missing (named).
+    """
+    config, beam_args = parse_curate_args(argv)
+    dry_run, beam_args = runner.split_dry_run(beam_args)
+    beam_args = runner.check_beam_options(beam_args, curate_parser())
+    plan, num_files = make_curate_plan(config)
+    # Dask partitions of ~8 MB of input, as build's (pipeline/beam/sizing.py): Beam's
+    # default, 128 ranges a partition, put 2.6 GB in one task at 1 GB on 2 GiB workers.
+    # Shuffles in partitions of ~64 MB: each carries ids or each kept text once.
+    beam_args += sizing.dask_partitions(
+        beam_args,
+        runner.runner_of(beam_args),
+        len(plan.ranges),
+        plan.total_bytes,
+        shuffle_bytes=memory.CURATE_SHUFFLE_BYTES,
     )
-    options, given = runner.beam_options(beam_args)
-    logger.info("curating %s into %s (Beam args: %s)", list(config.input), config.output, given)
-    if log_file and not verbose:
-        logger.info("Beam's log: %s (--verbose or BERT_VERBOSE=1 shows it here)", log_file)
-    start = time.perf_counter()
-    failed = runner.run_pipeline(
-        options,
-        lambda p: curate_graph(p, config, plan, num_files, eval_ngrams),
-        log_file,
-        verbose,
-        "curate",
+    eval_ngrams = frozenset()
+    if config.decontaminate:
+        eval_ngrams = eval_ngram_set(config.decontaminate, config.decontaminate_ngram)
+    check_packages(config)  # the curate extra's, here: exit 2, naming it
+    if not dry_run:
+        _prepare(config)
+    return runner.Job(
+        command="curate",
+        output=config.output,
+        beam_args=beam_args,
         dry_run=dry_run,
+        doing=f"curating {list(config.input)} into {config.output}",
+        graph=lambda p, _: curate_graph(p, config, plan, num_files, eval_ngrams),
+        finish=functools.partial(curate_done, config),
+        discard=functools.partial(remove_outputs, config.output),
+        paths={"--input": config.input, "--output": [config.output]},
     )
-    if dry_run:
-        return failed
-    if failed:
-        remove_outputs(config.output)
-        logger.info(
-            "removed the curate's files from %s: nothing half-written is left", config.output
-        )
-        return failed
+
+
+def curate_done(config: CurateConfig, seconds: float, log_file: str | None) -> int:
+    """The curate's last lines: the funnel, and warnings; 2 (nothing kept) if it read no
+    document."""
     with FileSystems.open(FileSystems.join(config.output, "manifest.json")) as f:
         manifest = json.loads(f.read())
     with FileSystems.open(FileSystems.join(config.output, "report.json")) as f:
@@ -610,14 +600,15 @@ def run_curate(argv: Sequence[str], log_file: str | None, verbose: bool, handler
             config.output,
         )
         return 2
+    kept = manifest["num_documents"]
     logger.info(
         "done in %.1f s: %d documents -> %d kept in %d file(s)",
-        time.perf_counter() - start,
+        seconds,
         read,
-        manifest["num_documents"],
+        kept,
         len(manifest["files"]),
     )
-    for line in funnel_lines(report, manifest["num_documents"]):
+    for line in funnel_lines(report, kept):
         logger.info("%s", line)
     for reason, removed in report["removed"].items():
         if removed["documents"] * 2 > read:
@@ -632,10 +623,7 @@ def run_curate(argv: Sequence[str], log_file: str | None, verbose: bool, handler
             )
     if report["components_changed_in_last_round"]:
         logger.warning(
-            "near-duplicate clusters had not converged after --cc_rounds %d (%d documents "
-            "changed cluster in the last round): some near copies may remain; raise it",
-            config.cc_rounds,
-            report["components_changed_in_last_round"],
+            "%s", unconverged(config.cc_rounds, report["components_changed_in_last_round"])
         )
     return 0
 

@@ -630,6 +630,14 @@ def _same(doc_id: str) -> str:
     return doc_id
 
 
+def unconverged(cc_rounds: int, changed: int) -> str:
+    """The warning of near-duplicate clusters that did not converge (build and curate)."""
+    return (
+        f"near-duplicate clusters had not converged after --cc_rounds {cc_rounds} ({changed} "
+        "documents changed cluster in the last round): some near copies may remain; raise it"
+    )
+
+
 def check_packages(config: CurationOptions) -> None:
     """Import the curate extra's packages that the options need, here on the driver rather
     than in every worker (ImportError names the extra)."""

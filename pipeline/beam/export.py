@@ -31,19 +31,20 @@ was (pipeline/beam/runner.py, ``run_pipeline``): 0 when the check passed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import glob
 import hashlib
 import logging
 import os
-import time
 from collections.abc import Sequence
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from pipeline.beam import export_mds, export_megatron
+from pipeline.beam import export_mds, export_megatron, runner
 from pipeline.beam.export_config import ExportConfig, export_parser, parse_export_args
+from pipeline.beam.runner import Job
 from pipeline.beam.shard_steps import write_atomic
 from pipeline.shards import export_formats as formats
 from pipeline.shards import mds_format, shard_format
@@ -382,60 +383,38 @@ def export_graph(p: beam.Pipeline, plan: ExportPlan) -> beam.PCollection:
     )
 
 
-def run_export(
-    argv: Sequence[str], log_file: str | None, verbose: bool, handlers: list[logging.Handler]
-) -> int:
-    """The command's body under pipeline/cli/main.py's console (run_with_console)."""
-    from pipeline.beam import runner
+def export_job(argv: Sequence[str]) -> Job:
+    """Parse, plan and prepare --output (a dry run checks it and leaves it as it found it:
+    no directory, no deletes), for run_job.
 
-    try:
-        config, beam_args = parse_export_args(argv)
-        dry_run, beam_args = runner.split_dry_run(beam_args)
-        beam_args = runner.check_beam_options(beam_args, export_parser())
-        plan = make_plan(config)
-        # A dry run checks --output and leaves it as it found it (no directory, no deletes).
-        (check_output if dry_run else prepare_output)(config)
-    except (ValueError, OSError, ImportError) as e:  # ShardFormatError is a ValueError
-        logger.error("%s", e)
-        return 2
-    log_file = runner.job_log_file(
-        log_file, verbose, config.output, "export", handlers, dry_run=dry_run
-    )
-    options, given = runner.beam_options(beam_args)
+    Raises:
+        ValueError, OSError, ImportError: bad arguments, a bad source (ShardFormatError is a
+            ValueError), an earlier export without --overwrite.
+    """
+    config, beam_args = parse_export_args(argv)
+    dry_run, beam_args = runner.split_dry_run(beam_args)
+    beam_args = runner.check_beam_options(beam_args, export_parser())
+    plan = make_plan(config)
+    (check_output if dry_run else prepare_output)(config)
     source = plan.manifest
     what = (
         f"the documents of the corpus {list(plan.megatron.build.input)} of {config.source}"
         if plan.megatron
         else f"{len(source['shards'])} shards ({source['num_rows']} rows) of {config.source}"
     )
-    logger.info(
-        "%s %s to %s as %s%s (Beam args: %s)",
-        "dry run: checking, not running, the export of" if dry_run else "exporting",
-        what,
-        config.output,
-        config.to,
-        f", L {plan.max_seq_length}, P {plan.max_predictions_per_seq}"
-        if plan.max_predictions_per_seq
-        else "",
-        given,
+    lengths = f", L {plan.max_seq_length}, P {plan.max_predictions_per_seq}"
+    return runner.Job(
+        command="export",
+        output=config.output,
+        beam_args=beam_args,
+        dry_run=dry_run,
+        doing=f"exporting {what} to {config.output} as {config.to}"
+        + (lengths if plan.max_predictions_per_seq else ""),
+        graph=lambda p, _: export_graph(p, plan),
+        finish=lambda seconds, _: logger.info("done in %.1f s: %s", seconds, summary(plan)) or 0,
+        discard=functools.partial(remove_outputs, config.output),
+        paths={"source": [config.source], "--output": [config.output]},
     )
-    runner.warn_dataflow_pitfalls(options, {"source": [config.source], "--output": [config.output]})
-    if log_file and not verbose:
-        logger.info("Beam's log: %s (--verbose or BERT_VERBOSE=1 shows it here)", log_file)
-    start = time.perf_counter()
-    failed = runner.run_pipeline(
-        options, lambda p: export_graph(p, plan), log_file, verbose, "export", dry_run=dry_run
-    )
-    if dry_run:  # nothing ran: nothing of the job's to remove or report
-        return failed
-    if failed:
-        remove_outputs(config.output)
-        logger.info(
-            "removed the export's files from %s: nothing half-written is left", config.output
-        )
-        return failed
-    logger.info("done in %.1f s: %s", time.perf_counter() - start, summary(plan))
-    return 0
 
 
 def summary(plan: ExportPlan) -> str:

@@ -1,4 +1,5 @@
-"""Running our Beam jobs (build and export): the options, the runner, the log file.
+"""Running our Beam jobs (build, curate and export): the options, the runner, the log file,
+and :func:`run_job`, the skeleton every one of them runs in (each supplies its :class:`Job`).
 
 :func:`beam_options` turns the Beam arguments of a command into PipelineOptions (the
 FnApiRunner unless ``--runner`` says otherwise; Beam's SDK workers at WARNING) after
@@ -21,7 +22,8 @@ import logging
 import os
 import re
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 from pipeline.shards import shard_format
 
@@ -377,3 +379,74 @@ def default_log_file(output: str, command: str = "build", *, temporary: bool = F
     path = os.path.abspath(output.rstrip("/") or output) + f".{command}.log"
     os.makedirs(os.path.dirname(path), exist_ok=True)
     return path
+
+
+# ----------------------------------------------------------------------------- the job
+
+
+@dataclasses.dataclass
+class Job:
+    """A Beam command's job as its ``prepare`` planned it (build, curate, export); what
+    :func:`run_job` runs, the same way for each."""
+
+    command: str  # "build": the log file's suffix and the messages' name for the job
+    output: str
+    beam_args: list[str]
+    dry_run: bool
+    doing: str  # the start line: "building shards in runs/shards"
+    graph: Callable  # (pipeline, options) -> None: adds the job's steps
+    finish: Callable[[float, str | None], int]  # (seconds, log file) -> exit code: the summary
+    discard: Callable[[], None]  # removes what a failed job wrote
+    paths: dict[str, Sequence[str]] = dataclasses.field(default_factory=dict)  # for Dataflow
+    warnings: list[str] = dataclasses.field(default_factory=list)  # logged before it runs
+
+
+def run_job(
+    prepare: Callable[[Sequence[str]], Job],
+    argv: Sequence[str],
+    log_file: str | None,
+    verbose: bool,
+    handlers: list[logging.Handler],
+) -> int:
+    """Every Beam command's skeleton, under pipeline/cli/main.py's console: ``prepare(argv)``
+    parses, plans and prepares the output (its ValueError, OSError or ImportError: exit 2,
+    one line), then the log file, the start line, the run (:func:`run_pipeline`; a dry run
+    stops after it), and on failure ``discard`` (nothing half-written stays), on success
+    ``finish``, whose exit code is the command's."""
+    try:
+        job = prepare(argv)
+    except (ValueError, OSError, ImportError) as e:  # ImportError: its message names the extra
+        logger.error("%s", e)
+        return 2
+    log_file = job_log_file(
+        log_file, verbose, job.output, job.command, handlers, dry_run=job.dry_run
+    )
+    options, given = beam_options(job.beam_args)
+    from apache_beam.options.pipeline_options import StandardOptions
+
+    runner = (options.view_as(StandardOptions).runner or "DirectRunner").rsplit(".", 1)[-1]
+    checking = "dry run: checking, not running: " if job.dry_run else ""
+    logger.info("%s%s on %s (Beam args: %s)", checking, job.doing, runner, given)
+    warn_dataflow_pitfalls(options, job.paths)
+    if log_file and not verbose:
+        logger.info("Beam's log: %s (--verbose or BERT_VERBOSE=1 shows it here)", log_file)
+    for warning in job.warnings:
+        logger.warning("%s", warning)
+    start = time.perf_counter()
+    failed = run_pipeline(
+        options,
+        lambda p: job.graph(p, options),
+        log_file,
+        verbose,
+        job.command,
+        dry_run=job.dry_run,
+    )
+    if job.dry_run:  # nothing ran: nothing of the job's to remove or report
+        return failed
+    if failed:
+        job.discard()
+        logger.info(
+            "removed the %s's files from %s: nothing half-written is left", job.command, job.output
+        )
+        return failed
+    return job.finish(time.perf_counter() - start, log_file)

@@ -15,7 +15,8 @@ import pytest
 
 from pipeline.beam.config import BuildConfig
 from pipeline.beam.document_steps import TokenizedBatch
-from pipeline.cli.main import check_beam_options, main
+from pipeline.beam.runner import check_beam_options
+from pipeline.cli.main import main
 from pipeline.cli.stats import compute_stats
 from pipeline.core.sources import read_txt
 from pipeline.core.vocab import SPECIAL_TOKENS, read_vocab

@@ -423,7 +423,7 @@ def test_stats_and_inspect_read_mlm_rows(corpus, tmp_path, capsys):
 def test_stats_and_the_build_line_of_unmasked_rows_say_what_they_hold(corpus, tmp_path):
     # Unmasked rows have no predictions: no share of them is "random" (it said 1.0), and the
     # build's shares of short rows and filled slots are stated so that they agree.
-    from pipeline.cli.main import row_shape
+    from pipeline.beam.build_job import row_shape
     from pipeline.cli.stats import compute_stats
 
     out = tmp_path / "mlm"
