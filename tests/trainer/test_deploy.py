@@ -121,10 +121,10 @@ def test_gpu_bench_import_stage_on_a_fresh_node(tmp_path):
 @pytest.mark.slow
 def test_gpu_bench_runs_every_stage_on_cpu(tmp_path):
     """DEVICE=cpu runs deploy/gpu_bench.sh's every stage on tiny: import, overhead (a step's
-    ops and reads, on the micro-BERT), smoke (checkpoint,
-    resume, export), correctness (bf16 unpadded against padded), speed (both paths and the
-    bare model steps), compiled (one --compile model run); each stage's line is written,
-    and the results table."""
+    ops and reads, on the micro-BERT), smoke (checkpoint, resume, export), correctness
+    (bf16 unpadded against padded), speed (the unpadded path and the bare model steps),
+    compiled (one --compile model run, torch.compile off on CPU: the long tier below
+    compiles); each stage's line is written, and the results table."""
     done = gpu_bench_on_cpu(tmp_path, OMP_NUM_THREADS="1")
     res = tmp_path / "gpu_bench"
     stages = [json.loads(line) for line in (res / "stages.jsonl").read_text().splitlines()]
@@ -139,14 +139,8 @@ def test_gpu_bench_runs_every_stage_on_cpu(tmp_path):
     checks = [json.loads(line) for line in (res / "correctness.jsonl").read_text().splitlines()]
     assert [c["ok"] for c in checks] == [True] and checks[0]["steps"] >= 6
     runs = [json.loads(line) for line in (res / "results.jsonl").read_text().splitlines()]
-    assert sorted((r["unpad"], r["compile"]) for r in runs) == [
-        (False, "off"),
-        (True, "model"),
-        (True, "off"),
-    ]
+    assert sorted((r["unpad"], r["compile"]) for r in runs) == [(True, "model"), (True, "off")]
     assert all(r["sequences_per_s"] > 0 for r in runs)
-    (compiled,) = [r for r in runs if r["compile"] == "model"]
-    assert compiled["compiled_graphs"] > 0 and compiled["first_step_s"] > 0
     assert "tiny" in (res / "table.txt").read_text()
     assert "resumed from" in (res / "smoke.log").read_text() + done.stdout
     overhead = [json.loads(line) for line in (res / "overhead.jsonl").read_text().splitlines()]
@@ -156,6 +150,24 @@ def test_gpu_bench_runs_every_stage_on_cpu(tmp_path):
     ]
     assert all(r["bare"]["ops_per_step"] > 0 and r["trainer"]["ops_per_step"] > 0 for r in overhead)
     assert "engine: torch (one rank; --engine auto" in (res / "smoke.log").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.long  # inductor on 2 cores: over a minute
+def test_gpu_bench_compiled_stage_compiles_on_cpu(tmp_path):
+    """The compiled stage with torch.compile on (COMPILE_ON_CPU=1): its run records the
+    graphs it compiled and its first step's time, and both speed paths' rows."""
+    env = dict(OMP_NUM_THREADS="1", COMPILE_ON_CPU="1", STAGES="import speed compiled")
+    gpu_bench_on_cpu(tmp_path, SPEED_UNPADS="true false", MODEL_SPEED="0", **env)
+    res = tmp_path / "gpu_bench"
+    runs = [json.loads(line) for line in (res / "results.jsonl").read_text().splitlines()]
+    assert sorted((r["unpad"], r["compile"]) for r in runs) == [
+        (False, "off"),
+        (True, "model"),
+        (True, "off"),
+    ]
+    (compiled,) = [r for r in runs if r["compile"] == "model"]
+    assert compiled["compiled_graphs"] > 0 and compiled["first_step_s"] > 0
 
 
 @pytest.mark.parametrize("torch_adam", [True, False])
