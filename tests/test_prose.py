@@ -7,7 +7,8 @@ path.sh``, ``deepspeed ... trainer/run.py``) answers ``--help``; every flag show
 command is one its ``--help`` lists, as spelt there (or Apache Beam's, for ``pipeline
 build`` and ``export``; or the deepspeed launcher's, before the script); a flag in inline
 code on its own is one of those commands'; an environment setting before a script is one the
-script reads.
+script reads; a default the docs state (``STATED_DEFAULT``: "`--cc_rounds` (8)") is the one
+a command's ``--help`` gives for that flag.
 (The ```python snippets run in tests/test_docs.py.)
 
     pytest tests/test_prose.py
@@ -254,10 +255,50 @@ def command_problems(text: str, helps: dict[str, str], beam: set[str]) -> list[s
     return list(dict.fromkeys(problems))
 
 
+# How the docs state a flag's default: "`--cc_rounds` (8)", "`--dedup minhash` (the
+# default ...", "`--text_field`, default `text`", "`--unpad` is now `auto` by default".
+STATED_DEFAULT = [
+    re.compile(r"`(--[\w-]+)`,? \(([\w.,-]+)\)"),
+    re.compile(r"`(--[\w-]+) ([\w.,-]+)` \(the default"),
+    re.compile(r"`(--[\w-]+)`,? default `([^`]+)`"),
+    re.compile(r"`(--[\w-]+)` is (?:now )?`([^`]+)` by default"),
+]
+
+
+def help_defaults(help_text: str) -> dict[str, str]:
+    """An argparse --help's ``(default: X)`` of each flag: ``{"--cc_rounds": "8", ...}``."""
+    defaults = {}
+    for entry in re.split(r"\n(?=  -)", help_text):
+        names = re.split(r"\s{2,}", entry.split("\n", 1)[0].strip())[0]
+        stated = re.search(r"\(default: (.*)\)$", " ".join(entry.split()))
+        for name in re.findall(r"(?<![\w-])(--[\w-]+)", names) if stated else []:
+            defaults[name] = stated[1]
+    return defaults
+
+
+def default_problems(text: str, helps: dict[str, str]) -> list[str]:
+    """The defaults ``text`` states that no command's --help gives for that flag (a flag no
+    command shown declares a default for is left to the other checks)."""
+    defaults: dict[str, set[str]] = {}
+    for help_text in helps.values():
+        for flag, value in help_defaults(help_text).items():
+            defaults.setdefault(flag, set()).add(value)
+    problems = []
+    for pattern in STATED_DEFAULT:
+        for flag, value in pattern.findall(text):
+            if re.fullmatch(r"\d{1,3}(,\d{3})+", value):  # 1,000: a number as prose writes it
+                value = value.replace(",", "")
+            if flag in defaults and value not in defaults[flag]:
+                said = " or ".join(sorted(defaults[flag]))
+                problems.append(f"{flag}: the docs say default {value}, --help says {said}")
+    return problems
+
+
 def prose_problems(doc: str, text: str, helps: dict[str, str], beam: set[str]) -> list[str]:
     """What the doc ``doc`` (a path relative to the repository), whose text is ``text``,
     names that is not so."""
-    return named_problems(doc, text) + command_problems(text, helps, beam)
+    problems = named_problems(doc, text) + command_problems(text, helps, beam)
+    return problems + default_problems(text, helps)
 
 
 # Runs each command's --help with runpy, sharing one process's imports; prints JSON
@@ -396,6 +437,21 @@ def test_prose_problems_name_each_stale_reference():
         "scripts/quickstart.sh reads no NO_SUCH",
         "no command shown takes --no-such-flag",
     ], problems
+
+
+def test_a_stale_default_is_named():
+    helps = {
+        "python -m pipeline curate": "options:\n  --cc_rounds CC_ROUNDS\n"
+        "                        rounds (default:\n                        8)\n"
+        "  -n N, --num N         a count (default: 2)\n",
+    }
+    text = (
+        "`--cc_rounds` (6); `--num`, default `2`; `--bucket_size` (1,000); `--num 3` (the default)"
+    )
+    assert default_problems(text, helps) == [
+        "--cc_rounds: the docs say default 6, --help says 8",
+        "--num: the docs say default 3, --help says 2",
+    ]
 
 
 def test_module_docstrings_run_modules_that_exist():
