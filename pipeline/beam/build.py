@@ -45,7 +45,6 @@ from pipeline.beam.config import (
     OUTPUT_BYTES_PER_INPUT_BYTE,
     TARGET_SHARD_BYTES,
     BuildConfig,
-    resolve_row_spool,
 )
 from pipeline.beam.curation_steps import (
     BatchPositions,
@@ -78,6 +77,7 @@ from pipeline.beam.shard_steps import (
     parts_per_shard,
     remove_leftovers,
 )
+from pipeline.beam.spool import use_spool
 from pipeline.beam.vocab_steps import CountWords, learn_vocab
 from pipeline.core.segment import segmenter_version
 from pipeline.core.sources import (
@@ -387,7 +387,7 @@ class MakeRows(beam.PTransform):
             beam.pvalue.AsSingleton(num_tokens),
         )
         runner = documents.pipeline.options.view_as(StandardOptions).runner
-        spool = config.output if resolve_row_spool(config.row_spool, runner) else None
+        spool = config.output if use_spool(config.spool, runner) else None
         make = beam.ParDo(
             MakeInstances(config, self._num_shards, spool=spool),
             vocab=self._vocab,

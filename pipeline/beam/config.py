@@ -23,7 +23,7 @@ from pipeline.options import CommandParser, add_options, option, parse_options
 
 INPUT_FORMATS = ("auto", "txt", "jsonl", "parquet")
 OBJECTIVES = ("nsp", "mlm")
-ROW_SPOOL = ("auto", "yes", "no")
+SPOOL = ("auto", "yes", "no")  # --spool (pipeline/beam/spool.py), build's and curate's
 # Shards aim at this many bytes when --num_shards is not given (64-256 MB window): a
 # default of the output, for the trainer's reads (a few files per rank, each read in
 # record batches), not a memory bound: a shard of any size is written one range at a
@@ -236,13 +236,13 @@ class BuildConfig(CurationOptions):
     )
 
     # Memory only: the rows are the same either way; not in the manifest.
-    row_spool: str = option(
+    spool: str = option(
         "auto",
         "yes: rows go from the instance step to the shard writers through files in --output "
         "(hidden, removed at the end) and only references to them through the runner; no: "
         "through the runner's shuffle; auto: yes on the DirectRunner, which holds its "
         "shuffle in memory, no on runners that shuffle through their own disks or service",
-        choices=ROW_SPOOL,
+        choices=SPOOL,
     )
 
     # Checked before the job starts (pipeline/beam/sizing.py, with the coefficients of
@@ -363,7 +363,7 @@ class BuildConfig(CurationOptions):
             "min_frequency": (self.min_frequency >= 1, "must be at least 1"),
             "tokenizer_threads": (self.tokenizer_threads >= 0, "must be 0 (automatic) or more"),
             "input_split_mb": (self.input_split_mb >= 0, "must be 0 (automatic) or more"),
-            "row_spool": (self.row_spool in ROW_SPOOL, f"one of {ROW_SPOOL}"),
+            "spool": (self.spool in SPOOL, f"one of {SPOOL}"),
             "wwm_segmenter": (self.wwm_segmenter in SEGMENTERS, f"one of {SEGMENTERS}"),
         }
 
@@ -383,7 +383,7 @@ class BuildConfig(CurationOptions):
             "overwrite",
             "tokenizer_threads",
             "input_split_mb",
-            "row_spool",
+            "spool",
             "force",
         ):
             values.pop(key)
@@ -434,20 +434,6 @@ def parse_build_args(argv: Sequence[str]) -> tuple[BuildConfig, list[str]]:
 def is_local_runner(runner: str | None) -> bool:
     """The DirectRunner (Beam's default) or the FnApiRunner it runs on."""
     return runner is None or runner.rsplit(".", 1)[-1] in ("DirectRunner", "FnApiRunner")
-
-
-def resolve_row_spool(requested: str, runner: str | None) -> bool:
-    """Whether rows go to the shard writers through files (``--row_spool``): asked for, or
-    on ``auto`` on the local runner, whose shuffle is the driver's memory."""
-    return requested == "yes" or (requested == "auto" and is_local_runner(runner))
-
-
-def resolve_curate_spool(requested: str, runner: str | None) -> bool:
-    """Whether curate's texts and band keys go through files (curate's ``--spool``): asked
-    for, or on ``auto`` on the local runner and Beam's DaskRunner, whose shuffles are held in
-    memory (the driver's; the workers', all of a task shuffle's splits at once)."""
-    in_memory = is_local_runner(runner) or runner.rsplit(".", 1)[-1] == "DaskRunner"
-    return requested == "yes" or (requested == "auto" and in_memory)
 
 
 def resolve_tokenizer_threads(

@@ -46,10 +46,9 @@ from pipeline.beam.config import (
     DEDUP,
     DEDUP_HELP,
     INPUT_FORMATS,
-    ROW_SPOOL,
+    SPOOL,
     CurationOptions,
     ReadOptions,
-    resolve_curate_spool,
 )
 from pipeline.beam.curation_steps import (
     Curate,
@@ -70,6 +69,7 @@ from pipeline.beam.document_steps import (
 from pipeline.beam.inputs import CURATE_VERSION, InputPlan, plan_input
 from pipeline.beam.runner import Job
 from pipeline.beam.shard_steps import write_atomic
+from pipeline.beam.spool import use_spool
 from pipeline.core.idpacks import ORIGIN_COLUMNS, IdPacks, add_counts, file_counts
 from pipeline.core.rng import derive_seed
 from pipeline.options import CommandParser, add_options, option, parse_options
@@ -81,7 +81,7 @@ FILE_BYTES = 128 * 2**20  # output files aim at this many bytes of text (--num_f
 # ReadTexts' tagged output: IdPacks of (id, input path rank, range start, index in the
 # range, UTF-8 bytes): the first three a position (curation_steps.BatchPositions')
 ORIGINS = "origins"
-# The hidden spool files of curation_steps.SpoolTexts and BandKeys (--spool): removed once
+# The hidden spool files of spool.SpoolTexts and curation_steps.BandKeys (--spool): removed once
 # every file is written, or with the rest of a failed curate's output.
 SPOOL_PATTERNS = (".texts-*.spool", ".bands-*.spool")
 # Output files of a curate: --overwrite and a failed job remove these (manifest first).
@@ -125,7 +125,7 @@ class CurateConfig(CurationOptions):
         "the runner's shuffle; auto: yes on the DirectRunner and the DaskRunner, which hold "
         "their shuffles in memory, no on runners that shuffle through their own disks or "
         "service",
-        choices=ROW_SPOOL,
+        choices=SPOOL,
     )
 
     def __post_init__(self) -> None:
@@ -138,7 +138,7 @@ class CurateConfig(CurationOptions):
                 "must be in 1..99999 (file names have 5 digits)",
             ),
             "samples_per_reason": (self.samples_per_reason >= 0, "must be 0 or more"),
-            "spool": (self.spool in ROW_SPOOL, f"one of {ROW_SPOOL}"),
+            "spool": (self.spool in SPOOL, f"one of {SPOOL}"),
         }
         for name, (ok, allowed) in checks.items():
             if not ok:
@@ -479,7 +479,7 @@ def curate_graph(
         group_of,
         positions=read[ORIGINS],
         position_columns=ORIGIN_COLUMNS,
-        spool=config.output if resolve_curate_spool(config.spool, runner) else None,
+        spool=config.output if use_spool(config.spool, runner, dask=True) else None,
         finish_group=functools.partial(write_kept, config=config, num_files=num_files),
     )
     file_totals = (

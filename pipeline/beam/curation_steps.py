@@ -31,7 +31,7 @@ import glob
 import logging
 import pickle
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 import apache_beam as beam
@@ -39,6 +39,7 @@ from apache_beam.pvalue import TaggedOutput
 
 from pipeline.beam.config import CurationOptions
 from pipeline.beam.document_steps import DocumentBatch, ReadDocuments, skipped
+from pipeline.beam.spool import RowSpool, SpoolTexts, spooled_values
 from pipeline.core.components import (
     band_bucket,
     both_ways,
@@ -125,70 +126,6 @@ class DropBundleCopies(beam.DoFn):
             self._seen.clear()
         self._seen.add(doc_id)
         yield element
-
-
-class SpoolTexts(beam.DoFn):
-    """(id, text) -> (group key, SpoolRef) for each group of the bundle's documents (by
-    ``group_of`` of the id), whose texts went to the bundle's spool file in ``directory``
-    (shard_steps.RowSpool, ``.texts-<random>.spool``) instead of through the runner's
-    shuffle, one element each.
-
-    A runner that shuffles in memory holds every text it moves at once: Dask's task
-    shuffle splits all of its input before any group is made, and keeps the splits until
-    the last input is read. Spooled, the shuffle moves a reference per bundle and group,
-    and :class:`KeepDistinct` reads its group's texts back. A retried bundle writes a new file; the references of the attempt that
-    counted are the ones grouped, and curate removes every spool file at the end.
-    """
-
-    HELD_CHARS = 16 << 20  # characters of text a bundle holds before it writes them
-
-    def __init__(self, directory: str, group_of):
-        super().__init__()
-        self._directory, self._group_of = directory, group_of
-
-    def start_bundle(self):
-        from pipeline.beam.shard_steps import RowSpool
-
-        self._spool = RowSpool(self._directory, kind="texts")
-        self._held: dict = {}
-        self._chars = 0
-
-    # No return annotation: it emits from finish_bundle (see CountInBundle.process).
-    def process(self, element):
-        self._held.setdefault(self._group_of(element[0]), []).append(element)
-        self._chars += len(element[1])
-        if self._chars >= self.HELD_CHARS:
-            self._write()
-
-    def _write(self) -> None:
-        for group, docs in self._held.items():
-            self._spool.write(group, pickle.dumps(docs, protocol=pickle.HIGHEST_PROTOCOL))
-        self._held, self._chars = {}, 0
-
-    def finish_bundle(self):
-        from apache_beam.transforms.window import GlobalWindow
-        from apache_beam.utils.windowed_value import WindowedValue
-
-        self._write()
-        window = GlobalWindow()
-        for element in self._spool.close():
-            yield WindowedValue(element, window.max_timestamp(), [window])
-
-
-def spooled_values(items: Iterable) -> Iterator:
-    """A group's values as sent, and those of its SpoolRefs (:class:`SpoolTexts`,
-    :class:`BandKeys`), read back from their spool files, each block a pickled list of
-    values."""
-    from pipeline.beam.shard_steps import SpoolRef, spooled_blocks
-
-    refs = []
-    for item in items:
-        if isinstance(item, SpoolRef):
-            refs.append(item)
-        else:
-            yield item
-    for block in spooled_blocks(refs):
-        yield from pickle.loads(block)
 
 
 class KeepDistinct(beam.DoFn):
@@ -341,7 +278,7 @@ class BandKeys(beam.DoFn):
     records travel together changes nothing: :func:`bucket_stars` finds the same groups.
 
     With a ``spool`` directory the packs go to the bundle's spool file
-    (shard_steps.RowSpool, ``.bands-<random>.spool``) and the bundle emits (bucket,
+    (spool.RowSpool, ``.bands-<random>.spool``) and the bundle emits (bucket,
     SpoolRef) when it ends: a task shuffle holds all of its splits until the last input is
     read, and the band records are 14 a document (125-142 MB a worker before the last
     input of a 1 GB curate without filters was read).
@@ -354,8 +291,6 @@ class BandKeys(beam.DoFn):
         self._hasher = None
 
     def start_bundle(self):
-        from pipeline.beam.shard_steps import RowSpool
-
         self._buckets: dict[int, tuple[list[bytes], list[str]]] = {}
         self._held = 0
         self._spool = RowSpool(self._spool_dir, kind="bands") if self._spool_dir else None

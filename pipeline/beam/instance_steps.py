@@ -23,7 +23,8 @@ from apache_beam.transforms.window import GlobalWindows
 from pipeline.beam import memory
 from pipeline.beam.config import BuildConfig
 from pipeline.beam.document_steps import NAMESPACE, TokenizedBatch, noted
-from pipeline.beam.shard_steps import RowSpool, write_group
+from pipeline.beam.shard_steps import write_group
+from pipeline.beam.spool import RowSpool
 from pipeline.core.masking import MaskingConfig, MaskingVocab, mask_flat
 from pipeline.core.nsp import (
     BucketLayout,

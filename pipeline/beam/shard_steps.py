@@ -8,10 +8,7 @@ small build does not write on one worker. Part of ``python -m pipeline build``.
 
 from __future__ import annotations
 
-import uuid
-from collections import defaultdict
 from collections.abc import Iterable, Iterator
-from typing import NamedTuple
 
 import apache_beam as beam
 import numpy as np
@@ -20,6 +17,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipeline.beam import memory
 from pipeline.beam.config import BuildConfig
+from pipeline.beam.spool import SpoolRef, spooled_blocks
 from pipeline.core.rows import RowBlock
 from pipeline.shards import shard_format, shard_writer
 
@@ -60,55 +58,6 @@ def write_group(keys: np.ndarray, num_shards: int) -> np.ndarray:
     return (shard * np.uint64(parts) + part).astype(np.int64)
 
 
-class SpoolRef(NamedTuple):
-    """Where a bundle's rows of one write group lie in its spool file: (offset, length) of
-    each pickled RowBlock."""
-
-    path: str
-    spans: tuple[tuple[int, int], ...]
-
-
-class RowSpool:
-    """Rows on their way to the shard writers, in a file instead of the runner's shuffle.
-
-    A local runner (the DirectRunner) holds every shuffle in its driver's memory: all the
-    rows of a build at once, many times the input. A spool writes each bundle's rows to one hidden
-    file in --output (``.rows-<random>.spool``: a retried bundle writes a new one) and
-    sends the runner a :class:`SpoolRef` per write group, a few bytes. The writers read
-    their rows back (:func:`block_bytes`); the manifest step removes the files. The rows,
-    so the shards, are the same either way.
-    """
-
-    def __init__(self, directory: str, kind: str = "rows"):
-        self._directory, self._kind = directory, kind
-        self._file = None
-        self._path = ""
-        self._offset = 0
-        self._spans: dict[int, list[tuple[int, int]]] = defaultdict(list)
-
-    def write(self, group: int, data: bytes) -> None:
-        if self._file is None:
-            name = f".{self._kind}-{uuid.uuid4().hex}.spool"
-            self._path = FileSystems.join(self._directory, name)
-            self._file = FileSystems.create(
-                self._path, compression_type=CompressionTypes.UNCOMPRESSED
-            )
-        self._file.write(data)
-        self._spans[group].append((self._offset, len(data)))
-        self._offset += len(data)
-
-    def close(self) -> list[tuple[int, SpoolRef]]:
-        """Close the file; returns (write group, SpoolRef) for each group written."""
-        if self._file is None:
-            return []
-        self._file.close()
-        self._file = None
-        return [
-            (group, SpoolRef(self._path, tuple(spans)))
-            for group, spans in sorted(self._spans.items())
-        ]
-
-
 def block_bytes(items: Iterable[bytes | SpoolRef]) -> list[bytes]:
     """A write group's blocks as RowBlock bytes (compressed): sent as bytes, or read back
     from spool files (:func:`spooled_blocks`)."""
@@ -116,26 +65,6 @@ def block_bytes(items: Iterable[bytes | SpoolRef]) -> list[bytes]:
     for item in items:
         (refs if isinstance(item, SpoolRef) else blocks).append(item)
     return blocks + list(spooled_blocks(refs))
-
-
-def spooled_blocks(refs: Iterable[SpoolRef]) -> Iterator[bytes]:
-    """The blocks ``refs`` name, read back one at a time: each file opened once, its spans
-    read in file order.
-
-    Raises:
-        OSError: a file holds fewer bytes than a span names (cut short).
-    """
-    spans = defaultdict(list)
-    for ref in refs:
-        spans[ref.path].extend(ref.spans)
-    for path in sorted(spans):
-        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            for offset, length in sorted(spans[path]):
-                f.seek(offset)
-                data = f.read(length)
-                if len(data) != length:
-                    raise OSError(f"{path}: spool file cut short at {offset + len(data)} bytes")
-                yield data
 
 
 def key_ranges(blocks: list[bytes], parts: int, part: int) -> Iterator[RowBlock]:

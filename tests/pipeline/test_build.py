@@ -845,9 +845,9 @@ def test_copies_of_a_document_are_kept_and_counted(corpus, tmp_path):
 def test_rows_through_a_spool_or_the_shuffle_give_the_same_bytes(
     corpus, built, tmp_path, monkeypatch
 ):
-    """The DirectRunner sends rows through spool files by default (--row_spool auto); through
+    """The DirectRunner sends rows through spool files by default (--spool auto); through
     its shuffle (no) the shards are the same, and no spool file is left either way."""
-    from pipeline.beam.shard_steps import RowSpool
+    from pipeline.beam.spool import RowSpool
 
     closed = []
     real_close = RowSpool.close
@@ -855,13 +855,13 @@ def test_rows_through_a_spool_or_the_shuffle_give_the_same_bytes(
     for spool in ("no", "yes"):
         out = tmp_path / spool
         assert (
-            main(["build", "--input", corpus, "--output", str(out), "--row_spool", spool, *BASE])
+            main(["build", "--input", corpus, "--output", str(out), "--spool", spool, *BASE])
             == 0
         )
         assert same_build(out, built) and not list(out.glob(".*")), spool
         assert bool(closed) == (spool == "yes")
     with pytest.raises(SystemExit, match="2"):
-        main(["build", "--input", corpus, "--output", str(tmp_path / "x"), "--row_spool", "maybe"])
+        main(["build", "--input", corpus, "--output", str(tmp_path / "x"), "--spool", "maybe"])
 
 
 def test_the_memory_check_refuses_a_local_build_that_would_not_fit(

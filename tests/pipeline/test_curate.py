@@ -15,7 +15,6 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipeline.beam.config import resolve_curate_spool
 from pipeline.beam.curate import (
     FILE_KEYS,
     CombineInBundle,
@@ -31,7 +30,7 @@ from pipeline.beam.curation_steps import (
     SpoolTexts,
     bucket_stars,
 )
-from pipeline.beam.shard_steps import SpoolRef
+from pipeline.beam.spool import SpoolRef, use_spool
 from pipeline.cli.main import main
 from pipeline.core.components import band_bucket, star_edges
 from pipeline.core.sources import content_id
@@ -453,12 +452,13 @@ def test_spooled_texts_reach_keep_distinct_as_references_and_decide_the_same(tmp
 
 
 def test_spool_on_auto_spools_on_the_runners_that_shuffle_in_memory():
-    assert resolve_curate_spool("auto", None)
-    assert resolve_curate_spool("auto", "DirectRunner")
-    assert resolve_curate_spool("auto", "apache_beam.runners.dask.dask_runner.DaskRunner")
-    assert not resolve_curate_spool("auto", "DataflowRunner")
-    assert not resolve_curate_spool("no", "DirectRunner")
-    assert resolve_curate_spool("yes", "FlinkRunner")
+    assert use_spool("auto", None, dask=True)
+    assert use_spool("auto", "DirectRunner", dask=True)
+    dask = "apache_beam.runners.dask.dask_runner.DaskRunner"
+    assert use_spool("auto", dask, dask=True) and not use_spool("auto", dask)  # build: no
+    assert not use_spool("auto", "DataflowRunner", dask=True)
+    assert not use_spool("no", "DirectRunner", dask=True)
+    assert use_spool("yes", "FlinkRunner")
 
 
 @pytest.mark.parametrize("workers", [1, 2])
