@@ -8,7 +8,6 @@ value raises ValueError naming it) and is saved as ``finetune_config.json`` besi
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import sys
@@ -108,11 +107,7 @@ def parse_config(argv: Sequence[str] | None, doc: str = "") -> FinetuneConfig:
     Raises:
         ValueError: an unreadable ``--config``, an unknown key (named) or a bad value.
     """
-    parser = CommandParser(
-        prog="python -m finetune",
-        description=doc,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = CommandParser.of_doc("python -m finetune", doc)
     add_options(parser, FinetuneConfig, sep="-")
     argv = sys.argv[1:] if argv is None else argv
     config, _ = parse_options(parser, FinetuneConfig, argv, sep="-")

@@ -180,6 +180,17 @@ class CommandParser(argparse.ArgumentParser):
     ``prog: error: unknown option --mdoel (did you mean --model?)``. ``--help`` is argparse's.
     """
 
+    @classmethod
+    def of_doc(cls, prog: str, doc: str | None, **kwargs) -> CommandParser:
+        """The parser of the command ``prog`` whose --help shows ``doc`` (its module's
+        docstring) as written, line breaks kept."""
+        return cls(
+            prog=prog,
+            description=doc,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            **kwargs,
+        )
+
     def option_names(self) -> list[str]:
         """Every long flag this parser declares, as declared."""
         return [

@@ -20,7 +20,6 @@ Exit codes: 0 written, 1 no readable metrics, 2 bad flags or no matplotlib.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import itertools
 import logging
@@ -235,11 +234,7 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = CommandParser(
-        prog="python -m report.plot",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = CommandParser.of_doc("python -m report.plot", __doc__)
     p.add_argument("run_dir", help="a training output directory holding metrics.jsonl")
     p.add_argument(
         "--output-dir", default=None, help="where to write the PNGs (default: RUN_DIR/plots)"

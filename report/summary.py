@@ -26,7 +26,6 @@ Exit codes: 0 printed (a warning included), 1 no readable metrics.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import textwrap
@@ -299,11 +298,7 @@ def read_records(path: Path) -> list[dict]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = CommandParser(
-        prog="python -m report.summary",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = CommandParser.of_doc("python -m report.summary", __doc__)
     p.add_argument(
         "run_dir",
         help="a trainer --output-dir (metrics.jsonl) or a quickstart "

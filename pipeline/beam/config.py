@@ -406,19 +406,31 @@ class BuildConfig(CurationOptions):
         return values
 
 
+def job_parser(command: str, description: str, options=None, **kwargs) -> CommandParser:
+    """The parser of the Beam command ``python -m pipeline COMMAND`` (build, curate, export):
+    its description, the epilog on the console and log file that all three share, and a
+    flag per field of the ``options`` dataclass (Google's names, with underscores)."""
+    p = CommandParser(
+        prog=f"python -m pipeline {command}",
+        description=description + " Unrecognised options (--runner, --direct_num_workers=N, "
+        "...) are passed to Apache Beam.",
+        epilog="Console: our progress lines only; Beam's logs go to --log_file PATH (default: "
+        f"OUTPUT.{command}.log beside the output directory). --verbose or BERT_VERBOSE=1 "
+        "shows everything.",
+        **kwargs,
+    )
+    if options is not None:
+        add_options(p, options, sep="_")
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
     """``--config FILE`` and one flag per BuildConfig field, Google's names (underscores)."""
-    p = CommandParser(
-        prog="python -m pipeline build",
-        description="Raw text -> WordPiece vocab -> NSP pairs and static masks (or, with "
-        "--objective mlm, packed sentences) -> Arrow shards. "
-        "Unrecognised options (--runner, --direct_num_workers, ...) are passed to Apache Beam.",
-        epilog="Console: our progress lines only; Beam's logs go to --log_file PATH (default: "
-        "OUTPUT.build.log beside the output directory). --verbose or BERT_VERBOSE=1 shows "
-        "everything.",
+    description = (
+        "Raw text -> WordPiece vocab -> NSP pairs and static masks (or, with --objective mlm, "
+        "packed sentences) -> Arrow shards."
     )
-    add_options(p, BuildConfig, sep="_")
-    return p
+    return job_parser("build", description, BuildConfig)
 
 
 def parse_build_args(argv: Sequence[str]) -> tuple[BuildConfig, list[str]]:

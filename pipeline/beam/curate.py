@@ -49,6 +49,7 @@ from pipeline.beam.config import (
     SPOOL,
     CurationOptions,
     ReadOptions,
+    job_parser,
 )
 from pipeline.beam.curation_steps import (
     Curate,
@@ -72,7 +73,7 @@ from pipeline.beam.shard_steps import write_atomic
 from pipeline.beam.spool import use_spool
 from pipeline.core.idpacks import ORIGIN_COLUMNS, IdPacks, add_counts, file_counts
 from pipeline.core.rng import derive_seed
-from pipeline.options import CommandParser, add_options, option, parse_options
+from pipeline.options import CommandParser, option, parse_options
 from pipeline.shards.shard_writer import created_by, encode_manifest
 
 logger = logging.getLogger(__name__)
@@ -158,14 +159,11 @@ class CurateConfig(CurationOptions):
 
 
 def curate_parser() -> CommandParser:
-    p = CommandParser(
-        prog="python -m pipeline curate",
-        description="Raw documents -> exact and near-duplicate removal, language and quality "
-        "filters, decontamination -> Parquet files of curated documents (Apache Beam). "
-        "Unrecognised options (--runner, --direct_num_workers, ...) are passed to Beam.",
+    description = (
+        "Raw documents -> exact and near-duplicate removal, language and quality filters, "
+        "decontamination -> Parquet files of curated documents."
     )
-    add_options(p, CurateConfig, sep="_")
-    return p
+    return job_parser("curate", description, CurateConfig)
 
 
 def parse_curate_args(argv: Sequence[str]) -> tuple[CurateConfig, list[str]]:

@@ -12,7 +12,8 @@ import argparse
 import dataclasses
 from collections.abc import Sequence
 
-from pipeline.options import CommandParser, parse_bool
+from pipeline.beam.config import job_parser
+from pipeline.options import parse_bool
 from pipeline.shards import export_formats as formats
 from pipeline.shards import mds_format
 
@@ -51,15 +52,10 @@ class ExportConfig:
 
 
 def export_parser() -> argparse.ArgumentParser:
-    p = CommandParser(
-        prog="python -m pipeline export",
-        description="Shards -> one NVIDIA HDF5 or Google TFRecord file or MDS directory per "
-        "shard, or Megatron-LM indexed datasets of the corpus's documents, for other BERT "
-        "trainers. Unrecognised options (--runner, --direct_num_workers=N, ...) go to "
-        "Apache Beam.",
-        epilog="Console: our progress lines only; Beam's logs go to --log_file PATH (default: "
-        "OUTPUT.export.log beside the output directory). --verbose or BERT_VERBOSE=1 shows "
-        "everything.",
+    p = job_parser(
+        "export",
+        "Shards -> one NVIDIA HDF5 or Google TFRecord file or MDS directory per shard, or "
+        "Megatron-LM indexed datasets of the corpus's documents, for other BERT trainers.",
         allow_abbrev=False,
     )
     p.add_argument("source", metavar="SHARDS_DIR", help="a finished build (has manifest.json)")

@@ -17,7 +17,6 @@ files, so the output depends only on the Python version's standard library.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import contextlib
 import hashlib
@@ -299,11 +298,7 @@ def write_manifest(output: str | os.PathLike, paths: Sequence[Path], sources: li
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = CommandParser(
-        prog="python -m pipeline corpus",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = CommandParser.of_doc("python -m pipeline corpus", __doc__)
     p.add_argument("--output", required=True, help="directory for the txt files")
     p.add_argument(
         "--max_mb",

@@ -14,7 +14,6 @@ join where their ``continues_word`` says (a segmenter's Chinese words too).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Sequence
@@ -91,13 +90,15 @@ def inspect(directory: str, num_rows: int, shard: int, *, words: bool = False) -
     return lines
 
 
-def validate_main(argv: Sequence[str]) -> int:
-    p = CommandParser(
-        prog="python -m pipeline validate",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def _parser(command: str) -> CommandParser:
+    """``python -m pipeline COMMAND``'s parser, its one positional the shard directory."""
+    p = CommandParser.of_doc(f"python -m pipeline {command}", __doc__)
     p.add_argument("directory", help="a build's output directory (local or a URI)")
+    return p
+
+
+def validate_main(argv: Sequence[str]) -> int:
+    p = _parser("validate")
     args = p.parse_args(argv)
     try:
         manifest = validate(args.directory)
@@ -112,12 +113,7 @@ def validate_main(argv: Sequence[str]) -> int:
 
 
 def inspect_main(argv: Sequence[str]) -> int:
-    p = CommandParser(
-        prog="python -m pipeline inspect",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("directory", help="a build's output directory (local or a URI)")
+    p = _parser("inspect")
     p.add_argument("-n", "--num_rows", type=int, default=5, help="rows to show (default: 5)")
     p.add_argument("--shard", type=int, default=0, help="shard index (default: 0)")
     p.add_argument(

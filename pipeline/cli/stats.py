@@ -10,7 +10,6 @@ With ``--plot`` it writes ``lengths.png`` and ``masking.png`` into DIR (or
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import io
 import json
@@ -179,11 +178,7 @@ def plot(stats: dict, out_dir: str) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = CommandParser(
-        prog="python -m pipeline stats",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = CommandParser.of_doc("python -m pipeline stats", __doc__)
     p.add_argument("directory", help="a shard directory written by `python -m pipeline build`")
     p.add_argument("--plot", action="store_true", help="also write lengths.png and masking.png")
     p.add_argument("--plot_dir", default=None, help="where to write the plots (default: DIRECTORY)")

@@ -435,11 +435,11 @@ def read_parquet(
 def read_documents(
     f: BinaryIO,
     *,
-    input_format: str,
-    text_field: str,
     path: str,
     start: int = 0,
     end: int | None = None,
+    input_format: str,
+    text_field: str,
     split: bool = True,
 ) -> Iterator[Item]:
     """Dispatch on ``input_format`` (txt, jsonl, parquet); the records of ``[start, end)``.

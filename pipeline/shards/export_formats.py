@@ -194,6 +194,16 @@ def hdf5_bytes(table: pa.Table, max_seq_length: int, max_predictions_per_seq: in
 # ----------------------------------------------------------------------------- TFRecord
 
 
+def message_field(message, name: str, number: int, type_name: str, repeated=False, **more):
+    """Add to a DescriptorProto ``message`` the field ``name`` of message type ``type_name``."""
+    from google.protobuf.descriptor_pb2 import FieldDescriptorProto as field
+
+    label = field.LABEL_REPEATED if repeated else field.LABEL_OPTIONAL
+    message.field.add(
+        name=name, number=number, type=field.TYPE_MESSAGE, label=label, type_name=type_name, **more
+    )
+
+
 @functools.cache
 def example_classes() -> dict[str, type]:
     """Message classes of tensorflow/core/example/{feature,example}.proto, declared here.
@@ -226,45 +236,20 @@ def example_classes() -> dict[str, type]:
     one.oneof_decl.add(name="kind")
     for number, name in enumerate(("bytes_list", "float_list", "int64_list"), start=1):
         type_name = ".tensorflow." + name.title().replace("_", "")
-        one.field.add(
-            name=name,
-            number=number,
-            type=field.TYPE_MESSAGE,
-            label=field.LABEL_OPTIONAL,
-            type_name=type_name,
-            oneof_index=0,
-        )
+        message_field(one, name, number, type_name, oneof_index=0)
     features = feature.message_type.add(name="Features")
     entry = features.nested_type.add(name="FeatureEntry")
     entry.options.map_entry = True
     entry.field.add(name="key", number=1, type=field.TYPE_STRING, label=field.LABEL_OPTIONAL)
-    entry.field.add(
-        name="value",
-        number=2,
-        type=field.TYPE_MESSAGE,
-        label=field.LABEL_OPTIONAL,
-        type_name=".tensorflow.Feature",
-    )
-    features.field.add(
-        name="feature",
-        number=1,
-        type=field.TYPE_MESSAGE,
-        label=field.LABEL_REPEATED,
-        type_name=".tensorflow.Features.FeatureEntry",
-    )
+    message_field(entry, "value", 2, ".tensorflow.Feature")
+    message_field(features, "feature", 1, ".tensorflow.Features.FeatureEntry", repeated=True)
     example = descriptor_pb2.FileDescriptorProto(
         name="tensorflow/core/example/example.proto",
         package="tensorflow",
         syntax="proto3",
         dependency=[feature.name],
     )
-    example.message_type.add(name="Example").field.add(
-        name="features",
-        number=1,
-        type=field.TYPE_MESSAGE,
-        label=field.LABEL_OPTIONAL,
-        type_name=".tensorflow.Features",
-    )
+    message_field(example.message_type.add(name="Example"), "features", 1, ".tensorflow.Features")
     pool = descriptor_pool.DescriptorPool()
     pool.Add(feature)
     pool.Add(example)
