@@ -47,7 +47,6 @@ from pipeline.beam.config import (
     BuildConfig,
 )
 from pipeline.beam.curation_steps import (
-    BatchPositions,
     Curate,
     as_sentences,
     batch_documents,
@@ -71,6 +70,7 @@ from pipeline.beam.instance_steps import (
     SummariseBuckets,
 )
 from pipeline.beam.manifest_steps import vocab_entry, write_manifest
+from pipeline.beam.minhash_steps import BatchPositions
 from pipeline.beam.shard_steps import (
     JoinParts,
     WriteShard,

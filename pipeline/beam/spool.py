@@ -106,7 +106,7 @@ def spooled_blocks(refs: Iterable[SpoolRef]) -> Iterator[bytes]:
 
 def spooled_values(items: Iterable) -> Iterator:
     """A group's values as sent, and those of its SpoolRefs (:class:`SpoolTexts`,
-    curation_steps.BandKeys), read back from their spool files, each block a pickled list of
+    minhash_steps.BandKeys), read back from their spool files, each block a pickled list of
     values."""
     refs = []
     for item in items:

@@ -855,8 +855,7 @@ def test_rows_through_a_spool_or_the_shuffle_give_the_same_bytes(
     for spool in ("no", "yes"):
         out = tmp_path / spool
         assert (
-            main(["build", "--input", corpus, "--output", str(out), "--spool", spool, *BASE])
-            == 0
+            main(["build", "--input", corpus, "--output", str(out), "--spool", spool, *BASE]) == 0
         )
         assert same_build(out, built) and not list(out.glob(".*")), spool
         assert bool(closed) == (spool == "yes")

@@ -15,7 +15,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipeline.beam.curate import (
+from pipeline.beam.curate_output import (
     FILE_KEYS,
     CombineInBundle,
     add_pairs,
@@ -23,14 +23,9 @@ from pipeline.beam.curate import (
     sample_key,
     smallest,
 )
-from pipeline.beam.curation_steps import (
-    BandKeys,
-    ConnectedComponents,
-    KeepDistinct,
-    SpoolTexts,
-    bucket_stars,
-)
-from pipeline.beam.spool import SpoolRef, use_spool
+from pipeline.beam.curation_steps import KeepDistinct
+from pipeline.beam.minhash_steps import BandKeys, ConnectedComponents, bucket_stars
+from pipeline.beam.spool import SpoolRef, SpoolTexts, use_spool
 from pipeline.cli.main import main
 from pipeline.core.components import band_bucket, star_edges
 from pipeline.core.sources import content_id

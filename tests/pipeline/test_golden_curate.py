@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.beam.curate import CURATE_VERSION
+from pipeline.beam.inputs import CURATE_VERSION
 from pipeline.cli.main import main
 
 pytest.importorskip("xxhash", reason="curate needs the curate extra (pip install -e '.[curate]')")
@@ -59,7 +59,7 @@ same input and flags now give other bytes than before this change.
 
 If that is what you meant (a change to a filter, decontamination, MinHash, the clusters,
 which document stays, the output files, report.json or the manifest):
-  1. bump CURATE_VERSION in pipeline/beam/curate.py;
+  1. bump CURATE_VERSION in pipeline/beam/inputs.py;
   2. say what changed in docs/curation.md ("The output") and in CHANGELOG.md;
   3. set VERSIONS and GOLDEN in tests/pipeline/test_golden_curate.py to the values below.
 If it is not: your change altered curate's output; find out why before going on. (A new
