@@ -38,6 +38,10 @@
 # And in .venv-report (a copy of .venv-base plus matplotlib)
 # tests/report/test_base_install.py: the summary, the plots and `pipeline stats --plot` read
 # a run's output where no training stack is installed. The rest of tests/report runs in .venv.
+#
+# .venv-gcp, .venv-report and .venv-readers are made in the background while the base
+# install's tests run (their output, the "[setup] ..." lines, is shown when both end);
+# their own tests follow, then the main run in .venv.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck disable=SC1091
@@ -52,84 +56,89 @@ ruff format --check .
 deps_stamp="$(cat pyproject.toml setup.py scripts/test.sh scripts/install.sh scripts/readers.sh locks/* | python -c \
   'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')"
 
-# base_install_tests: tests/pipeline's fast tier in .venv-base (pip install -e . pytest).
-base_install_tests() {
-  local venv="$root/.venv-base" stamp="$deps_stamp"
-  if [ "$(cat "$venv/.base-stamp" 2>/dev/null)" != "$stamp" ] || [ ! -x "$venv/bin/python" ]; then
+# fresh VENV NAME: whether VENV must be (re)made: missing, or made from other files (its
+# stamp, .NAME-stamp, differs from $deps_stamp).
+fresh() {
+  [ "$(cat "$1/.$2-stamp" 2>/dev/null)" != "$deps_stamp" ] || [ ! -x "$1/bin/python" ]
+}
+
+# make_base: .venv-base, the base install (pip install -e . pytest), without torch.
+make_base() {
+  local venv="$root/.venv-base"
+  if fresh "$venv" base; then
     rm -rf "$venv"
     setup_step "creating $venv (the base install: pip install -e . pytest)" \
       python3 -m venv "$venv"
     lock_install "$venv/bin/python" "$root/locks/base.txt" -e "$root" pytest
     setup_step "checking that every requirement is met (pip check)" "$venv/bin/pip" check
-    echo "$stamp" >"$venv/.base-stamp"
+    echo "$deps_stamp" >"$venv/.base-stamp"
   fi
   if "$venv/bin/python" -c "import torch" 2>/dev/null; then
     echo "the base install ($venv) holds torch: a base dependency pulls it in" >&2
     return 1
   fi
-  echo "[test] tests/pipeline on the base install ($venv, no torch)"
-  BERT_TEST_PASSED_TO="$passed" "$venv/bin/python" -m pytest tests/pipeline -m "not slow" \
-    -p no:cacheprovider -q --durations=5
 }
 
-# gcp_tests: the DataflowRunner's dry runs in .venv-gcp (.venv-base + the gcp extra).
-gcp_tests() {
-  local venv="$root/.venv-gcp"
-  if [ "$(cat "$venv/.gcp-stamp" 2>/dev/null)" != "$deps_stamp" ] || [ ! -x "$venv/bin/python" ]
-  then
+# make_extra NAME LOCK PIP_ARGS...: .venv-NAME, a copy of .venv-base plus LOCK (or PIP_ARGS).
+make_extra() {
+  local name="$1" lock="$2" venv="$root/.venv-$1"
+  shift 2
+  if fresh "$venv" "$name"; then
     rm -rf "$venv"
     setup_step "creating $venv (a copy of .venv-base)" cp -a "$root/.venv-base" "$venv"
-    lock_install "$venv/bin/python" "$root/locks/gcp.txt" -e "${root}[gcp]"
+    lock_install "$venv/bin/python" "$lock" "$@"
     setup_step "checking that every requirement is met (pip check)" "$venv/bin/pip" check
-    echo "$deps_stamp" >"$venv/.gcp-stamp"
+    echo "$deps_stamp" >"$venv/.$name-stamp"
   fi
-  echo "[test] the DataflowRunner's dry runs on the gcp extra ($venv)"
-  BERT_GCP_TESTS=1 "$venv/bin/python" -m pytest tests/pipeline/test_dry_run.py -m slow \
-    -p no:cacheprovider -q --durations=3
 }
 
-# report_tests: the reports' test in .venv-report (.venv-base + matplotlib, still no torch).
-report_tests() {
-  local venv="$root/.venv-report"
-  if [ "$(cat "$venv/.report-stamp" 2>/dev/null)" != "$deps_stamp" ] || [ ! -x "$venv/bin/python" ]
-  then
-    rm -rf "$venv"
-    setup_step "creating $venv (a copy of .venv-base)" cp -a "$root/.venv-base" "$venv"
-    lock_install "$venv/bin/python" "$root/locks/report.txt" "matplotlib>=3.7"
-    setup_step "checking that every requirement is met (pip check)" "$venv/bin/pip" check
-    echo "$deps_stamp" >"$venv/.report-stamp"
+# make_side_venvs: the three environments the side tests run in, one after another.
+make_side_venvs() {
+  make_extra gcp "$root/locks/gcp.txt" -e "${root}[gcp]"
+  make_extra report "$root/locks/report.txt" "matplotlib>=3.7"
+  if fresh "$root/.venv-readers" readers; then
+    BERT_READERS_FROM="$root/.venv-base" bash "$root/scripts/readers.sh" "$root/.venv-readers"
+    echo "$deps_stamp" >"$root/.venv-readers/.readers-stamp"
   fi
-  if "$venv/bin/python" -c "import torch" 2>/dev/null; then
-    echo "the reports' environment ($venv) holds torch: matplotlib pulls it in?" >&2
+}
+
+# side_tests: the base install's tests, while the other environments are made beside them
+# (pip's installs are mostly waiting on the network and disk; the tests use one core), then
+# the tests of each of those.
+side_tests() {
+  local side_log="$root/.venv-base/side-setup.log" rc=0 side
+  make_base
+  make_side_venvs >"$side_log" 2>&1 &
+  side=$!
+  echo "[test] tests/pipeline on the base install (.venv-base, no torch); making .venv-gcp," \
+    ".venv-report and .venv-readers meanwhile"
+  BERT_TEST_PASSED_TO="$passed" "$root/.venv-base/bin/python" -m pytest tests/pipeline \
+    -m "not slow" -p no:cacheprovider -q --durations=5 || rc=$?
+  wait "$side" || rc=$?
+  cat "$side_log"
+  [ "$rc" -eq 0 ] || return "$rc"
+
+  echo "[test] the DataflowRunner's dry runs on the gcp extra (.venv-gcp)"
+  BERT_GCP_TESTS=1 "$root/.venv-gcp/bin/python" -m pytest tests/pipeline/test_dry_run.py \
+    -m slow -p no:cacheprovider -q --durations=3
+  if "$root/.venv-report/bin/python" -c "import torch" 2>/dev/null; then
+    echo "the reports' environment (.venv-report) holds torch: matplotlib pulls it in?" >&2
     return 1
   fi
-  echo "[test] the reports on the base install plus matplotlib ($venv, no torch)"
-  "$venv/bin/python" -m pytest tests/report/test_base_install.py -p no:cacheprovider -q \
-    --durations=3
-}
-# reader_tests: the MDS and Megatron exports read back by streaming and megatron-core, in the
-# environment scripts/readers.sh makes for users (from a copy of .venv-base).
-reader_tests() {
-  local venv="$root/.venv-readers"
-  if [ "$(cat "$venv/.readers-stamp" 2>/dev/null)" != "$deps_stamp" ] \
-    || [ ! -x "$venv/bin/python" ]; then
-    BERT_READERS_FROM="$root/.venv-base" bash "$root/scripts/readers.sh" "$venv"
-    echo "$deps_stamp" >"$venv/.readers-stamp"
-  fi
-  echo "[test] the MDS and Megatron exports read by streaming and megatron-core ($venv)"
-  BERT_MDS_TESTS=1 BERT_MEGATRON_TESTS=1 "$venv/bin/python" -m pytest \
+  echo "[test] the reports on the base install plus matplotlib (.venv-report, no torch)"
+  "$root/.venv-report/bin/python" -m pytest tests/report/test_base_install.py \
+    -p no:cacheprovider -q --durations=3
+  echo "[test] the MDS and Megatron exports read by streaming and megatron-core (.venv-readers)"
+  BERT_MDS_TESTS=1 BERT_MEGATRON_TESTS=1 "$root/.venv-readers/bin/python" -m pytest \
     tests/pipeline/test_export_mds.py tests/pipeline/test_export_megatron.py \
     -p no:cacheprovider -q --durations=3
 }
 
-# The tests that passed on the base install (base_install_tests), left out of the last run.
+# The tests that passed on the base install (side_tests), left out of the last run.
 passed="$(mktemp)"
 trap 'rm -f "$passed"' EXIT
 if [ "${BERT_TEST_BASE:-$([ $# -eq 0 ] && echo 1 || echo 0)}" != 0 ]; then
-  base_install_tests
-  gcp_tests
-  report_tests
-  reader_tests
+  side_tests
   export BERT_TEST_PASSED_IN="$passed"
 fi
 
