@@ -136,11 +136,44 @@ side_tests() {
 
 # The tests that passed on the base install (side_tests), left out of the last run.
 passed="$(mktemp)"
-trap 'rm -f "$passed"' EXIT
-if [ "${BERT_TEST_BASE:-$([ $# -eq 0 ] && echo 1 || echo 0)}" != 0 ]; then
+work="$(mktemp -d)"
+trainer=""
+# On the way out (a failed step stops the script, set -e): the background tests/trainer
+# run, if still going, is stopped too.
+cleanup() {
+  if [ -n "$trainer" ] && kill -0 "$trainer" 2>/dev/null; then
+    echo "[test] stopping the tests/trainer run (pid $trainer): an earlier step failed" >&2
+    kill "$trainer" 2>/dev/null || true
+  fi
+  rm -rf "$passed" "$work"
+}
+trap cleanup EXIT
+
+# Without arguments (CI's run), tests/trainer runs beside the rest, in the background: its
+# time is mostly its DeepSpeed launches starting up (processes, imports, ranks waiting on
+# each other), which leaves room on the cores for the other tests. Its output is shown when
+# both have ended; the script fails if either failed. BERT_TEST_STREAMS=0 runs one after
+# the other.
+if [ $# -eq 0 ] && [ "${BERT_TEST_STREAMS:-1}" != 0 ]; then
+  echo "[test] tests/trainer in the background (its output follows the rest's)"
+  python -m pytest tests/trainer --basetemp="$work/trainer" >"$work/trainer.log" 2>&1 &
+  trainer=$!
+  set -- --ignore=tests/trainer
+fi
+
+if [ "${BERT_TEST_BASE:-$([ -n "$trainer" ] || [ $# -eq 0 ] && echo 1 || echo 0)}" != 0 ]; then
   side_tests
   export BERT_TEST_PASSED_IN="$passed"
 fi
 
 # pytest exits 5 when it collects no test: that is a failure here too.
-python -m pytest "$@"
+rc=0
+python -m pytest "$@" || rc=$?
+if [ -n "$trainer" ]; then
+  trainer_rc=0
+  wait "$trainer" || trainer_rc=$?
+  echo "[test] tests/trainer (run beside the above; exit $trainer_rc):"
+  cat "$work/trainer.log"
+  [ "$trainer_rc" -eq 0 ] || rc=$trainer_rc
+fi
+exit "$rc"
