@@ -217,14 +217,7 @@ def run(cfg: FinetuneConfig) -> dict:
     cls = MODELS[cfg.task]
     bert, architecture, head = read_hf_config(cfg.init)
     tokenizer = load_tokenizer(cfg.init)
-    if tokenizer.get_vocab_size() > bert.vocab_size:
-        raise ValueError(
-            f"{cfg.init}: tokenizer has {tokenizer.get_vocab_size()} tokens, the model {bert.vocab_size}"
-        )
-    if cfg.max_seq_length > bert.max_position_embeddings:
-        raise ValueError(
-            f"max_seq_length {cfg.max_seq_length} > the model's max_position_embeddings {bert.max_position_embeddings}"
-        )
+    check_init(cfg, bert, tokenizer)
     train_examples, eval_examples = (
         load_examples(cfg.task, cfg.train),
         load_examples(cfg.task, cfg.eval),
@@ -261,7 +254,26 @@ def run(cfg: FinetuneConfig) -> dict:
     metrics = train(cfg, model, train_features, evaluate_fn, bert.pad_token_id)
     if cfg.output_dir is None:
         logger.info("no --output-dir: the fine-tuned model is not saved")
-        return metrics
+    else:
+        save(cfg, model, metrics)
+    return metrics
+
+
+def check_init(cfg: FinetuneConfig, bert, tokenizer) -> None:
+    """Refuse an --init whose tokenizer or positions do not fit the model or the settings."""
+    if tokenizer.get_vocab_size() > bert.vocab_size:
+        raise ValueError(
+            f"{cfg.init}: tokenizer has {tokenizer.get_vocab_size()} tokens, the model {bert.vocab_size}"
+        )
+    if cfg.max_seq_length > bert.max_position_embeddings:
+        raise ValueError(
+            f"max_seq_length {cfg.max_seq_length} > the model's max_position_embeddings {bert.max_position_embeddings}"
+        )
+
+
+def save(cfg: FinetuneConfig, model, metrics: dict) -> None:
+    """The fine-tuned model in --output-dir, Hugging Face's layout, with the tokenizer files
+    of --init, the settings and the eval results (each file atomically)."""
     out = Path(cfg.output_dir)
     model.cpu().save_hf(out)
     for name in TOKENIZER_FILES:
@@ -272,4 +284,3 @@ def run(cfg: FinetuneConfig) -> dict:
     )
     write_text_atomic(out / "eval_results.json", json.dumps(metrics, indent=2) + "\n")
     logger.info("wrote %s", out)
-    return metrics

@@ -233,6 +233,39 @@ def curate_graph(
     num_files: int,
     eval_ngrams: frozenset[int],
 ):
+    """Read, curate, write each file of kept documents, then the report and manifest."""
+    read, per_file, skipped = read_inputs(p, config, plan)
+    group_of = functools.partial(file_of, num_files=num_files, seed=config.random_seed)
+    runner = p.options.view_as(StandardOptions).runner
+    curated = read.documents | "Curate" >> Curate(
+        config,
+        eval_ngrams,
+        group_of,
+        positions=read[ORIGINS],
+        position_columns=ORIGIN_COLUMNS,
+        spool=config.output if use_spool(config.spool, runner, dask=True) else None,
+        finish_group=functools.partial(write_kept, config=config, num_files=num_files),
+    )
+    files = (
+        curated.kept
+        | "FileEntries" >> beam.Map(lambda written: written[0])
+        | "CollectFiles" >> beam.combiners.ToList()
+    )
+    totals = report_totals(config, plan, read[ORIGINS], curated)
+    return files | "WriteOutputs" >> beam.Map(
+        write_outputs,
+        **{name: beam.pvalue.AsDict(pcoll) for name, pcoll in totals.items()},
+        input_files=beam.pvalue.AsDict(per_file),
+        skipped=beam.pvalue.AsDict(skipped),
+        converged=beam.pvalue.AsSingleton(curated.changed),
+        config=config,
+        num_files=num_files,
+    )
+
+
+def read_inputs(p: beam.Pipeline, config: CurateConfig, plan: InputPlan):
+    """The plan's ranges read (:class:`ReadTexts`: documents, and tagged counts and
+    origins), the documents and sentences per file, and the skipped records per reason."""
     reading = config.read_options._replace(input_format=plan.input_format)
     read = (
         p
@@ -249,21 +282,17 @@ def curate_graph(
         | "SkipKinds" >> beam.Map(lambda kv: (kv[0][1], kv[1]))
         | "SumSkipped" >> beam.CombinePerKey(sum)
     )
-    seed = config.random_seed
-    group_of = functools.partial(file_of, num_files=num_files, seed=seed)
-    runner = p.options.view_as(StandardOptions).runner
-    curated = read.documents | "Curate" >> Curate(
-        config,
-        eval_ngrams,
-        group_of,
-        positions=read[ORIGINS],
-        position_columns=ORIGIN_COLUMNS,
-        spool=config.output if use_spool(config.spool, runner, dask=True) else None,
-        finish_group=functools.partial(write_kept, config=config, num_files=num_files),
-    )
+    return read, per_file, skipped
+
+
+def report_totals(config: CurateConfig, plan: InputPlan, origins, curated) -> dict:
+    """report.json's keyed totals, each combined in bundles first (CombineInBundle): the
+    documents and bytes after each step (``steps``) and per removal reason (``reasons``),
+    the removed documents' seeded samples (``samples``), and the counts per input file
+    (``file_totals``, the kept documents joined with every copy's origin by id)."""
     file_totals = (
         {
-            "origin": read[ORIGINS],
+            "origin": origins,
             "kept": curated.kept | "KeptBytes" >> beam.FlatMap(lambda w: w[1]),
         }
         | "JoinOrigins" >> beam.CoGroupByKey()
@@ -271,41 +300,24 @@ def curate_graph(
         | "SumFileCountsInBundle" >> beam.ParDo(CombineInBundle(lambda v: [add_counts(v)]))
         | "SumFileCounts" >> beam.CombinePerKey(add_counts)
     )
-    files = (
-        curated.kept
-        | "FileEntries" >> beam.Map(lambda written: written[0])
-        | "CollectFiles" >> beam.combiners.ToList()
-    )
     steps = (
         curated.steps
         | "SumStepsInBundle" >> beam.ParDo(CombineInBundle(lambda pairs: [add_pairs(pairs)]))
         | "SumSteps" >> beam.CombinePerKey(add_pairs)
     )
-    removed_all = curated.removed
     reasons = (
-        removed_all
+        curated.removed
         | "ReasonTotals" >> beam.Map(lambda removed: document_totals(removed[1], removed[0]))
         | "SumReasonsInBundle" >> beam.ParDo(CombineInBundle(lambda pairs: [add_pairs(pairs)]))
         | "SumReasons" >> beam.CombinePerKey(add_pairs)
     )
-    n, key = config.samples_per_reason, sample_key(seed)
+    n, key = config.samples_per_reason, sample_key(config.random_seed)
     samples = (
-        removed_all
+        curated.removed
         | "SamplesInBundle" >> beam.ParDo(CombineInBundle(smallest(n, key)))
         | "Samples" >> beam.combiners.Top.PerKey(n, key=key, reverse=True)
     )
-    return files | "WriteOutputs" >> beam.Map(
-        write_outputs,
-        steps=beam.pvalue.AsDict(steps),
-        reasons=beam.pvalue.AsDict(reasons),
-        samples=beam.pvalue.AsDict(samples),
-        input_files=beam.pvalue.AsDict(per_file),
-        file_totals=beam.pvalue.AsDict(file_totals),
-        skipped=beam.pvalue.AsDict(skipped),
-        converged=beam.pvalue.AsSingleton(curated.changed),
-        config=config,
-        num_files=num_files,
-    )
+    return {"steps": steps, "reasons": reasons, "samples": samples, "file_totals": file_totals}
 
 
 def curate_job(argv: Sequence[str]) -> Job:

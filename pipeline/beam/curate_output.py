@@ -162,36 +162,16 @@ def write_outputs(
         if file_name(index, num_files) not in written:
             files = [*files, write_file((index, []), config, num_files)]
     files = sorted(files, key=lambda entry: entry["name"])
-    order = ["read", "filters", "exact_dedup", "near_dedup"]
-    funnel = [
-        {"step": step, "documents": steps[step][0], "bytes": steps[step][1]}
-        for step in order
-        if step in steps
-    ]
-    report = {
-        "funnel": funnel,
-        "removed": {
-            reason: {"documents": n, "bytes": b} for reason, (n, b) in sorted(reasons.items())
-        },
-        "input_files": {
-            path: dict(zip(FILE_KEYS, file_totals.get(path, (0, 0, 0, 0)), strict=True))
-            for path in sorted(input_files)
-        },
-        "skipped": dict(sorted(skipped.items())),
-        "components_changed_in_last_round": converged,
-    }
+    report = make_report(steps, reasons, input_files, file_totals, skipped, converged)
     join = FileSystems.join
     write_atomic(join(config.output, "report.json"), encode_manifest(report))
-    lines = []
-    for reason in sorted(samples):
-        for doc_id, text in samples[reason]:
-            lines.append(
-                json.dumps(
-                    {"reason": reason, "id": doc_id, "text": text[:2000]}, ensure_ascii=False
-                )
-            )
+    lines = [
+        json.dumps({"reason": reason, "id": doc_id, "text": text[:2000]}, ensure_ascii=False)
+        for reason in sorted(samples)
+        for doc_id, text in samples[reason]
+    ]
     write_atomic(join(config.output, "removed_samples.jsonl"), ("\n".join(lines) + "\n").encode())
-    plot = funnel_png(funnel, report["removed"])
+    plot = funnel_png(report["funnel"], report["removed"])
     if plot is not None:
         write_atomic(join(config.output, "funnel.png"), plot)
     manifest = {
@@ -207,6 +187,30 @@ def write_outputs(
     }
     write_atomic(join(config.output, "manifest.json"), encode_manifest(manifest))
     return manifest
+
+
+def make_report(
+    steps: dict, reasons: dict, input_files: dict, file_totals: dict, skipped: dict, converged: int
+) -> dict:
+    """report.json (docs/curation.md, "Output"): the funnel in step order, the documents
+    and bytes each reason removed, the counts per input file, the skipped records."""
+    order = ["read", "filters", "exact_dedup", "near_dedup"]
+    return {
+        "funnel": [
+            {"step": step, "documents": steps[step][0], "bytes": steps[step][1]}
+            for step in order
+            if step in steps
+        ],
+        "removed": {
+            reason: {"documents": n, "bytes": b} for reason, (n, b) in sorted(reasons.items())
+        },
+        "input_files": {
+            path: dict(zip(FILE_KEYS, file_totals.get(path, (0, 0, 0, 0)), strict=True))
+            for path in sorted(input_files)
+        },
+        "skipped": dict(sorted(skipped.items())),
+        "components_changed_in_last_round": converged,
+    }
 
 
 FILE_KEYS = ("documents_in", "bytes_in", "documents_out", "bytes_out")

@@ -325,24 +325,7 @@ class Curate(beam.PTransform):
             docs = kept.kept
             removed.append(kept[REMOVED])
         if config.dedup == "minhash":
-            edges = (
-                docs
-                | "BandKeys" >> beam.ParDo(BandKeys(config, self._spool))
-                | "GroupBands" >> beam.GroupByKey()
-                | "StarEdges" >> beam.FlatMap(bucket_stars)
-            )
-            labels, changed = edges | "Components" >> ConnectedComponents(config.cc_rounds)
-            if config.minhash_keep == "first":
-                members = labels | "Members" >> beam.FlatMap(member_records)
-                dropped = (
-                    {"position": self._positions, "member": members}
-                    | "JoinPositions" >> beam.CoGroupByKey()
-                    | "FirstPositions" >> beam.FlatMap(member_positions, self._position_columns)
-                    | "GroupClusters" >> beam.GroupByKey()
-                    | "AllButFirst" >> beam.FlatMap(all_but_first)
-                )
-            else:  # every member but the smallest id: the labelled nodes
-                dropped = labels | "NotSmallest" >> beam.Keys()
+            dropped, changed = self._near_copies(docs)
             groups["drop"] = dropped | "DropByGroup" >> beam.Map(lambda i: (group_of(i), i))
         if config.dedup == "none" and self._group_of is None:
             kept_groups = docs | "OwnGroups" >> beam.Map(lambda d: (d[0], [d]))
@@ -366,6 +349,29 @@ class Curate(beam.PTransform):
             removed or [p | "NothingRemoved" >> beam.Create([])]
         ) | "AllRemoved" >> beam.Flatten()
         return Curated(kept_groups, removed_all, steps | "AllSteps" >> beam.Flatten(), changed)
+
+    def _near_copies(self, docs):
+        """MinHash: the ids of the documents to drop, one per near copy (every cluster member
+        but the one ``--minhash_keep`` keeps), and how many edges the last round changed."""
+        config = self._config
+        edges = (
+            docs
+            | "BandKeys" >> beam.ParDo(BandKeys(config, self._spool))
+            | "GroupBands" >> beam.GroupByKey()
+            | "StarEdges" >> beam.FlatMap(bucket_stars)
+        )
+        labels, changed = edges | "Components" >> ConnectedComponents(config.cc_rounds)
+        if config.minhash_keep != "first":  # every member but the smallest id: the labelled
+            return labels | "NotSmallest" >> beam.Keys(), changed
+        members = labels | "Members" >> beam.FlatMap(member_records)
+        dropped = (
+            {"position": self._positions, "member": members}
+            | "JoinPositions" >> beam.CoGroupByKey()
+            | "FirstPositions" >> beam.FlatMap(member_positions, self._position_columns)
+            | "GroupClusters" >> beam.GroupByKey()
+            | "AllButFirst" >> beam.FlatMap(all_but_first)
+        )
+        return dropped, changed
 
 
 def _same(doc_id: str) -> str:

@@ -310,8 +310,7 @@ def plan(beam_version: str) -> tuple[bool, str]:
 def install() -> None:
     """Replace the DaskRunner's ParDo translation where :func:`plan` says so (idempotent)."""
     import apache_beam
-    from apache_beam import DoFn, ParDo
-    from apache_beam.runners.common import DoFnContext, DoFnSignature, _OutputHandler
+    from apache_beam import ParDo
     from apache_beam.runners.dask import transform_evaluator as te
     from apache_beam.runners.dask.dask_runner import DaskRunner
     from apache_beam.runners.dask.overrides import _GroupByKeyOnly
@@ -331,31 +330,7 @@ def install() -> None:
 
         def apply(self, input_bag, side_inputs=None):
             # Beam's ParDo.apply, with our bundle function and side inputs as dependencies.
-            args, kwargs = self.transform.raw_side_inputs
-            main_input = next(iter(self.applied.main_inputs.values()))
-            window_fn = getattr(main_input, "windowing", None)
-            window_fn = window_fn.windowfn if window_fn is not None else None
-            receivers = te.OneReceiver()
-            invoker_args = [
-                DoFnSignature(self.transform.fn),
-                _OutputHandler(
-                    window_fn=window_fn,
-                    main_receivers=receivers[None],
-                    tagged_receivers=receivers,
-                    per_element_output_counter=None,
-                    output_batch_converter=None,
-                    process_yields_batches=False,
-                    process_batch_yields_elements=False,
-                ),
-            ]
-            invoker_kwargs = dict(
-                context=DoFnContext(self.transform.label, state=None),
-                side_inputs=None,
-                input_args=list(args),
-                input_kwargs=kwargs,
-                user_state_context=None,
-                bundle_finalizer_param=DoFn.BundleFinalizerParam(),
-            )
+            window_fn, receivers, invoker_args, invoker_kwargs = _invoker(te, self)
             views, values = [], []
             for side in side_inputs or []:
                 windowed = side._iterable  # te.DaskBagWindowedIterator: the bag, not read
@@ -383,6 +358,38 @@ def install() -> None:
         DaskRunner.to_dask_bag_visitor = staticmethod(
             _with_outputs_apart(DaskRunner.to_dask_bag_visitor)
         )
+
+
+def _invoker(te, pardo) -> tuple:
+    """What Beam's DaskRunner ParDo.apply gives its bundles, for the translation ``pardo``:
+    (the main input's window function, one receiver for every output, the DoFn invoker's
+    arguments and keyword arguments)."""
+    from apache_beam import DoFn
+    from apache_beam.runners.common import DoFnContext, DoFnSignature, _OutputHandler
+
+    args, kwargs = pardo.transform.raw_side_inputs
+    main_input = next(iter(pardo.applied.main_inputs.values()))
+    window_fn = getattr(main_input, "windowing", None)
+    window_fn = window_fn.windowfn if window_fn is not None else None
+    receivers = te.OneReceiver()
+    handler = _OutputHandler(
+        window_fn=window_fn,
+        main_receivers=receivers[None],
+        tagged_receivers=receivers,
+        per_element_output_counter=None,
+        output_batch_converter=None,
+        process_yields_batches=False,
+        process_batch_yields_elements=False,
+    )
+    invoker_kwargs = dict(
+        context=DoFnContext(pardo.transform.label, state=None),
+        side_inputs=None,
+        input_args=list(args),
+        input_kwargs=kwargs,
+        user_state_context=None,
+        bundle_finalizer_param=DoFn.BundleFinalizerParam(),
+    )
+    return window_fn, receivers, [DoFnSignature(pardo.transform.fn), handler], invoker_kwargs
 
 
 def uses_dask(beam_args: list[str]) -> bool:

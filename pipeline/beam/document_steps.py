@@ -223,27 +223,9 @@ class ReadDocuments(beam.DoFn):
         path = part.path
         documents = sentence_count = with_nul = long = 0
         batch = DocumentBatch([], [], (path, part.start, 0))
-        if part.start == 0:
-            f, head = open_at_start(path)
-        else:
-            f, head = FileSystems.open(path), b""
+        f, head = open_at_start(path) if part.start == 0 else (FileSystems.open(path), b"")
         with f:
-            input_format, origin = self._options.input_format, self._origin
-            if input_format == "auto":  # the driver resolves it; a direct caller may not have
-                input_format = format_from_name(path) or sniff_format(head) or "txt"
-                origin = "inferred from its name or first bytes"
-            if part.start == 0:
-                check_format(path, head, input_format, origin)
-            items = read_documents(
-                f,
-                input_format=input_format,
-                text_field=self._options.text_field,
-                path=path,
-                start=part.start,
-                end=part.end,
-                split=self._split,
-            )
-            for sentences, reason in items:
+            for sentences, reason in self._records(f, head, part):
                 if reason is not None:
                     yield from skipped(reason)
                     continue
@@ -281,6 +263,25 @@ class ReadDocuments(beam.DoFn):
         yield TaggedOutput(FILE_DOCUMENTS, (path, (documents, sentence_count)))
         yield from noted("sentences_with_nul", with_nul)  # NUL is dropped by normalisation
         yield from noted("long_sentences", long)
+
+    def _records(self, f, head: bytes, part: FileRange) -> Iterator:
+        """The range's records (pipeline/core/sources.py read_documents), the format
+        checked against the file's first bytes where the range starts the file."""
+        input_format, origin = self._options.input_format, self._origin
+        if input_format == "auto":  # the driver resolves it; a direct caller may not have
+            input_format = format_from_name(part.path) or sniff_format(head) or "txt"
+            origin = "inferred from its name or first bytes"
+        if part.start == 0:
+            check_format(part.path, head, input_format, origin)
+        return read_documents(
+            f,
+            input_format=input_format,
+            text_field=self._options.text_field,
+            path=part.path,
+            start=part.start,
+            end=part.end,
+            split=self._split,
+        )
 
 
 def add_up(counts: Iterable[tuple[int, int]]) -> tuple[int, int]:

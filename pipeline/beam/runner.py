@@ -53,25 +53,11 @@ def check_beam_options(
     Raises:
         ValueError: an unknown runner or option, with Beam's closest name.
     """
-    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
-    from apache_beam.runners.runner import create_runner
+    from apache_beam.options.pipeline_options import PipelineOptions
 
     from pipeline.options import did_you_mean, respell
 
-    runner = PipelineOptions(beam_args).view_as(StandardOptions).runner
-    if runner:
-        try:
-            create_runner(runner)
-        except ValueError as err:  # Beam lists the valid names in its message
-            valid = str(err).split("Valid values are ", 1)[-1].replace(" or ", ", ").split(", ")
-            close = difflib.get_close_matches(runner, valid, n=1, cutoff=0.6)
-            hint = f" (did you mean {close[0]}?)" if close else f": {err}"
-            raise ValueError(f"--runner={runner} is not a Beam runner{hint}") from None
-        except ImportError as err:
-            raise ValueError(
-                f"--runner={runner}: cannot load it ({err}); install what it needs, e.g. "
-                "pip install 'apache-beam[dask]' for the DaskRunner"
-            ) from None
+    _check_runner(beam_args)
     import pipeline.beam.dask_compat  # noqa: F401  (its --dask_shuffle_partitions is Beam's)
 
     beam_names = _beam_flags()
@@ -109,6 +95,28 @@ def check_beam_options(
             f"of ours ({parser.prog} --help) nor of Apache Beam's pipeline options"
         )
     return beam_args
+
+
+def _check_runner(beam_args: list[str]) -> None:
+    """Refuse a ``--runner`` Beam does not know (with the closest name) or cannot load."""
+    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+    from apache_beam.runners.runner import create_runner
+
+    runner = PipelineOptions(beam_args).view_as(StandardOptions).runner
+    if not runner:
+        return
+    try:
+        create_runner(runner)
+    except ValueError as err:  # Beam lists the valid names in its message
+        valid = str(err).split("Valid values are ", 1)[-1].replace(" or ", ", ").split(", ")
+        close = difflib.get_close_matches(runner, valid, n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]}?)" if close else f": {err}"
+        raise ValueError(f"--runner={runner} is not a Beam runner{hint}") from None
+    except ImportError as err:
+        raise ValueError(
+            f"--runner={runner}: cannot load it ({err}); install what it needs, e.g. "
+            "pip install 'apache-beam[dask]' for the DaskRunner"
+        ) from None
 
 
 def _beam_flags() -> list[str]:

@@ -240,15 +240,9 @@ def write_package_corpus(
             source = sources.setdefault(
                 name, {"name": name, "version": version, "documents": 0, "bytes": 0}
             )
-            sentences = []
-            for piece in pieces:
-                digest = hashlib.sha256("\n".join(piece).encode("utf-8")).digest()
-                if digest not in seen:
-                    seen.add(digest)
-                    sentences += piece
-            if len(sentences) < 2:
+            text = new_prose(pieces, seen)
+            if text is None:
                 continue
-            text = ("\n".join(sentences) + "\n\n").encode("utf-8")
             if written + len(text) > limit:
                 break
             written += len(text)
@@ -259,10 +253,7 @@ def write_package_corpus(
             documents += 1
             source["documents"] += 1
             source["bytes"] += len(text)
-    names = [f"packages-{k:03d}.txt" for k in range(files)] + ["packages-heldout.txt"]
-    paths = [Path(output, name) for name in names]
-    for path, chunk in zip(paths, chunks, strict=True):
-        atomic_write_bytes(path, chunk)
+    paths = write_chunks(output, chunks)
     logger.info(
         "wrote %d documents of %d packages, %.2f MB, in %s",
         documents,
@@ -271,6 +262,31 @@ def write_package_corpus(
         output,
     )
     return paths, list(sources.values())
+
+
+def write_chunks(output: str | os.PathLike, chunks: list[list[bytes]]) -> list[Path]:
+    """``packages-000.txt``, ... one per chunk but the last, ``packages-heldout.txt``, each
+    file written atomically; their paths."""
+    names = [f"packages-{k:03d}.txt" for k in range(len(chunks) - 1)] + ["packages-heldout.txt"]
+    paths = [Path(output, name) for name in names]
+    for path, chunk in zip(paths, chunks, strict=True):
+        atomic_write_bytes(path, chunk)
+    return paths
+
+
+def new_prose(pieces: Sequence[list[str]], seen: set[bytes]) -> bytes | None:
+    """A file's prose pieces (each a list of sentences) as one txt document, the pieces
+    already in ``seen`` (by sha256) left out and the others added to it; None for a
+    document of fewer than two sentences."""
+    sentences = []
+    for piece in pieces:
+        digest = hashlib.sha256("\n".join(piece).encode("utf-8")).digest()
+        if digest not in seen:
+            seen.add(digest)
+            sentences += piece
+    if len(sentences) < 2:
+        return None
+    return ("\n".join(sentences) + "\n\n").encode("utf-8")
 
 
 def write_manifest(output: str | os.PathLike, paths: Sequence[Path], sources: list[dict]) -> dict:
@@ -297,7 +313,7 @@ def write_manifest(output: str | os.PathLike, paths: Sequence[Path], sources: li
     return manifest
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def corpus_parser() -> CommandParser:
     p = CommandParser.of_doc("python -m pipeline corpus", __doc__)
     p.add_argument("--output", required=True, help="directory for the txt files")
     p.add_argument(
@@ -335,7 +351,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="processes reading the packages (default: one per CPU)",
     )
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = corpus_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     max_bytes = int(args.max_mb * 1e6) if args.max_mb else None
     packages = [n for name in args.packages for n in (PACKAGES if name == "default" else [name])]

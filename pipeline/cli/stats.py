@@ -27,6 +27,45 @@ from pipeline.shards.shard_writer import atomic_write_bytes
 logger = logging.getLogger(__name__)
 
 
+def add_shard(
+    totals: dict, lengths_hist: np.ndarray, masks_hist: np.ndarray, table, manifest: dict
+) -> None:
+    """Add one shard's rows (an Arrow table, not empty) to ``totals`` and the histograms of
+    row lengths and masks per row."""
+    nsp = shard_format.manifest_kind(manifest) == "nsp"
+    mask_id = manifest["vocab"]["special_ids"]["mask"]
+    sep_id = manifest["vocab"]["special_ids"]["sep"]
+    max_len = manifest["schema"]["max_seq_length"]
+    lengths = pc.list_value_length(table["input_ids"]).to_numpy()
+    ids = pc.list_flatten(table["input_ids"]).to_numpy().astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    if "masked_lm_positions" in table.column_names:
+        n_masks = pc.list_value_length(table["masked_lm_positions"]).to_numpy()
+        positions = pc.list_flatten(table["masked_lm_positions"]).to_numpy().astype(np.int64)
+        original = pc.list_flatten(table["masked_lm_ids"]).to_numpy().astype(np.int64)
+    else:  # unmasked MLM rows
+        n_masks = np.zeros(len(lengths), dtype=np.int64)
+        positions = original = np.zeros(0, dtype=np.int64)
+    lengths_hist += np.bincount(lengths, minlength=max_len + 1)
+    masks_hist += np.bincount(n_masks, minlength=max_len + 1)
+    shown = ids[np.repeat(starts, n_masks) + positions]
+    # [CLS] and every [SEP] (NSP rows: one [CLS], two [SEP]; a masked position is text).
+    if nsp:
+        totals["specials"] += 3 * table.num_rows
+        totals["random_next"] += int(pc.sum(table["next_sentence_label"]).as_py() or 0)
+    else:
+        totals["specials"] += table.num_rows + int((ids == sep_id).sum())
+        totals["specials"] -= int((shown == sep_id).sum())
+    full = lengths == max_len
+    totals["full_rows"] += int(full.sum())
+    totals["full_row_masks"] += int(n_masks[full].sum())
+    totals["rows"] += table.num_rows
+    totals["tokens"] += int(lengths.sum())
+    totals["masked"] += len(positions)
+    totals["as_mask"] += int((shown == mask_id).sum())
+    totals["kept"] += int((shown == original).sum())
+
+
 def compute_stats(directory: str) -> dict:
     """Statistics recomputed from the shards of ``directory``.
 
@@ -35,8 +74,6 @@ def compute_stats(directory: str) -> dict:
     """
     manifest = shard_format.read_manifest(directory)
     nsp = shard_format.manifest_kind(manifest) == "nsp"
-    mask_id = manifest["vocab"]["special_ids"]["mask"]
-    sep_id = manifest["vocab"]["special_ids"]["sep"]
     max_len = manifest["schema"]["max_seq_length"]
     lengths_hist = np.zeros(max_len + 1, dtype=np.int64)
     masks_hist = np.zeros(max_len + 1, dtype=np.int64)
@@ -56,34 +93,7 @@ def compute_stats(directory: str) -> dict:
         table = shard_format.verify_shard(path, entry)
         if table.num_rows == 0:
             continue
-        lengths = pc.list_value_length(table["input_ids"]).to_numpy()
-        ids = pc.list_flatten(table["input_ids"]).to_numpy().astype(np.int64)
-        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-        if "masked_lm_positions" in table.column_names:
-            n_masks = pc.list_value_length(table["masked_lm_positions"]).to_numpy()
-            positions = pc.list_flatten(table["masked_lm_positions"]).to_numpy().astype(np.int64)
-            original = pc.list_flatten(table["masked_lm_ids"]).to_numpy().astype(np.int64)
-        else:  # unmasked MLM rows
-            n_masks = np.zeros(len(lengths), dtype=np.int64)
-            positions = original = np.zeros(0, dtype=np.int64)
-        lengths_hist += np.bincount(lengths, minlength=max_len + 1)
-        masks_hist += np.bincount(n_masks, minlength=max_len + 1)
-        shown = ids[np.repeat(starts, n_masks) + positions]
-        # [CLS] and every [SEP] (NSP rows: one [CLS], two [SEP]; a masked position is text).
-        if nsp:
-            totals["specials"] += 3 * table.num_rows
-            totals["random_next"] += int(pc.sum(table["next_sentence_label"]).as_py() or 0)
-        else:
-            totals["specials"] += table.num_rows + int((ids == sep_id).sum())
-            totals["specials"] -= int((shown == sep_id).sum())
-        full = lengths == max_len
-        totals["full_rows"] += int(full.sum())
-        totals["full_row_masks"] += int(n_masks[full].sum())
-        totals["rows"] += table.num_rows
-        totals["tokens"] += int(lengths.sum())
-        totals["masked"] += len(positions)
-        totals["as_mask"] += int((shown == mask_id).sum())
-        totals["kept"] += int((shown == original).sum())
+        add_shard(totals, lengths_hist, masks_hist, table, manifest)
     rows, masked = max(totals["rows"], 1), max(totals["masked"], 1)
     # Unmasked MLM rows hold no predictions (the trainer masks them): no shares to give.
     share = (lambda n: round(n / masked, 4)) if totals["masked"] else (lambda n: None)

@@ -82,27 +82,9 @@ def encode_shard(
             length or not strictly increasing, rows empty or longer than max_seq_length), or
             more than 2**31 - 1 values in one list column. Messages name the column and row.
     """
-    vocab_size, max_seq_length = schema_params(schema)
-    kind = schema_kind(schema)
-    names = kind_columns(kind)
     _check_int("batch_size", batch_size, 1, None)
-    if set(columns) != set(names):
-        raise ValueError(
-            f"{kind} rows have exactly the columns {list(names)}, got {sorted(columns)}"
-        )
-    counts = {name: _num_rows(columns[name]) for name in names}
-    if len(set(counts.values())) != 1:
-        raise ValueError(f"all columns must have the same number of rows, got {counts}")
-    list_names = [name for name in names if name != "next_sentence_label"]
-    flat = {name: _flatten(name, columns[name]) for name in list_names}
-    labels = None
-    if "next_sentence_label" in names:
-        labels = _as_int64(columns["next_sentence_label"], "next_sentence_label", "iub")
-        if labels.ndim != 1:
-            raise ValueError("next_sentence_label must be a 1-D sequence with one value per row")
-    validate.check_rows(
-        flat, labels, vocab_size=vocab_size, max_seq_length=max_seq_length, kind=kind
-    )
+    flat, labels = checked_columns(columns, schema)
+    list_names = list(flat)
     arrays = [_list_array(*flat[name], schema.field(name).type) for name in list_names]
     if labels is not None:
         arrays.append(_from_numpy(labels.astype(np.uint8), pa.uint8()))
@@ -115,6 +97,38 @@ def encode_shard(
         for start in range(0, end, batch_size):
             writer.write_batch(rows.slice(start, batch_size))
     return sink.getvalue().to_pybytes()
+
+
+def checked_columns(
+    columns: Mapping[str, Sequence], schema: pa.Schema
+) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], np.ndarray | None]:
+    """:func:`encode_shard`'s ``columns`` checked against ``schema``'s row kind and the
+    format's rules (pipeline/shards/validate.py): the list columns flat, (values,
+    offsets), in the schema's order, and the labels (None for MLM rows).
+
+    Raises:
+        ValueError: as :func:`encode_shard` says.
+    """
+    vocab_size, max_seq_length = schema_params(schema)
+    kind = schema_kind(schema)
+    names = kind_columns(kind)
+    if set(columns) != set(names):
+        raise ValueError(
+            f"{kind} rows have exactly the columns {list(names)}, got {sorted(columns)}"
+        )
+    counts = {name: _num_rows(columns[name]) for name in names}
+    if len(set(counts.values())) != 1:
+        raise ValueError(f"all columns must have the same number of rows, got {counts}")
+    flat = {name: _flatten(name, columns[name]) for name in names if name != "next_sentence_label"}
+    labels = None
+    if "next_sentence_label" in names:
+        labels = _as_int64(columns["next_sentence_label"], "next_sentence_label", "iub")
+        if labels.ndim != 1:
+            raise ValueError("next_sentence_label must be a 1-D sequence with one value per row")
+    validate.check_rows(
+        flat, labels, vocab_size=vocab_size, max_seq_length=max_seq_length, kind=kind
+    )
+    return flat, labels
 
 
 def stream_header(schema: pa.Schema) -> bytes:

@@ -72,6 +72,16 @@ def check_rows(
         row_length=np.repeat(lengths, counts),
         offsets={name: flat[name][1] for name in shard_format.LIST_COLUMNS},
     )
+    _check_increasing(positions, position_offsets)
+    if special_ids is not None and len(lengths):
+        _check_layout(flat, special_ids, packed=kind != "nsp")
+        if words is not None:
+            _check_word_flags(words[0], flat, special_ids)
+
+
+def _check_increasing(positions: np.ndarray, position_offsets: np.ndarray) -> None:
+    """Each row's masked positions strictly increase."""
+    counts = np.diff(position_offsets)
     increasing = np.ones(positions.size, dtype=bool)
     increasing[1:] = positions[1:] > positions[:-1]
     increasing[position_offsets[:-1][counts > 0]] = True  # row starts
@@ -81,21 +91,23 @@ def check_rows(
         raise ValueError(
             f"masked_lm_positions: row {row} has value {positions[bad[0]]} not increasing"
         )
-    if special_ids is not None and len(lengths):
-        _check_layout(flat, special_ids, packed=kind != "nsp")
-        if words is not None:
-            ids = flat["input_ids"][0]
-            special = ids == special_ids["sep"]
-            positions, mlm_offsets = flat["masked_lm_positions"]
-            rows = np.repeat(np.arange(len(lengths)), np.diff(mlm_offsets))
-            special[offsets[rows] + positions.astype(np.int64)] = False  # any id, masked
-            special[offsets[:-1]] = special[offsets[1:] - 1] = True
-            _first_bad_value(
-                words[0].astype(bool) & special,
-                np.arange(len(ids)),
-                offsets,
-                "has continues_word true at position {p}, a [CLS]/[SEP]",
-            )
+
+
+def _check_word_flags(words: np.ndarray, flat: Mapping, special_ids: Mapping[str, int]) -> None:
+    """``continues_word`` is false at every [CLS] and [SEP] (a masked position's input may
+    be any id, so it is not taken for one)."""
+    ids, offsets = flat["input_ids"]
+    special = ids == special_ids["sep"]
+    positions, mlm_offsets = flat["masked_lm_positions"]
+    rows = np.repeat(np.arange(len(offsets) - 1), np.diff(mlm_offsets))
+    special[offsets[rows] + positions.astype(np.int64)] = False  # any id, masked
+    special[offsets[:-1]] = special[offsets[1:] - 1] = True
+    _first_bad_value(
+        words.astype(bool) & special,
+        np.arange(len(ids)),
+        offsets,
+        "has continues_word true at position {p}, a [CLS]/[SEP]",
+    )
 
 
 def _as_nsp_columns(flat: Mapping, labels: np.ndarray | None, kind: str) -> tuple[dict, np.ndarray]:
@@ -276,12 +288,7 @@ def _check_layout(flat: Mapping, special: Mapping[str, int], packed: bool = Fals
     """
     ids, offsets = flat["input_ids"]
     segments, _ = flat["segment_ids"]
-    # Segment ids never step down within a row: 0 ... 0 1 ... 1.
-    step_down = np.flatnonzero(np.diff(segments.astype(np.int8)) < 0) + 1
-    inside = ~np.isin(step_down, offsets)
-    if inside.any():
-        row = int(np.searchsorted(offsets, step_down[inside][0], side="right")) - 1
-        raise ValueError(f"row {row} has segment ids 1 then 0")
+    _check_segments(segments, offsets)
     positions, mlm_offsets = flat["masked_lm_positions"]
     targets, _ = flat["masked_lm_ids"]
     num_rows = len(offsets) - 1
@@ -308,6 +315,21 @@ def _check_layout(flat: Mapping, special: Mapping[str, int], packed: bool = Fals
         offsets,
         "has no [SEP] at position {p}, the end of segment A",
     )
+    _check_text(ids, targets, slots, masked, offsets, special)
+
+
+def _check_segments(segments: np.ndarray, offsets: np.ndarray) -> None:
+    """Segment ids never step down within a row: 0 ... 0 1 ... 1."""
+    step_down = np.flatnonzero(np.diff(segments.astype(np.int8)) < 0) + 1
+    inside = ~np.isin(step_down, offsets)
+    if inside.any():
+        row = int(np.searchsorted(offsets, step_down[inside][0], side="right")) - 1
+        raise ValueError(f"row {row} has segment ids 1 then 0")
+
+
+def _check_text(ids, targets, slots, masked, offsets, special: Mapping[str, int]) -> None:
+    """No [PAD], [CLS], [SEP] or [MASK] id outside the format's ``slots`` and the
+    ``masked`` positions (whose input may be any id), nor as a masked position's target."""
     names = {special[name]: f"[{name.upper()}]" for name in ("pad", "cls", "sep", "mask")}
     free = ~slots
     free[masked] = False  # a masked position's input may be any id
