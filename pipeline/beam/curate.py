@@ -27,13 +27,11 @@ input found before the job.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import logging
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -41,15 +39,7 @@ from apache_beam.options.pipeline_options import StandardOptions
 from apache_beam.pvalue import TaggedOutput
 
 from pipeline.beam import memory, runner, sizing
-from pipeline.beam.config import (
-    DEDUP,
-    DEDUP_HELP,
-    INPUT_FORMATS,
-    SPOOL,
-    CurationOptions,
-    ReadOptions,
-    job_parser,
-)
+from pipeline.beam.config import CurateConfig, ReadOptions, curate_parser, parse_curate_args
 from pipeline.beam.curate_output import (
     OUTPUT_PATTERNS,
     CombineInBundle,
@@ -82,7 +72,6 @@ from pipeline.beam.inputs import InputPlan, plan_input
 from pipeline.beam.runner import Job
 from pipeline.beam.spool import use_spool
 from pipeline.core.idpacks import ORIGIN_COLUMNS, IdPacks, add_counts, file_counts
-from pipeline.options import CommandParser, option, parse_options
 
 logger = logging.getLogger(__name__)
 
@@ -90,79 +79,6 @@ FILE_BYTES = 128 * 2**20  # output files aim at this many bytes of text (--num_f
 # ReadTexts' tagged output: IdPacks of (id, input path rank, range start, index in the
 # range, UTF-8 bytes): the first three a position (minhash_steps.BatchPositions')
 ORIGINS = "origins"
-
-
-@dataclass(frozen=True)
-class CurateConfig(CurationOptions):
-    """Everything that decides the curated output (all of it goes into the manifest);
-    the curation steps' options are :class:`CurationOptions`, shared with ``build``."""
-
-    input: tuple[str, ...] = option(help="files or globs, as build reads them", metavar="PATTERN")
-    output: str = option(help="output directory (local or a URI)")
-    input_format: str = option(
-        "auto",
-        "txt, jsonl or parquet; auto: from the extension or first bytes, as build",
-        choices=INPUT_FORMATS,
-    )
-    text_field: str = option("text", "field (jsonl) or column (parquet) holding the text")
-    dedup: str = option(  # curate's default; the help and choices are CurationOptions'
-        "minhash", DEDUP_HELP, choices=DEDUP, kw_only=True
-    )
-    num_files: int | None = option(None, "output Parquet files (default: ~128 MB of text each)")
-    random_seed: int = option(12345, "seed of the removed documents' sample")
-    samples_per_reason: int = option(5, "removed documents sampled per reason")
-    input_split_mb: float = option(0.0, "read input files in ranges of this many MB, as build")
-    overwrite: bool = option(False, "replace an earlier curate in --output")
-    # Memory only: the files are the same either way; not in the manifest.
-    spool: str = option(
-        "auto",
-        "yes: the texts and the MinHash band keys go through files in --output (hidden, "
-        "removed at the end) and only references to them through the runner; no: through "
-        "the runner's shuffle; auto: yes on the DirectRunner and the DaskRunner, which hold "
-        "their shuffles in memory, no on runners that shuffle through their own disks or "
-        "service",
-        choices=SPOOL,
-    )
-
-    def __post_init__(self) -> None:
-        if not self.input:
-            raise ValueError("--input: give at least one path or glob")
-        self.check_curation()
-        checks = {
-            "num_files": (
-                self.num_files is None or 1 <= self.num_files <= 99999,
-                "must be in 1..99999 (file names have 5 digits)",
-            ),
-            "samples_per_reason": (self.samples_per_reason >= 0, "must be 0 or more"),
-            "spool": (self.spool in SPOOL, f"one of {SPOOL}"),
-        }
-        for name, (ok, allowed) in checks.items():
-            if not ok:
-                raise ValueError(f"--{name}: invalid value {getattr(self, name)!r}: {allowed}")
-
-    def params(self) -> dict:
-        values = dataclasses.asdict(self)
-        for key in ("output", "overwrite", "input_split_mb", "spool"):
-            values.pop(key)
-        values["input"] = list(self.input)
-        values["decontaminate"] = list(self.decontaminate)
-        return values
-
-    @property
-    def read_options(self) -> ReadOptions:
-        return ReadOptions(self.input_format, self.text_field)
-
-
-def curate_parser() -> CommandParser:
-    description = (
-        "Raw documents -> exact and near-duplicate removal, language and quality filters, "
-        "decontamination -> Parquet files of curated documents."
-    )
-    return job_parser("curate", description, CurateConfig)
-
-
-def parse_curate_args(argv: Sequence[str]) -> tuple[CurateConfig, list[str]]:
-    return parse_options(curate_parser(), CurateConfig, argv, sep="_", known=True)
 
 
 # ----------------------------------------------------------------------------- documents

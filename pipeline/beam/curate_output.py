@@ -11,20 +11,17 @@ import io
 import json
 import logging
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
+from pipeline.beam.config import CurateConfig
 from pipeline.beam.curation_steps import utf8_bytes
 from pipeline.beam.inputs import CURATE_VERSION
 from pipeline.beam.shard_steps import write_atomic
 from pipeline.core.idpacks import IdPacks
 from pipeline.core.rng import derive_seed
 from pipeline.shards.shard_writer import created_by, encode_manifest
-
-if TYPE_CHECKING:
-    from pipeline.beam.curate import CurateConfig
 
 logger = logging.getLogger(__name__)
 
