@@ -39,7 +39,8 @@ from apache_beam.options.pipeline_options import StandardOptions
 from apache_beam.pvalue import TaggedOutput
 
 from pipeline.beam import memory, runner, sizing
-from pipeline.beam.config import CurateConfig, ReadOptions, curate_parser, parse_curate_args
+from pipeline.beam.config import ReadOptions
+from pipeline.beam.curate_config import CurateConfig, curate_parser, parse_curate_args
 from pipeline.beam.curate_output import (
     OUTPUT_PATTERNS,
     CombineInBundle,

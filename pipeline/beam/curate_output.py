@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from pipeline.beam.config import CurateConfig
+from pipeline.beam.curate_config import CurateConfig
 from pipeline.beam.curation_steps import utf8_bytes
 from pipeline.beam.inputs import CURATE_VERSION
 from pipeline.beam.shard_steps import write_atomic
