@@ -163,6 +163,10 @@ if [ $# -eq 0 ] && [ "${BERT_TEST_STREAMS:-1}" != 0 ]; then
     --basetemp="$work/trainer" >"$work/trainer.log" 2>&1 &
   trainer=$!
   deploy=tests/trainer/test_deploy.py
+  # Its GPU configs on the CPU need DeepSpeed's CPU Adam op, a minute of compiling on a
+  # fresh machine: built now, beside the side stage's pip installs (trainer/ops.py; a
+  # failure here is test_deploy's to report).
+  python -m trainer.ops deploy/zero2.json >"$work/ops.log" 2>&1 &
   set -- --ignore=tests/trainer
 fi
 
