@@ -93,8 +93,6 @@ class ReadTexts(ReadDocuments):
     first``. ReadDocuments' other tagged outputs pass through. ``paths``: the plan's,
     sorted."""
 
-    RECORDS = 1 << 18  # origin records held before they are emitted (~7 MB)
-
     def __init__(self, options: ReadOptions, format_origin: str, paths: Sequence[str]):
         super().__init__(options, format_origin, split=False)
         self._ranks = {path: rank for rank, path in enumerate(paths)}
@@ -112,7 +110,7 @@ class ReadTexts(ReadDocuments):
             for i, (doc_id, text) in enumerate(documents_of(item)):
                 yield doc_id, text
                 origins.add(doc_id, rank, start, index + i, utf8_bytes(text))
-            if len(origins) >= self.RECORDS:
+            if len(origins) >= memory.PACK_RECORDS:
                 for element in origins.packed():
                     yield TaggedOutput(ORIGINS, element)
 

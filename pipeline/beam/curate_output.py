@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
+from pipeline.beam import memory
 from pipeline.beam.curate_config import CurateConfig
 from pipeline.beam.curation_steps import utf8_bytes
 from pipeline.beam.inputs import CURATE_VERSION
@@ -111,8 +112,6 @@ class CombineInBundle(beam.DoFn):
     few values per bundle.
     """
 
-    FOLD_AT = 256  # values of a key held before folding them
-
     def __init__(self, fold):
         super().__init__()
         self._fold = fold
@@ -124,7 +123,7 @@ class CombineInBundle(beam.DoFn):
         key, value = element
         values = self._values.setdefault(key, [])
         values.append(value)
-        if len(values) >= self.FOLD_AT:
+        if len(values) >= memory.FOLD_AT:
             self._values[key] = self._fold(values)
 
     def finish_bundle(self):

@@ -36,6 +36,7 @@ from typing import NamedTuple
 import apache_beam as beam
 from apache_beam.pvalue import TaggedOutput
 
+from pipeline.beam import memory
 from pipeline.beam.config import CurationOptions
 from pipeline.beam.document_steps import DocumentBatch, ReadDocuments, skipped
 from pipeline.beam.minhash_steps import BandKeys, ConnectedComponents, bucket_stars
@@ -100,9 +101,7 @@ class DropBundleCopies(beam.DoFn):
     """(id, text) -> the same, but a copy of an id this bundle already gave is ``REMOVED``
     as ``exact_duplicate`` here, before it crosses the network (:class:`KeepDistinct` finds
     the copies of other bundles; either way each copy after the first is counted once, so
-    the counts do not depend on bundles). Holds up to ``IDS`` ids, never texts."""
-
-    IDS = 100_000
+    the counts do not depend on bundles). Holds up to ``memory.BUNDLE_IDS`` ids, never texts."""
 
     def start_bundle(self):
         self._seen: set[str] = set()
@@ -112,7 +111,7 @@ class DropBundleCopies(beam.DoFn):
         if doc_id in self._seen:
             yield TaggedOutput(REMOVED, ("exact_duplicate", element))
             return
-        if len(self._seen) >= self.IDS:
+        if len(self._seen) >= memory.BUNDLE_IDS:
             self._seen.clear()
         self._seen.add(doc_id)
         yield element

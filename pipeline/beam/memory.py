@@ -8,8 +8,9 @@ tests that change them compare shards). Where a number was fitted or chosen on a
 measurement, the comment names the script or test that measures it;
 ``bench/pipeline_memory.py`` measures a whole build's peak per process and runner.
 
-Used by ``instance_steps.py`` (buckets and NSP rows), ``shard_steps.py`` (shard writes)
-and ``sizing.py`` (the memory check and Dask's partitions). Steps read these as
+Used by ``instance_steps.py`` (buckets and NSP rows), ``shard_steps.py`` (shard writes),
+``sizing.py`` (the memory check and Dask's partitions) and curation's steps (``curation_steps.py``,
+``minhash_steps.py``, ``spool.py``, ``curate.py``, ``curate_output.py``). Steps read these as
 ``memory.NAME`` when they run, so a test can lower one with ``monkeypatch``.
 
 ``TARGET_SHARD_BYTES`` is not here: it is the default size of the output files, chosen
@@ -116,6 +117,25 @@ DASK_PARTITION_BYTES = 8 << 20
 # keep until the job ends. Chosen with bench/pipeline_memory.py --command curate at 200 MB
 # and 1 GB on 2 GiB workers.
 CURATE_SHUFFLE_BYTES = 64 << 20
+
+
+# ----------------------------------------------------------------------- curation
+
+# Content ids a bundle of DropBundleCopies remembers (curation_steps.py): exact copies in
+# one bundle are dropped before the shuffle; past this many the set starts over (the copies
+# it then misses are KeepDistinct's, so the output is the same). About 10 MB of strings.
+BUNDLE_IDS = 100_000
+# Records a bundle packs before it emits them (minhash_steps.BandKeys' band keys,
+# BatchPositions' positions, curate.ReadTexts' origins): one Beam element per record was
+# most of a Dask worker's memory at a 1 GB curate's peak (docs/results.md); packed, a
+# record is a few dozen bytes, so a bundle holds about 7-20 MB of them.
+PACK_RECORDS = 1 << 18
+# Characters of text a bundle of spool.SpoolTexts holds before it writes them to its spool
+# file (16 M characters: tens of MB of Python strings).
+SPOOL_HELD_CHARS = 16 << 20
+# Values of a key curate_output.CombineInBundle holds before folding them: the combiner
+# lifting Beam's DaskRunner does not do, so that a key's group holds a few values a bundle.
+FOLD_AT = 256
 
 
 def estimate_rule() -> str:

@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 
 import apache_beam as beam
 
+from pipeline.beam import memory
 from pipeline.beam.config import CurationOptions
 from pipeline.beam.spool import RowSpool, spooled_values
 from pipeline.core.components import (
@@ -35,7 +36,7 @@ class BandKeys(beam.DoFn):
     documents, packed per bucket of keys (:func:`band_bucket`): ``keys`` the 18-byte keys
     concatenated (pipeline/core/dedup.py ``band_keys``), ``ids`` their documents' ids
     joined by newlines, in the same order. Emitted when the bundle ends, or when it holds
-    ``RECORDS`` keys.
+    ``memory.PACK_RECORDS`` keys.
 
     One element per (key, id) costs the shuffle about 200 bytes of Python objects (a Beam
     ``WindowedValue``, a tuple, the key), 14 per document: on Dask, a worker's peak
@@ -48,8 +49,6 @@ class BandKeys(beam.DoFn):
     read, and the band records are 14 a document (125-142 MB a worker before the last
     input of a 1 GB curate without filters was read).
     """
-
-    RECORDS = 1 << 18  # band records held before they are emitted (~20 MB of objects)
 
     def __init__(self, config: CurationOptions, spool: str | None = None):
         self._config, self._spool_dir = config, spool
@@ -78,7 +77,7 @@ class BandKeys(beam.DoFn):
             keys.append(key)
             ids.append(doc_id)
         self._held += config.minhash_bands
-        if self._held >= self.RECORDS:
+        if self._held >= memory.PACK_RECORDS:
             yield from self._emitted()
 
     def _emitted(self) -> Iterator[tuple[int, tuple[bytes, str]]]:
@@ -179,13 +178,11 @@ class ConnectedComponents(beam.PTransform):
 class BatchPositions(beam.DoFn):
     """DocumentBatch (read unsplit, with its ``origin``) -> :class:`IdPacks` of (id, path
     rank, range start, index) per document, emitted when the bundle ends or holds
-    ``RECORDS``. ``paths``: the plan's, sorted.
+    ``memory.PACK_RECORDS``. ``paths``: the plan's, sorted.
 
     Raises:
         ValueError: a batch without an origin (made elsewhere than ReadDocuments).
     """
-
-    RECORDS = 1 << 18
 
     def __init__(self, paths: Sequence[str]):
         super().__init__()
@@ -201,7 +198,7 @@ class BatchPositions(beam.DoFn):
         rank, packs = self._ranks[path], self._packs
         for i, doc_id in enumerate(batch.doc_ids):
             packs.add(doc_id, rank, start, index + i)
-        if len(packs) >= self.RECORDS:
+        if len(packs) >= memory.PACK_RECORDS:
             yield from packs.packed()
 
     def finish_bundle(self):

@@ -24,6 +24,7 @@ import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from pipeline.beam import memory
 from pipeline.beam.config import is_local_runner
 
 
@@ -131,8 +132,6 @@ class SpoolTexts(beam.DoFn):
     counted are the ones grouped, and curate removes every spool file at the end.
     """
 
-    HELD_CHARS = 16 << 20  # characters of text a bundle holds before it writes them
-
     def __init__(self, directory: str, group_of):
         super().__init__()
         self._directory, self._group_of = directory, group_of
@@ -146,7 +145,7 @@ class SpoolTexts(beam.DoFn):
     def process(self, element):
         self._held.setdefault(self._group_of(element[0]), []).append(element)
         self._chars += len(element[1])
-        if self._chars >= self.HELD_CHARS:
+        if self._chars >= memory.SPOOL_HELD_CHARS:
             self._write()
 
     def _write(self) -> None:

@@ -15,6 +15,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
+from pipeline.beam import memory
 from pipeline.beam.curate_output import (
     FILE_KEYS,
     CombineInBundle,
@@ -74,7 +75,7 @@ def test_random_graphs_match_union_find(seed):
 def test_combining_in_bundles_first_gives_the_same_sums_and_samples(monkeypatch):
     # Folded every 3 values, the per-key sums and the 4 smallest by key are those of the
     # values combined at once.
-    monkeypatch.setattr(CombineInBundle, "FOLD_AT", 3)
+    monkeypatch.setattr(memory, "FOLD_AT", 3)
     rng = random.Random(0)
     items = [(f"reason{rng.randrange(3)}", (f"id{i}", f"text {i}")) for i in range(200)]
     key = sample_key(7)
@@ -114,7 +115,7 @@ def test_bucket_stars_group_packed_records_by_key():
 
 
 @pytest.mark.parametrize("spool", [False, True])
-@pytest.mark.parametrize("records", [BandKeys.RECORDS, 14])  # one pack per bucket, or many
+@pytest.mark.parametrize("records", [memory.PACK_RECORDS, 14])  # one pack per bucket, or many
 def test_packed_band_keys_give_the_edges_of_one_group_per_band_key(
     monkeypatch, tmp_path, records, spool
 ):
@@ -124,7 +125,7 @@ def test_packed_band_keys_give_the_edges_of_one_group_per_band_key(
     from pipeline.beam.config import CurationOptions
     from pipeline.core.dedup import MinHasher, band_keys, shingle_hashes
 
-    monkeypatch.setattr(BandKeys, "RECORDS", records)
+    monkeypatch.setattr(memory, "PACK_RECORDS", records)
     rng = random.Random(3)
     originals = [document(rng, 60) for _ in range(30)]
     texts = originals + [edit(rng, t, 0.01) for t in originals[:10]] + [originals[3]]
@@ -417,9 +418,9 @@ def test_keep_distinct_keeps_one_copy_and_drops_minhash_ids():
 
 def test_spooled_texts_reach_keep_distinct_as_references_and_decide_the_same(tmp_path, monkeypatch):
     """SpoolTexts sends one reference per group of a bundle (blocks written whenever its
-    held texts pass HELD_CHARS, here every 5 characters), no text; KeepDistinct reads them
+    held texts pass memory.SPOOL_HELD_CHARS, here every 5 characters), no text; KeepDistinct reads them
     back and gives what it gives the texts themselves."""
-    monkeypatch.setattr(SpoolTexts, "HELD_CHARS", 5)
+    monkeypatch.setattr(memory, "SPOOL_HELD_CHARS", 5)
     docs = [("b", "bb"), ("a", "a"), ("c", "ccc"), ("b", "bb"), ("d", "dddd"), ("e", "é")]
     group_of = {"a": 0, "b": 1, "c": 1, "d": 0, "e": 2}.get
     spool = SpoolTexts(str(tmp_path), group_of)
