@@ -391,3 +391,19 @@ def run_group(cmd: list[str], *, env: dict[str, str], timeout: float):
         proc.communicate()
         raise
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+def sha256_files(directory: Path, names) -> dict[str, str]:
+    """``{name: sha256 hex of directory/name}`` for each of ``names``."""
+    import hashlib
+
+    return {name: hashlib.sha256((directory / name).read_bytes()).hexdigest() for name in names}
+
+
+def assert_golden(actual: dict, expected: dict, how_to_update: str, **fields) -> None:
+    """``actual == expected``, else the golden test's ``how_to_update`` text, filled with
+    ``fields`` and both sides as JSON (``{expected}``, ``{got}``), as its failure."""
+    import json
+
+    got, want = json.dumps(actual, indent=2), json.dumps(expected, indent=2)
+    assert actual == expected, how_to_update.format(expected=want, got=got, **fields)

@@ -26,6 +26,7 @@ import pytest
 from pipeline.cli.main import main
 from pipeline.shards import shard_format
 from pipeline.shards.shard_writer import encode_manifest
+from tests.helpers import assert_golden, sha256_files
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "golden"
 PINNED_WITH = "Python 3.11, numpy 2.4.6, pyarrow 25.0.1, tokenizers 0.23.3, apache-beam 2.77.0"
@@ -174,9 +175,8 @@ def digests(directory: Path) -> dict[str, str]:
     manifest["created_by"] = "bert-pipeline (version not pinned)"
     manifest["vocab"]["tokenizer_sha256"] = "(not pinned: the tokenizers library writes it)"
     out = {"manifest.json (placeholders)": hashlib.sha256(encode_manifest(manifest)).hexdigest()}
-    for name in [entry["name"] for entry in manifest["shards"]] + [shard_format.VOCAB_NAME]:
-        out[name] = hashlib.sha256((directory / name).read_bytes()).hexdigest()
-    return out
+    names = [entry["name"] for entry in manifest["shards"]] + [shard_format.VOCAB_NAME]
+    return {**out, **sha256_files(directory, names)}
 
 
 @pytest.mark.parametrize("name", sorted(BUILDS))
@@ -186,13 +186,6 @@ def test_builds_of_a_fixed_corpus_keep_their_bytes(name, tmp_path, monkeypatch):
     assert main(["build", "--input", "corpus/*.txt", "--output", "shards", *BUILDS[name]]) == 0
     manifest = shard_format.verify_directory("shards")
     versions = {key: manifest[key] for key in VERSIONS}
-    got = digests(tmp_path / "shards")
+    actual = {"versions": versions, "digests": digests(tmp_path / "shards")}
     expected = {"versions": VERSIONS, "digests": GOLDEN[name]}
-    actual = {"versions": versions, "digests": got}
-    message = HOW_TO_UPDATE.format(
-        pinned=PINNED_WITH,
-        name=name,
-        expected=json.dumps(expected, indent=2),
-        got=json.dumps(actual, indent=2),
-    )
-    assert actual == expected, message
+    assert_golden(actual, expected, HOW_TO_UPDATE, pinned=PINNED_WITH, name=name)

@@ -18,6 +18,7 @@ import pytest
 
 from pipeline.beam.inputs import CURATE_VERSION
 from pipeline.cli.main import main
+from tests.helpers import assert_golden, sha256_files
 
 pytest.importorskip("xxhash", reason="curate needs the curate extra (pip install -e '.[curate]')")
 
@@ -76,9 +77,7 @@ def digests(directory: Path) -> dict[str, str]:
     encoded = json.dumps(manifest, sort_keys=True).encode()
     out = {"manifest.json (placeholder)": hashlib.sha256(encoded).hexdigest()}
     names = [entry["name"] for entry in manifest["files"]]
-    for name in [*names, "report.json", "removed_samples.jsonl"]:
-        out[name] = hashlib.sha256((directory / name).read_bytes()).hexdigest()
-    return out
+    return {**out, **sha256_files(directory, [*names, "report.json", "removed_samples.jsonl"])}
 
 
 @pytest.mark.parametrize("name", sorted(CURATES))
@@ -91,10 +90,4 @@ def test_curates_of_a_fixed_corpus_keep_their_bytes(name, tmp_path, monkeypatch)
     assert manifest["curate_version"] == CURATE_VERSION
     expected = {"versions": VERSIONS, "digests": GOLDEN[name]}
     actual = {"versions": {"curate_version": CURATE_VERSION}, "digests": digests(Path("out"))}
-    message = HOW_TO_UPDATE.format(
-        pinned=PINNED_WITH,
-        name=name,
-        expected=json.dumps(expected, indent=2),
-        got=json.dumps(actual, indent=2),
-    )
-    assert actual == expected, message
+    assert_golden(actual, expected, HOW_TO_UPDATE, pinned=PINNED_WITH, name=name)
