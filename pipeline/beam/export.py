@@ -411,10 +411,16 @@ def export_job(argv: Sequence[str]) -> Job:
         doing=f"exporting {what} to {config.output} as {config.to}"
         + (lengths if plan.max_predictions_per_seq else ""),
         graph=lambda p, _: export_graph(p, plan),
-        finish=lambda seconds, _: logger.info("done in %.1f s: %s", seconds, summary(plan)) or 0,
+        finish=functools.partial(export_done, plan),
         discard=functools.partial(remove_outputs, config.output),
         paths={"source": [config.source], "--output": [config.output]},
     )
+
+
+def export_done(plan: ExportPlan, seconds: float, log_file: str | None) -> int:
+    """The export's last line: what it wrote, and what to give the trainer."""
+    logger.info("done in %.1f s: %s", seconds, summary(plan))
+    return 0
 
 
 def summary(plan: ExportPlan) -> str:

@@ -4,8 +4,8 @@ takes) and the input plan (:func:`plan_input`: the files matched, their format, 
 byte ranges the workers read).
 
 A curate's output read back (``build --input 'curated/part-*.parquet'``) is checked here:
-its directory's manifest must exist (a directory without one is an unfinished curate) and
-be of a ``curate_version`` this code reads (:func:`check_curated`).
+where curate left its files, its directory's manifest must exist (without one: an
+unfinished curate) and be of a ``curate_version`` this code reads (:func:`check_curated`).
 """
 
 from __future__ import annotations
@@ -111,7 +111,9 @@ def resolve_input_format(requested: str, files: list[str]) -> tuple[str, str]:
 def check_curated(paths: Sequence[str]) -> None:
     """Refuse curate output that is unfinished or of a newer ``curate_version``: every
     ``part-NNNNN-of-NNNNN.parquet`` among ``paths`` is checked against its directory's
-    manifest, when the directory holds curate's report.json (curate's output, read back).
+    manifest, when the directory holds what only curate writes there (:func:`_curate_left`).
+    A curate killed before it wrote report.json or a spool file (``--spool no``) leaves
+    Parquet files that cannot be told from another maker's: those are read.
 
     Raises:
         ValueError: no manifest (an unfinished curate), a newer version, or a file the
@@ -119,9 +121,7 @@ def check_curated(paths: Sequence[str]) -> None:
     """
     directories = {posixpath.dirname(p) for p in paths if CURATED_FILE.search(p)}
     for directory in sorted(directories):
-        if not FileSystems.exists(FileSystems.join(directory, "report.json")) and not (
-            FileSystems.exists(FileSystems.join(directory, "manifest.json"))
-        ):
+        if not _curate_left(directory):
             continue  # Parquet files of another maker
         manifest_path = FileSystems.join(directory, "manifest.json")
         if not FileSystems.exists(manifest_path):
@@ -147,6 +147,16 @@ def check_curated(paths: Sequence[str]) -> None:
                     f"{path}: not among the files {manifest_path} lists (left from an "
                     "earlier curate?)"
                 )
+
+
+def _curate_left(directory: str) -> bool:
+    """Whether ``directory`` holds curate's manifest or report.json, or the hidden spool
+    files of a curate that is running or was killed (pipeline/beam/spool.py)."""
+    join = FileSystems.join
+    if any(FileSystems.exists(join(directory, name)) for name in ("manifest.json", "report.json")):
+        return True
+    patterns = [join(directory, ".texts-*.spool"), join(directory, ".bands-*.spool")]
+    return any(result.metadata_list for result in FileSystems.match(patterns))
 
 
 def plan_input(

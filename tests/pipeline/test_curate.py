@@ -285,7 +285,7 @@ def test_build_reads_curated_output(planted, tmp_path):
     assert manifest["params"]["input_format"] == "parquet"
 
 
-@pytest.mark.parametrize("damage", ["no_manifest", "newer_version", "stray_file"])
+@pytest.mark.parametrize("damage", ["no_manifest", "killed", "newer_version", "stray_file"])
 def test_build_refuses_curated_output_unfinished_newer_or_unlisted(
     planted, tmp_path, capfd, damage
 ):
@@ -298,6 +298,11 @@ def test_build_refuses_curated_output_unfinished_newer_or_unlisted(
     manifest = json.loads((copy / "manifest.json").read_text())
     if damage == "no_manifest":
         (copy / "manifest.json").unlink()
+        said = "without its manifest.json"
+    elif damage == "killed":  # before report.json, with its spool files left
+        (copy / "manifest.json").unlink()
+        (copy / "report.json").unlink()
+        (copy / ".texts-0123.spool").write_bytes(b"")
         said = "without its manifest.json"
     elif damage == "newer_version":
         manifest["curate_version"] += 1
