@@ -22,7 +22,10 @@ trainer/run.py installs a :class:`StopRequest` around the run, on every rank:
 
 Signals are noticed even while the main thread waits in a collective for another rank: the
 interpreter writes each signal's number to a pipe (``signal.set_wakeup_fd``) that a watcher
-thread reads. DataLoader workers ignore SIGINT and SIGTERM (:func:`ignore_in_worker`): a
+thread reads. The watcher unblocks SIGINT and SIGTERM for itself: a process can start with
+them blocked (a signal mask survives fork and exec, so a launcher that spawns with them
+blocked passes that on), and a run with them blocked in every thread could only be SIGKILLed,
+its step and checkpoint lost. DataLoader workers ignore SIGINT and SIGTERM (:func:`ignore_in_worker`): a
 terminal or SLURM signals them too, and a worker killed mid-step would fail the step.
 
 Grace: a scheduler allows some seconds between SIGTERM and SIGKILL (SLURM's KillWait and
@@ -314,6 +317,7 @@ class StopRequest:
 
     def _watch(self) -> None:
         """Runs while the main thread may be blocked in C (a collective waiting on a rank)."""
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # this thread takes them
         read = self._pipe[0]
         while self._read_pipe():
             select.select([read], [], [])

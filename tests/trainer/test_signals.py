@@ -11,8 +11,10 @@ handler in a small process: a second signal exits at once, even while the main t
 blocked in C (as in a collective waiting for another rank).
 """
 
+import contextlib
 import json
 import os
+import selectors
 import shlex
 import shutil
 import signal
@@ -96,10 +98,12 @@ def peer_failed():  # as trainer/failure.py's RunWatch.check ends a run another 
     logging.info("stopping: step 7 failed on rank 1 (exit code 1)")
     os._exit(1)
 
+if "blocked-from-start" in sys.argv[3:]:  # as if started so: a signal mask survives exec
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
 with StopRequest(resume="python -m trainer.run --resume auto", output_dir=sys.argv[1],
                  same_request_s=0.3) as stop:
     stop.training = sys.argv[2] == "training"
-    if sys.argv[3:] == ["peer-failed"]:
+    if "peer-failed" in sys.argv[3:]:
         stop.check_peers = peer_failed
     # The main thread as if stuck in C: only the watcher thread can take the signals now.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
@@ -108,8 +112,8 @@ with StopRequest(resume="python -m trainer.run --resume auto", output_dir=sys.ar
 """
 
 
-def start_handler(tmp_path, phase: str, *peers: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-c", HANDLER, str(tmp_path), phase, *peers]
+def start_handler(tmp_path, phase: str, *options: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-c", HANDLER, str(tmp_path), phase, *options]
     p = subprocess.Popen(
         cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -117,19 +121,46 @@ def start_handler(tmp_path, phase: str, *peers: str) -> subprocess.Popen:
     return p
 
 
-def test_second_signal_aborts_at_once_while_the_main_thread_is_blocked(tmp_path):
-    p = start_handler(tmp_path, "training")
+def signal_masks(pid: int) -> str:
+    """Each thread's blocked, ignored, caught and pending signals (/proc), and this one's."""
+    lines = [f"this process blocks {sorted(signal.pthread_sigmask(signal.SIG_BLOCK, []))}"]
+    for status in sorted(Path(f"/proc/{pid}/task").glob("*/status")):
+        with contextlib.suppress(OSError):
+            fields = status.read_text().splitlines()
+            lines.append(" ".join(f for f in fields if f.startswith(("Name", "Sig", "ShdPnd"))))
+    return "\n".join(lines)
+
+
+def stderr_until(p: subprocess.Popen, text: str, timeout: float = 30) -> str:
+    """The process's stderr up to the line holding ``text``; fails saying each thread's signal
+    masks when the line does not come (the handler has 60 s left to sleep)."""
+    got, deadline = b"", time.monotonic() + timeout
+    fd = p.stderr.fileno()  # read unbuffered: a buffered line would not wake the selector
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        while text.encode() not in got:
+            if not selector.select(deadline - time.monotonic()):
+                masks = signal_masks(p.pid)
+                p.kill()
+                pytest.fail(f"no {text!r} in {timeout:.0f} s: {got!r}\n{masks}")
+            chunk = os.read(fd, 4096)
+            assert chunk, (got, p.communicate())  # the process ended without the line
+            got += chunk
+    return got.decode()
+
+
+@pytest.mark.parametrize("options", [(), ("blocked-from-start",)])
+def test_second_signal_aborts_at_once_while_the_main_thread_is_blocked(tmp_path, options):
+    """``blocked-from-start``: the process starts with both signals blocked (a launcher
+    spawned it so); the watcher thread takes them all the same."""
+    p = start_handler(tmp_path, "training", *options)
     p.send_signal(signal.SIGTERM)
     p.send_signal(signal.SIGINT)  # the same request fanned out (within same_request_s)
     # The request's window opens when the watcher reads the first signal, not when it was
     # sent: wait for its line, then let the window (0.3 s) pass. Before, the test slept 0.6 s
     # from the sending, and a watcher scheduled late on a busy machine could read all three
     # signals inside one window, and count the third as the same request.
-    first = ""
-    while "SIGTERM: finishing this step, then saving a checkpoint" not in first:
-        line = p.stderr.readline()
-        assert line, p.communicate()  # the process ended without the line
-        first += line
+    first = stderr_until(p, "SIGTERM: finishing this step, then saving a checkpoint")
     time.sleep(0.35)
     assert p.poll() is None, p.communicate()  # a stop was requested; nothing aborted
     p.send_signal(signal.SIGINT)
