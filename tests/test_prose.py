@@ -8,7 +8,12 @@ command is one its ``--help`` lists, as spelt there (or Apache Beam's, for ``pip
 build`` and ``export``; or the deepspeed launcher's, before the script); a flag in inline
 code on its own is one of those commands'; an environment setting before a script is one the
 script reads; a default the docs state (``STATED_DEFAULT``: "`--cc_rounds` (8)") is the one
-a command's ``--help`` gives for that flag.
+a command's ``--help`` gives for that flag; a value shown for a flag that takes choices
+(``--precision bf16``, ``--spool auto|yes|no``) is one of them.
+
+**Exit codes** (docs/exit-codes.md): every command its table names has a row, and each
+exits with the table's code for a user's mistake, 2, on a misspelt flag, with one line
+naming it and no traceback.
 (The ```python snippets run in tests/test_docs.py.)
 
     pytest tests/test_prose.py
@@ -294,47 +299,114 @@ def default_problems(text: str, helps: dict[str, str]) -> list[str]:
     return problems
 
 
+def help_choices(help_text: str) -> dict[str, set[str]]:
+    """An argparse --help's choices of each flag: ``{"--precision": {"fp32", "bf16", ...}}``."""
+    found = re.findall(r"(?<![\w-])(--[\w-]+)[ =]\{([^}]+)\}", help_text)
+    return {flag: set(values.split(",")) for flag, values in found}
+
+
+def flag_values(code: str) -> list[tuple[str, str]]:
+    """``"x --to tfrecord --spool=auto|no -n 3 --force"`` -> ``[("--to", "tfrecord"),
+    ("--spool", "auto|no")]``: each long flag with the word after it, if that is a value."""
+    try:
+        words = shlex.split(re.sub(r"(^|\s)#.*", "", code))
+    except ValueError:  # an unbalanced quote in prose
+        words = code.split()
+    pairs = []
+    for word, after in zip(words, [*words[1:], ""][: len(words)], strict=True):
+        if word.startswith("--") and "=" in word:
+            pairs.append(tuple(word.split("=", 1)))
+        elif word.startswith("--") and after and not after.startswith("-"):
+            pairs.append((word, after))
+    return pairs
+
+
+def choice_problems(text: str, helps: dict[str, str], beam: set[str] = frozenset()) -> list[str]:
+    """The values ``text`` shows for a flag that its command's --help limits to choices and
+    that are not among them (``a|b``: each); a flag on its own, against every command's
+    choices for it, unless a command (or Apache Beam, ``beam``) takes it without choices."""
+    choices = {key: help_choices(help_text) for key, help_text in helps.items()}
+    anywhere: dict[str, set[str]] = {}
+    for by_flag in choices.values():
+        for flag, values in by_flag.items():
+            anywhere.setdefault(flag, set()).update(values)
+    free = set(beam).union(*(help_flags(helps[key]) - set(choices[key]) for key in helps))
+    anywhere = {flag: values for flag, values in anywhere.items() if flag not in free}
+    problems = []
+    lines, spans = code_texts(text)
+    for code in lines + spans:
+        commands = parse_commands(code)
+        if len(commands) == 1:
+            allowed = choices.get(commands[0].key, {})
+        else:  # several commands on one line are left to the other checks
+            allowed = anywhere if code.startswith("--") and not commands else {}
+        for flag, value in flag_values(code):
+            shown = set(value.split("|"))
+            if flag in allowed and not shown <= allowed[flag]:
+                wrong = ", ".join(sorted(shown - allowed[flag]))
+                takes = ", ".join(sorted(allowed[flag]))
+                problems.append(f"{flag} {value}: no choice {wrong} (--help: {takes})")
+    return problems
+
+
 def prose_problems(doc: str, text: str, helps: dict[str, str], beam: set[str]) -> list[str]:
     """What the doc ``doc`` (a path relative to the repository), whose text is ``text``,
     names that is not so."""
     problems = named_problems(doc, text) + command_problems(text, helps, beam)
-    return problems + default_problems(text, helps)
+    return problems + default_problems(text, helps) + choice_problems(text, helps, beam)
 
 
 # Runs each command's --help with runpy, sharing one process's imports; prints JSON
 # {key: [exit code, output]}. A command is [key, "module" or "path", target, argv].
+# (A Beam command's console writes to a duplicate of descriptor 2, pipeline/console.py: the
+# descriptor is captured too. Loggers lose the handlers an earlier command installed.)
 HELP_RUNNER = """
-import contextlib, io, json, runpy, sys
+import contextlib, io, json, logging, os, runpy, sys, tempfile
 out = {}
 for key, kind, target, argv in json.load(sys.stdin):
     sys.argv, text = [target, *argv], io.StringIO()
-    with contextlib.redirect_stdout(text), contextlib.redirect_stderr(text):
-        try:
-            if kind == "module":
-                runpy.run_module(target, run_name="__main__", alter_sys=True)
-            else:
-                runpy.run_path(target, run_name="__main__")
-            code = 0
-        except SystemExit as stop:
-            code = stop.code or 0
-        except BaseException as err:
-            code = repr(err)
-    out[key] = [code, text.getvalue()]
+    for logger in [logging.root, *logging.Logger.manager.loggerDict.values()]:
+        if isinstance(logger, logging.Logger):
+            logger.handlers.clear()
+    with tempfile.TemporaryFile("w+") as fd2:
+        saved = os.dup(2)
+        os.dup2(fd2.fileno(), 2)
+        with contextlib.redirect_stdout(text), contextlib.redirect_stderr(text):
+            try:
+                if kind == "module":
+                    runpy.run_module(target, run_name="__main__", alter_sys=True)
+                else:
+                    runpy.run_path(target, run_name="__main__")
+                code = 0
+            except SystemExit as stop:
+                code = stop.code or 0
+            except BaseException as err:
+                code = repr(err)
+        os.dup2(saved, 2)
+        os.close(saved)
+        fd2.seek(0)
+        out[key] = [code, text.getvalue() + fd2.read()]
 print(json.dumps(out))
 """
 
 
-def run_helps(keys: set[str]) -> dict[str, tuple[object, str]]:
-    """``key`` -> (exit code, output) of its ``--help``, and deepspeed's and Dask's. Two
+MISSPELT = "--no-such-flag"  # what the exit-code check passes each command
+
+
+def run_helps(keys: set[str], misspelt: set[str] = frozenset()) -> dict[str, tuple[object, str]]:
+    """``key`` -> (exit code, output) of its ``--help``, and deepspeed's and Dask's; and
+    ``f"{key} {MISSPELT}"`` -> those of the commands ``misspelt`` given that flag. Two
     processes run in parallel, one for the commands of the base install and one for those
     that import torch (its slow imports, once), and Dask's CLI beside them."""
     light, heavy = [], []
-    for key in sorted(keys):
+    runs = [(key, "--help") for key in sorted(keys)] + [(key, MISSPELT) for key in misspelt]
+    for key, flag in runs:
+        name = key if flag == "--help" else f"{key} {flag}"
         if key.startswith("python -m "):
             module, *argv = key.split()[2:]
-            command = [key, "module", module, [*argv, "--help"]]
+            command = [name, "module", module, [*argv, flag]]
         else:
-            command = [key, "path", str(REPO / key), ["--help"]]
+            command = [name, "path", str(REPO / key), [flag]]
         is_light = key.startswith(("python -m pipeline", "python -m report"))
         (light if is_light else heavy).append(command)
     heavy.append(["deepspeed", "module", "deepspeed.launcher.runner", ["--help"]])
@@ -377,9 +449,35 @@ def beam_flags() -> set[str]:
     return names
 
 
+def exit_code_rows() -> dict[str, dict[str, str]]:
+    """docs/exit-codes.md's table: each command -> its cells by code ("0", "1", "2",
+    "other"). A cell "`python -m pipeline stats` / `inspect`" names two commands."""
+    text = (REPO / "docs/exit-codes.md").read_text(encoding="utf-8")
+    lines = [line for line in text.splitlines() if line.startswith("| ")]
+    header = [cell.strip() for cell in re.split(r"(?<!\\)\|", lines[0])[2:-1]]
+    rows = {}
+    for line in lines[1:]:
+        cells = [cell.strip() for cell in re.split(r"(?<!\\)\|", line)[1:-1]]
+        keys: list[str] = []
+        for part in cells[0].split(" / "):
+            span = INLINE.match(part)
+            commands = parse_commands(span[2]) if span else []
+            if commands:
+                keys.append(commands[0].key)
+            elif span and keys:  # `inspect` after `python -m pipeline stats`: its last word
+                keys.append(keys[-1].rsplit(" ", 1)[0] + " " + span[2])
+        rows.update({key: dict(zip(header, cells[1:], strict=True)) for key in keys})
+    return rows
+
+
 @pytest.fixture(scope="module")
-def helps_run() -> dict[str, tuple[object, str]]:
-    return run_helps(shown_commands())
+def runs() -> dict[str, tuple[object, str]]:
+    return run_helps(shown_commands(), set(exit_code_rows()))
+
+
+@pytest.fixture(scope="module")
+def helps_run(runs) -> dict[str, tuple[object, str]]:
+    return {key: run for key, run in runs.items() if not key.endswith(MISSPELT)}
 
 
 @pytest.fixture(scope="module")
@@ -393,6 +491,22 @@ def test_every_command_the_docs_show_answers_help(helps_run):
     assert not failed, failed
     assert {"python -m pipeline build", "trainer/run.py", "deepspeed", *TOOLS} <= set(helps_run)
     assert "--num_gpus" in helps_run["deepspeed"][1]
+
+
+def test_every_command_exits_as_its_exit_code_row_says_on_a_misspelt_flag(runs):
+    """A misspelt flag is a user's mistake: the table's code for one, 2, one line naming the
+    flag, no traceback; and every pipeline command has its row."""
+    rows = exit_code_rows()
+    assert {f"python -m pipeline {name}" for name in PIPELINE_COMMANDS} <= set(rows)
+    assert "trainer/run.py" in rows
+    wrong = {}
+    for key, cells in rows.items():
+        code, out = runs[f"{key} {MISSPELT}"]
+        # The misspelt flag, or the first error found before it: required ones missing.
+        said = re.search(rf"{MISSPELT}|arguments are required|missing required option", out)
+        if cells["2"] == "" or code != 2 or not said or "Traceback" in out:
+            wrong[key] = (code, out[-300:])
+    assert not wrong, wrong
 
 
 @pytest.mark.parametrize("doc", PROSE_DOCS)
@@ -451,6 +565,25 @@ def test_a_stale_default_is_named():
     assert default_problems(text, helps) == [
         "--cc_rounds: the docs say default 6, --help says 8",
         "--num: the docs say default 3, --help says 2",
+    ]
+
+
+def test_a_value_that_is_no_choice_is_named():
+    helps = {
+        "trainer/run.py": "  --precision {fp32,bf16,auto}\n  --data DATA\n",
+        "python -m pipeline build": "  --spool {auto,yes,no}  where rows wait (default: auto)\n",
+    }
+    text = (
+        "`python trainer/run.py --precision fp16 --data x`, `--spool auto|maybe`, "
+        "`python -m pipeline build --spool=yes`, `--precision bf16`, `pip install --spool x`"
+    )
+    assert choice_problems(text, helps) == [
+        "--precision fp16: no choice fp16 (--help: auto, bf16, fp32)",
+        "--spool auto|maybe: no choice maybe (--help: auto, no, yes)",
+    ]
+    assert flag_values("x --to tf --spool=a|b -n 3 --force --y") == [
+        ("--to", "tf"),
+        ("--spool", "a|b"),
     ]
 
 
