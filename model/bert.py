@@ -530,7 +530,7 @@ def set_unpadded(
     ``every_batch``: unpadded, a batch without padding runs the unpadded path too, instead
     of the padded one. Then every batch runs the same code, which data-parallel training
     needs: ranks whose batches take different paths give DeepSpeed's ZeRO hooks another
-    order of parameters. Measured on two CPU ranks: compiled, ZeRO-2 summed one
+    order of parameters. Seen on two CPU ranks: compiled, ZeRO-2 summed one
     parameter's gradient with another's (its buckets follow each rank's backward order);
     eager, ZeRO-3 waited forever on its parameter gathers. With ``every_batch`` both
     train as one rank does (docs/results.md).

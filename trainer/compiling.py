@@ -137,8 +137,8 @@ def compile_step(optimizer: torch.optim.Optimizer) -> None:
     Compiled, torch's Adam and AdamW take their "capturable" form, which folds the step
     size (lr / bias correction) into the denominator: at lr 0 a zero second moment (a
     parameter whose gradient has been 0, such as a position no row reached) makes 0 / 0,
-    and the weights NaN (pytorch/pytorch#126514; measured with torch 2.13 on CPU, every
-    ``dynamic`` setting). A warmup from ``warmup_min_lr`` 0 (deploy/cpu.json) starts there.
+    and the weights NaN (pytorch/pytorch#126514; so with torch 2.13 on CPU, every ``dynamic``
+    setting). A warmup from ``warmup_min_lr`` 0 (deploy/cpu.json) starts there.
     The eager step keeps the same state (moments, step count) as the compiled one.
     """
     eager, compiled = optimizer.step, torch.compile(optimizer.step, **COMPILE_KWARGS)

@@ -159,7 +159,7 @@ def to_transfer(batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """One int64 tensor ``[B, T, P, values...]`` holding a whole batch.
 
     A DataLoader worker sends each tensor through its own shared-memory segment; one
-    tensor instead of seven makes the transfer about 3x faster (bench/loader_speed.py).
+    tensor instead of seven makes the transfer faster (bench/loader_speed.py measures it).
     """
     b, t = batch["input_ids"].shape
     p = batch["masked_lm_positions"].shape[1]

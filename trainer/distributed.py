@@ -107,9 +107,9 @@ def _unlink_cpu_allreduce_buffer() -> None:
     """Remove this rank's all-reduce buffer file from /dev/shm once every rank has mapped it.
 
     DeepSpeed's CPU backend creates one 66 MiB file per rank in /dev/shm (memory, not disk)
-    and never removes it: every CPU run, clean or killed, left its files behind (16 GB
-    over a day of runs on a 24 GiB test machine, until the kernel killed a process for
-    memory). Each rank maps every rank's file while DeepSpeed initialises and opens none
+    and never removes it: every CPU run, clean or killed, left its files behind, until a
+    day of test runs filled a test machine's memory and the kernel killed a process. Each
+    rank maps every rank's file while DeepSpeed initialises and opens none
     by name afterwards, so after a barrier each rank unlinks its own name; the memory is
     freed when the last process mapping it exits, however the run ends.
     """

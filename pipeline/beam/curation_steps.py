@@ -126,9 +126,10 @@ class KeepDistinct(beam.DoFn):
     its output files all the same) nothing is removed.
 
     ``finish``: (group key, kept) -> what to give instead, here: curate writes its file in
-    the same task, so that a file's texts (~128 MB) are never a task's result that the
-    runner holds until its next steps have run (one of the changes after which a 1 GB
-    curate without filters stopped overrunning a 2 GiB Dask worker: docs/results.md)."""
+    the same task, so that a file's texts are never a task's result that the runner holds
+    until its next steps have run (one of the changes that kept a curate without filters
+    within a Dask worker's memory: docs/results.md, "Fewer, larger packs, and texts
+    spooled")."""
 
     def __init__(self, dedup: str, finish=None):
         super().__init__()

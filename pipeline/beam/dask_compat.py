@@ -21,8 +21,8 @@ Checked with apache-beam 2.77 and 2.78 (``apache_beam/runners/dask/transform_eva
    shuffle makes about ``n * sqrt(n)`` tasks for ``n`` partitions (``n * n`` up to 32),
    and a Flatten (every CoGroupByKey's) adds its inputs' partitions up. The scheduler and
    the workers keep every finished task's state until the job ends, so their memory grew
-   with the corpus whatever the data: a 1 GB curate in 125 partitions made ~340,000
-   tasks, against ~50,000 at 200 MB in 25.
+   with the corpus whatever the data (the task counts: docs/results.md, "The Dask graph's
+   tasks").
 
 ``install()`` swaps the runner's ParDo translation for one whose bundles each get a
 private copy of the invoker arguments and receivers (1), whose side inputs are
@@ -257,9 +257,9 @@ def register_sizeof() -> None:
     shuffles; undercounted, a worker's shuffle data read as a small fraction of what it
     pickled to, so Dask neither spilled it nor held back new tasks, and the worker went
     past its memory limit and was restarted. The same held for tagged outputs: curate's
-    removed documents (84% of the text of bench/pipeline_memory.py's curate corpus) read
-    as 56 bytes each, and at 1 GB its workers held 1.3 GiB of memory Dask called
-    "unmanaged". Runs when a process that has Dask loaded imports this module, as a worker
+    removed documents, most of the text of bench/pipeline_memory.py's curate corpus, read
+    as a few dozen bytes each, and its workers' memory was mostly what Dask calls
+    "unmanaged" (docs/results.md, "Memory"). Runs when a process that has Dask loaded imports this module, as a worker
     does to run its first bundle (:func:`_run_bundle`), and in :func:`install`. No-op
     without Dask."""
     try:

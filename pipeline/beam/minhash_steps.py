@@ -46,8 +46,8 @@ class BandKeys(beam.DoFn):
     With a ``spool`` directory the packs go to the bundle's spool file
     (spool.RowSpool, ``.bands-<random>.spool``) and the bundle emits (bucket,
     SpoolRef) when it ends: a task shuffle holds all of its splits until the last input is
-    read, and the band records are 14 a document (125-142 MB a worker before the last
-    input of a 1 GB curate without filters was read).
+    read, and the band records are 14 a document (what a worker held so:
+    docs/results.md, "Fewer, larger packs, and texts spooled").
     """
 
     def __init__(self, config: CurationOptions, spool: str | None = None):

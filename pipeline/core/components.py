@@ -18,9 +18,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 
-# packs are large: a Dask task's 8 MB of input, filtered down to ~3,000 band records, went
-# one record an element into 4,096 buckets (~325 bytes of objects a record), and a 1 GB
-# curate's workers held all of them in the shuffle's splits at their peak (docs/results.md).
+# packs are large: a Dask task's input, filtered down to its band records, went one record
+# an element into 4,096 buckets (hundreds of bytes of objects a record), and a curate's
+# workers held all of them in the shuffle's splits at their peak (docs/results.md, "Fewer,
+# larger packs, and texts spooled").
 # A bucket grouped is its records' packed bytes: 1/256 of 100 GB's is ~0.1 GB.
 BAND_BUCKETS = 256
 KEY_BYTES = 18  # a band key: 2 bytes of band index and a 16-byte digest (dedup.band_keys)

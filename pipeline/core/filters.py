@@ -11,8 +11,8 @@ or ``<=``), and its ``empty`` reasons. Where we differ, and why:
 * **Words.** datatrove 0.10.1 runs a per-language tokenizer (spaCy's rule-based tokenizer
   for English, with jieba for Chinese, with SudachiPy for Japanese). We need neither spaCy
   nor a model: :func:`tokens` is a regex version of spaCy's English rules where a count
-  depends on them, and the four rule sets run over the main job's documents in 19 s where
-  datatrove's take 119 s (one process each). Punctuation and symbols are tokens of one
+  depends on them, and the four rule sets run several times faster than datatrove's (one
+  process each; docs/results.md, "Curation"). Punctuation and symbols are tokens of one
   character (``...`` and ``--`` one each); a run of letters and digits with inner
   punctuation is a word (``3.5``, ``self._data``), split where spaCy's infixes split it
   (``user-specified`` -> ``user - specified``, ``torch.nn.Module`` -> ``torch.nn . Module``)

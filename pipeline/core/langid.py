@@ -5,11 +5,10 @@ One call, :func:`detect`, over py3langid: langid.py's naive Bayes model on byte 
 download at run time), numpy only. It is in the ``curate`` extra:
 ``pip install 'bert-pipeline[curate]'``.
 
-Why py3langid and not lingua (``lingua-language-detector``), measured on this CPU on the
-same 1000 stdlib docstring documents (the numbers are in the commit that chose it):
-lingua's high-accuracy mode is about 30 times slower (its low-accuracy mode about 14 times),
-preloads its models for many seconds, holds over a GB, and installs 20 times the bytes;
-both label the English, Chinese and German samples right. At corpus scale speed decides.
+Why py3langid and not lingua (``lingua-language-detector``): lingua is many times slower in
+either accuracy mode, preloads its models for seconds, holds over a GB and installs far more
+bytes, and both label the English, Chinese and German samples right (docs/results.md,
+"Language identification"). At corpus scale speed decides.
 (datatrove uses fastText's lid.176 model, which is downloaded at run time.)
 
 Use (tests: ``python -m pytest tests/pipeline/test_langid.py``)::
