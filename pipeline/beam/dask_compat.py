@@ -259,9 +259,9 @@ def register_sizeof() -> None:
     past its memory limit and was restarted. The same held for tagged outputs: curate's
     removed documents, most of the text of bench/pipeline_memory.py's curate corpus, read
     as a few dozen bytes each, and its workers' memory was mostly what Dask calls
-    "unmanaged" (docs/results.md, "Memory"). Runs when a process that has Dask loaded imports this module, as a worker
-    does to run its first bundle (:func:`_run_bundle`), and in :func:`install`. No-op
-    without Dask."""
+    "unmanaged" (docs/results.md, "Memory"). Runs when a process that has Dask loaded
+    imports this module, as a worker does to run its first bundle (:func:`_run_bundle`),
+    and in :func:`install`. No-op without Dask."""
     try:
         from apache_beam.pvalue import TaggedOutput
         from apache_beam.utils.windowed_value import WindowedValue
