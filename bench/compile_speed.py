@@ -114,8 +114,12 @@ def trainer_steps(args, preset: str, tmp: Path) -> dict:
         (tmp / mode).mkdir()
         flags = ("--compile", "off" if mode == "eager" else mode, "--dropout", "0")
         # No loader workers (nothing to close): the step reads its batches in this process.
-        step, _ = train_speed.trainer_step(preset, args.batch, 0, tmp / mode, CPU_JSON, *flags)
+        _, step, _, _ = train_speed.trainer_step(
+            preset, args.batch, 0, tmp / mode, CPU_JSON, *flags
+        )
         steps[mode] = lambda _b, step=step: step()
+    if args.threads:  # again: each trainer's init_distributed may have set them
+        torch.set_num_threads(args.threads)
     return steps
 
 

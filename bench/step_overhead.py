@@ -188,10 +188,14 @@ def make_trainer(
     return trainer, trainer._loader()
 
 
-def bare_step(cfg: BertConfig, dtype: torch.dtype, device: torch.device, batches: list[dict]):
-    """Forward, backward and AdamW of the model alone, cycling through ``batches``."""
+def bare_step(
+    cfg: BertConfig, dtype: torch.dtype, device: torch.device, batches: list[dict], unpad=False
+):
+    """Forward, backward and AdamW of the model alone (its encoder unpadded or not, as the
+    trainer's ``--unpad`` resolved), cycling through ``batches``."""
     torch.manual_seed(0)
-    model = BertForPreTraining(cfg, unpad=False).to(device=device, dtype=dtype).train()
+    model = BertForPreTraining(cfg, unpad=unpad).to(device=device, dtype=dtype).train()
+    model.set_unpadded(unpad, every_batch=True)  # as trainer/prepare.py sets it
     try:  # fused where torch has the kernel (CUDA, CPU): the fastest plain step
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     except RuntimeError:

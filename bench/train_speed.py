@@ -1,17 +1,23 @@
-"""Step time of the trainer against the bare model step of bench/model_speed.py, on CPU.
+"""Step time of the trainer against the bare model step on the trainer's own batches, on CPU.
 
     python bench/train_speed.py                          # small, batch 32, seq 128, fp32
-    python bench/train_speed.py --preset base --batch 8 --steps 10
+    python bench/train_speed.py --preset base --batch 8 --steps 10 --threads 2
 
-Same model config, batch size and sequence length, fp32, this machine's threads, in one
-process, the two alternating step by step (after 3 warm-ups each) so that machine noise
-hits both alike; medians of ``--steps`` steps:
+Same model config, batch size and sequence length, fp32, in one process, the two
+alternating step by step (after 3 warm-ups each) so that machine noise hits both alike;
+medians of ``--steps`` steps:
 
-- bare: bench/model_speed.py's step (forward, backward, torch AdamW step) on its batch;
 - trainer: one optimizer step of trainer/loop.py's Trainer, built by the code
   ``trainer/run.py`` runs, with deploy/cpu.json (DeepSpeed ZeRO-2 on one rank, torch
   AdamW, gradient clipping) on synthetic seq-128 shards (bench/loader_speed.py): data
-  loading, DeepSpeed's forward/backward/step, the non-finite check and the metric counts.
+  loading, DeepSpeed's forward/backward/step, the non-finite check and the metric counts;
+- bare: forward, backward and a torch AdamW step of the same model, padded or unpadded as
+  the trainer's ``--unpad`` resolves, fed 8 batches the trainer's loader made (so both
+  arms see the same rows and lengths: bench/step_overhead.py's bare step).
+
+Threads: ``--threads`` is applied after the trainer's ``init_distributed()``, which sets
+torch's threads when ``OMP_NUM_THREADS`` is unset, and both arms run with it; the row
+prints it and the load average before and after.
 
 Target: trainer overhead under 10%. Prints one JSON line.
 """
@@ -19,6 +25,7 @@ Target: trainer overhead under 10%. Prints one JSON line.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import os
@@ -26,31 +33,34 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from bench import model_speed  # noqa: E402
+from bench import step_overhead  # noqa: E402
 from bench.loader_speed import write_synthetic  # noqa: E402
-from model import BertConfig  # noqa: E402
 from trainer import distributed  # noqa: E402
-from trainer.config import parse_args  # noqa: E402
-from trainer.loop import Trainer  # noqa: E402
+from trainer.config import parse_args, resolve_unpad  # noqa: E402
+from trainer.loop import MODEL_INPUTS, Trainer  # noqa: E402
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
-def bare_step(preset: str, batch: int, seq: int):
-    cfg = BertConfig.preset(preset)
-    net, opt = model_speed.build("ours", cfg, "cpu", torch.float32)
-    return model_speed.step_fn("ours", net, opt, model_speed.make_batch(cfg, batch, seq, "cpu"))
+def bare_step(trainer: Trainer, batches) -> Callable[[], None]:
+    """The bare arm: the trainer's model config and encoder path, fed 8 of ``batches``."""
+    device = trainer.info.device
+    own = [{k: b[k].to(device) for k in MODEL_INPUTS} for b in itertools.islice(batches, 8)]
+    unpad = resolve_unpad(trainer.config.unpad, device.type)
+    return step_overhead.bare_step(trainer.model_config, torch.float32, device, own, unpad)
 
 
 def trainer_step(preset: str, batch: int, workers: int, tmp: Path, ds_config: Path, *extra: str):
     """A Trainer on one rank (as trainer/run.py builds it, with more trainer flags ``extra``):
-    a function doing one step, and its loader (close it when done: its workers)."""
+    the trainer, a function doing one step, its batches, and its loader (close it when
+    done: its workers)."""
     data = tmp / "shards"
     data.mkdir()
     write_synthetic(data, rows=20 * batch, shards=2, seq=128, max_pred=20)
@@ -76,7 +86,7 @@ def trainer_step(preset: str, batch: int, workers: int, tmp: Path, ds_config: Pa
     trainer.build_engine()
     loader = trainer._loader()
     batches = iter(loader)  # the step takes an iterator, as Trainer.train hands it
-    return lambda: trainer._optimizer_step(batches, None), loader
+    return trainer, lambda: trainer._optimizer_step(batches, None), batches, loader
 
 
 def timed(step) -> float:
@@ -94,13 +104,19 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=10, help="timed steps (default 10)")
     p.add_argument("--workers", type=int, default=1, help="trainer DataLoader workers (default 1)")
     p.add_argument("--ds-config", default=str(REPO / "deploy" / "cpu.json"))
+    p.add_argument(
+        "--threads", type=int, default=0, help="torch threads of both arms (default: as set up)"
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
-        steps = {"bare": bare_step(args.preset, args.batch, 128)}
-        steps["trainer"], loader = trainer_step(
+        trainer, step, batches, loader = trainer_step(
             args.preset, args.batch, args.workers, Path(tmp), Path(args.ds_config)
         )
+        if args.threads:  # after init_distributed, which may set them
+            torch.set_num_threads(args.threads)
+        steps = {"bare": bare_step(trainer, batches), "trainer": step}
         times: dict[str, list[float]] = {k: [] for k in steps}
         for k in steps:
             for _ in range(3):
@@ -116,6 +132,7 @@ def main(argv=None) -> int:
         "batch": args.batch,
         "seq": 128,
         "threads": torch.get_num_threads(),
+        "load": [round(load, 1), round(os.getloadavg()[0], 1)],
         "bare_step_s": round(bare, 4),
         "trainer_step_s": round(trainer, 4),
         "overhead": round(trainer / bare - 1, 4),
