@@ -20,7 +20,9 @@ pays while its kernels run. Per arm it prints one JSON line:
   alternated step by step, with the threads and the load average. On CUDA each timed step
   ends with a device synchronize, so it is the step's own time (``sequences_per_s`` too),
   and ``cuda_syncs_per_step`` counts what ``torch.cuda.set_sync_debug_mode("warn")`` reports
-  in the counted steps: the syncs that stop the host, wherever they come from.
+  in the counted steps: the syncs that stop the host, wherever they come from;
+- ``log_step_read_sites`` (trainer arm): the read sites of one step that logs, its update
+  and its record: the counts, gradient norm and non-finite check come back in one read.
 
 On a GPU (``deploy/gpu_bench.sh``'s overhead stage)::
 
@@ -37,6 +39,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -58,6 +61,7 @@ from model import BertConfig, BertForPreTraining  # noqa: E402
 from trainer import distributed  # noqa: E402
 from trainer.config import parse_args  # noqa: E402
 from trainer.loop import MODEL_INPUTS, Trainer  # noqa: E402
+from trainer.metrics import MetricsWriter  # noqa: E402
 
 READERS = ("item", "tolist", "__bool__", "__float__", "__int__", "cpu", "numpy", "nonzero")
 
@@ -272,6 +276,22 @@ def measure(steps: dict, count_steps: int, timed_steps: int) -> dict[str, dict]:
     return result
 
 
+def log_step_reads(trainer: Trainer, batches) -> dict[str, float]:
+    """The read sites of one optimizer step that logs (its update, then the record), with
+    the trainer's log interval set to 1 for it."""
+    config = trainer.config
+    trainer.config = dataclasses.replace(config, log_every=1)
+    writer = MetricsWriter(config.output_dir, enabled=False, max_steps=None, start_step=0)
+    sites: collections.Counter = collections.Counter()
+    try:
+        with counting_reads(sites):
+            trainer._optimizer_step(batches, None)
+            trainer._log(writer)
+    finally:
+        trainer.config = config
+    return dict(sorted(sites.items()))
+
+
 def _sequences_per_s(arm: dict, batch: int) -> float:
     return round(1e3 * batch / arm["step_ms"]["median"], 1)
 
@@ -337,6 +357,7 @@ def main(argv=None) -> int:
                 "trainer": lambda t=trainer, b=batches: t._optimizer_step(b, None),
             }
             result = measure(steps, args.count_steps, args.steps)
+            result["trainer"]["log_step_read_sites"] = log_step_reads(trainer, batches)
             fwd_bwd = count_ops(forward_backward(cfg, dtype, device, own), args.count_steps)
             loader.close()
             distributed.shutdown()

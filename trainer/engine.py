@@ -250,6 +250,12 @@ class TorchEngine:
             self.lr_scheduler.step()
         self.global_steps += 1
 
+    @property
+    def skips_non_finite_updates(self) -> bool:
+        """Whether a step whose gradient norm is not finite leaves the weights as they were
+        (fused AdamW's ``found_inf``), so the loop may read its flag after the update."""
+        return self.fused
+
     def get_lr(self) -> list[float]:
         return [group["lr"] for group in self.optimizer.param_groups]
 

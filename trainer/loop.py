@@ -84,6 +84,8 @@ MODEL_INPUTS = (
 # DeepSpeed's WarmupLR, WarmupDecayLR and WarmupCosineLR (and our TimeBudgetLR) set the first
 # rate in their __init__ by calling their own get_lr() at iteration -1, which logs this
 # warning on every run: DeepSpeed's own start-up, nothing wrong with the run.
+# Above any step count, and exact in float64 (the log's packed read): the non-finite key.
+NEVER = 1 << 50
 SCHEDULER_START_WARNING = "Attempting to get learning rate from scheduler before it has started"
 
 
@@ -103,6 +105,15 @@ def _without_scheduler_start_warning() -> Iterator[None]:
         ds_logger.removeFilter(keep)
 
 
+def split_log_read(
+    read: torch.Tensor, targets: int, extra: int
+) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
+    """The log's one read (a host tensor): the summed counts, the target histogram and
+    the ``extra`` values after them (the gradient norm, the non-finite key) as floats."""
+    totals, histogram, tail = read.split([len(metrics.COUNTS), targets, extra])
+    return totals, histogram, tail.tolist()
+
+
 @dataclass
 class RunState:
     """Where the run is: optimizer steps done and the stream position of the next row."""
@@ -115,7 +126,9 @@ class RunState:
     clock_start: float = field(default_factory=time.perf_counter)
     out_of_time: bool = False
     stopped_by: int | None = None  # the signal all ranks agreed to stop on (trainer/signals.py)
-    grad_norm: float | None = None  # computed here only where DeepSpeed reports none
+    grad_norm: torch.Tensor | None = None  # computed here only where DeepSpeed reports none
+    # The non-finite check of a log-only step left to the log's read (Trainer._before_update).
+    check_at_log: bool = False
     # The run's id in every metrics record (report/records.py): new on a fresh start, the
     # checkpoint's on a resume (None for a checkpoint from before run ids were saved).
     run_id: str | None = None
@@ -423,9 +436,15 @@ class Trainer:
         self._note_non_finite(bad, step)
         saving = c.save_every and step % c.save_every == 0
         evaluating = c.eval_every and self.eval_shards is not None and step % c.eval_every == 0
-        if last or step % c.log_every == 0 or saving or evaluating:
+        logging = step % c.log_every == 0
+        # An engine that skips a non-finite update on the device (trainer/engine.py) lets a
+        # step that only logs check in the log's one read; a save, an evaluation or the last
+        # step checks before its update, as every step of an engine that would apply it.
+        skips = getattr(self.engine, "skips_non_finite_updates", False)
+        s.check_at_log = logging and skips and not (last or saving or evaluating)
+        if (last or logging or saving or evaluating) and not s.check_at_log:
             self._stop_if_non_finite(step)
-        if self.own_grad_norm and (step % c.log_every == 0 or last):
+        if self.own_grad_norm and (logging or last):
             s.grad_norm = metrics.grad_norm(self.engine.module)  # gradients are reduced by now
 
     def _note_non_finite(self, bad: torch.Tensor, step: int) -> None:
@@ -436,33 +455,54 @@ class Trainer:
         first = self._first_bad
         self._first_bad = torch.where(bad & (first == 0), step, first)
 
-    def _stop_if_non_finite(self, step: int) -> None:
+    def _non_finite_key(self) -> torch.Tensor:
+        """The flags kept by :meth:`_note_non_finite`, every rank's, on the device (no read):
+        shape (1,), NEVER minus the earliest step whose loss was not finite, 0 for none."""
+        if self._first_bad is None:
+            return torch.zeros(1, dtype=torch.int64, device=self.info.device)
+        key = torch.where(self._first_bad > 0, NEVER - self._first_bad, 0)
+        return distributed.all_reduce_max(key.reshape(1))
+
+    def _stop_if_non_finite(self, step: int, found: int | None = None) -> None:
         """Read the flags kept by :meth:`_note_non_finite` (every rank's: the earliest step
-        wins) before ``step``'s update.
+        wins) before ``step``'s update; ``found``: the key :meth:`_non_finite_key` gave,
+        read with the log's counts after the update, which the engine skipped on the device.
 
         Raises:
             checkpoint.NonFiniteError: some rank's loss was not finite since the last read.
         """
-        if self._first_bad is None:
-            return
-        # The maximum of (NEVER - first) over ranks is the earliest first step; 0: none.
-        never = 1 << 62
-        key = torch.where(self._first_bad > 0, never - self._first_bad, 0)
-        found = int(distributed.all_reduce_max(key.reshape(1)).item())
+        read_now = found is None
+        if read_now:
+            if self._first_bad is None:
+                return
+            found = int(self._non_finite_key().item())
         if found:
-            first, s = never - found, self.state
-            where = "" if first == step else f"; found before the update of step {step}"
+            first, s = NEVER - found, self.state
+            when = "before the update" if read_now else "after the skipped update"
+            where = "" if first == step else f"; found {when} of step {step}"
             raise checkpoint.NonFiniteError(
                 f"non-finite loss at step {first}{where} (stream position {s.position}); "
                 f"stopped before the update, resume from the last checkpoint"
             )
 
     def _log(self, writer: metrics.MetricsWriter) -> dict:
+        """The window's record, from one read of the device: the counts summed over ranks,
+        the gradient norm and, on a step that left it here, the non-finite check."""
         s = self.state
-        host = torch.tensor(s.host, dtype=torch.float64)
-        totals = torch.cat([s.counts.double().cpu(), host, s.targets]).to(self.info.device)
-        totals = distributed.all_reduce_sum(totals).cpu()
-        totals, targets = totals.split([len(metrics.COUNTS), len(s.targets)])
+        host = torch.cat([torch.tensor(s.host, dtype=torch.float64), s.targets])
+        device = self.info.device
+        summed = torch.cat([s.counts.double(), host.to(device, non_blocking=True)])
+        norm = s.grad_norm if self.own_grad_norm else self.engine.get_global_grad_norm()
+        extra = [norm.detach().double().reshape(1)] if isinstance(norm, torch.Tensor) else []
+        if s.check_at_log:  # exact in float64: a step count is far below 2**53
+            extra.append(self._non_finite_key().double())
+        read = torch.cat([distributed.all_reduce_sum(summed), *extra]).cpu()  # the one read
+        totals, targets, extra_values = split_log_read(read, len(s.targets), len(extra))
+        if s.check_at_log:
+            s.check_at_log = False
+            self._stop_if_non_finite(s.step, found=int(extra_values[-1]))
+        if isinstance(norm, torch.Tensor):
+            norm = extra_values[0]
         seconds = time.perf_counter() - s.window_start
         record = {"step": s.step, "split": "train"}
         distill = self.distiller is not None
@@ -472,7 +512,6 @@ class Trainer:
         trivial = baselines(targets[:-2], targets[-2:])  # the same rows' trivial baselines
         record.update({k: trivial[k] for k in ("mlm_baseline_accuracy", "nsp_baseline_accuracy")})
         lr = self.engine.get_lr()
-        norm = s.grad_norm if self.own_grad_norm else self.engine.get_global_grad_norm()
         record.update(
             mask_rate=self.train_mask_rate,
             lr=float(lr[0]) if lr else None,

@@ -404,6 +404,21 @@ def test_non_finite_loss_between_reads_is_named_and_no_checkpoint_holds_it(
     assert calls["n"] == 4  # stopped at step 4, before its update
 
 
+def test_non_finite_loss_on_an_engine_that_skips_its_update_is_read_with_the_log(
+    tiny_shards, tmp_path, monkeypatch, caplog
+):
+    # The torch engine (this config's) skips a non-finite update on the device, so a step that
+    # only logs (4) reads the flag in its one read, after the update it skipped.
+    calls = poison_loss(monkeypatch, at_call=3)
+    extra = ("--max-steps", "8", "--save-every", "6", "--log-every", "4")
+    assert main(args(tmp_path, tiny_shards, *extra)) == 3
+    assert "engine: torch" in caplog.text
+    assert "non-finite loss at step 3; found after the skipped update of step 4" in caplog.text
+    assert calls["n"] == 4
+    assert not (tmp_path / "out" / "checkpoints" / "latest").exists()
+    assert records(tmp_path / "out") == []  # step 4's record is not written
+
+
 def test_entry_point_runs_as_a_module_and_as_a_file():
     for cmd in (["-m", "trainer.run", "--help"], [str(REPO / "trainer" / "run.py"), "--help"]):
         done = subprocess.run(

@@ -111,11 +111,14 @@ def test_zero2_does_not_check_gradients_for_overflow(rows):
     assert not overflow, overflow
 
 
-# The trainer's reads that touch host tensors only: the loader's, and the counts of a batch
-# taken before it is moved to the device. On a GPU none of them waits for the device.
+# The trainer's reads that touch host tensors only: the loader's, the counts of a batch
+# taken before it is moved to the device, and on a log step the values of its one read.
+# On a GPU none of them waits for the device.
 HOST_SIDE = {
     "trainer/data.py": ("from_transfer", "group_from_transfer"),
-    "trainer/metrics.py": ("host_counts", "model_flops"),
+    "trainer/metrics.py": ("host_counts", "model_flops", "summarize"),
+    "trainer/loop.py": ("split_log_read",),
+    "trainer/evaluate.py": ("baselines",),
 }
 
 
@@ -133,6 +136,14 @@ def device_reads(row: dict, inside=(" @ trainer/",)) -> list[str]:
             for path, functions in HOST_SIDE.items()
         )
     ]
+
+
+def test_a_log_step_reads_the_device_once_on_the_first_gpu_config(rows):
+    """Its counts, gradient norm and non-finite check come back in one packed read (on the
+    torch engine, which skips a non-finite update on the device, the check waits for it)."""
+    row = next(r for r in rows if r["ds_config"].endswith(first_gpu_config()))
+    log_row = {"trainer": {"read_sites": row["trainer"]["log_step_read_sites"]}}
+    assert len(device_reads(log_row)) == 1, device_reads(log_row)
 
 
 def test_the_trainer_reads_nothing_from_the_device_on_a_non_log_step(rows):
