@@ -28,7 +28,7 @@ _COMPRESS_MIN_BYTES = 1 << 16
 
 def pack_array(array: np.ndarray) -> tuple:
     """``array`` as (dtype, count, bytes), zstd-compressed from ``_COMPRESS_MIN_BYTES`` on:
-    how arrays cross Beam's shuffles (token ids ~1.6x smaller). :func:`unpack_array` undoes it."""
+    how arrays cross Beam's shuffles (token ids compress well). :func:`unpack_array` undoes it."""
     data = array.tobytes()
     codec = "zstd" if len(data) >= _COMPRESS_MIN_BYTES else None
     if codec:
@@ -138,13 +138,13 @@ class RowBlock:
         """The object and its arrays' bytes. ``sys.getsizeof`` counts a plain object's own
         56 bytes only, and Dask sizes a task's result with it: a 3.6 MB block counted as 56
         bytes, so the rows a Dask worker held between MakeInstances and WriteShards were
-        "unmanaged" memory it could neither spill nor plan for (workers paused at 80% of
-        their limit on a 500 MB build)."""
+        "unmanaged" memory it could neither spill nor plan for, and its workers paused at
+        their limit (docs/results.md, "Memory")."""
         return object.__sizeof__(self) + self.nbytes
 
     def __getstate__(self) -> dict:
         """Pickled (how Beam moves blocks between steps) compactly: offsets as uint16 row
-        lengths, and every array of 64 KiB or more zstd-compressed (token ids ~1.6x).
+        lengths, and every array of 64 KiB or more zstd-compressed.
         Shuffled bytes are what a local runner's data plane is slowest at, and a
         shuffle service bills them."""
         state = {}
