@@ -389,33 +389,30 @@ def test_non_finite_loss_stops_before_the_update_and_saves_nothing(
     assert not (ckpt / "step00000003").exists()
 
 
+@pytest.mark.parametrize(
+    ("save_every", "found", "latest"),
+    [
+        # The flag stays on the device on steps that read nothing back (3); a save step (4)
+        # reads it before its update.
+        (2, "found before the update of step 4", "step00000002"),
+        # A step that only logs (4) reads it in the log's one read, after the update that the
+        # torch engine (this config's) skipped on the device.
+        (6, "found after the skipped update of step 4", None),
+    ],
+)
 def test_non_finite_loss_between_reads_is_named_and_no_checkpoint_holds_it(
-    tiny_shards, tmp_path, monkeypatch, caplog
+    tiny_shards, tmp_path, monkeypatch, caplog, save_every, found, latest
 ):
-    # The flag stays on the device on steps that read nothing back (here 3): it is read
-    # before the next log or save step's update (4), which names the first bad step.
     calls = poison_loss(monkeypatch, at_call=3)
-    extra = ("--max-steps", "8", "--save-every", "2", "--log-every", "4")
-    assert main(args(tmp_path, tiny_shards, *extra)) == 3
-    assert "non-finite loss at step 3; found before the update of step 4" in caplog.text
-    ckpt = tmp_path / "out" / "checkpoints"
-    assert (ckpt / "latest").read_text() == "step00000002"
-    assert not (ckpt / "step00000004").exists()
-    assert calls["n"] == 4  # stopped at step 4, before its update
-
-
-def test_non_finite_loss_on_an_engine_that_skips_its_update_is_read_with_the_log(
-    tiny_shards, tmp_path, monkeypatch, caplog
-):
-    # The torch engine (this config's) skips a non-finite update on the device, so a step that
-    # only logs (4) reads the flag in its one read, after the update it skipped.
-    calls = poison_loss(monkeypatch, at_call=3)
-    extra = ("--max-steps", "8", "--save-every", "6", "--log-every", "4")
+    extra = ("--max-steps", "8", "--save-every", str(save_every), "--log-every", "4")
     assert main(args(tmp_path, tiny_shards, *extra)) == 3
     assert "engine: torch" in caplog.text
-    assert "non-finite loss at step 3; found after the skipped update of step 4" in caplog.text
-    assert calls["n"] == 4
-    assert not (tmp_path / "out" / "checkpoints" / "latest").exists()
+    assert f"non-finite loss at step 3; {found}" in caplog.text
+    assert calls["n"] == 4  # stopped at step 4
+    ckpt = tmp_path / "out" / "checkpoints"
+    saved = (ckpt / "latest").read_text() if (ckpt / "latest").exists() else None
+    assert saved == latest
+    assert not (ckpt / "step00000004").exists()
     assert records(tmp_path / "out") == []  # step 4's record is not written
 
 
