@@ -29,16 +29,6 @@ setup_step() {
   [ "${VERBOSE:-0}" != 0 ] || echo "done in $((SECONDS - t0)) s"
 }
 
-# pip_install PYTHON ARGS...: `pip install --no-compile ARGS` into PYTHON's environment.
-# pip byte-compiles every module it installs by default; Python compiles a module itself the
-# first time it is imported, and only those, so the test lock installs in about half the
-# time (locks/test.txt here, pip's cache warm: 65-76 s -> 30-35 s).
-pip_install() {
-  local python="$1"
-  shift
-  "$python" -m pip install --no-compile "$@"
-}
-
 # lock_usable PYTHON: whether the locks apply to PYTHON (and why not, on stdout, if not).
 lock_usable() {
   if [ "${BERT_NO_LOCK:-0}" != 0 ]; then
@@ -64,12 +54,12 @@ lock_install() {
   fi
   if [ -n "$lock" ] && [ -z "$why" ]; then
     setup_step "installing ${lock#"$root"/} (exact versions, hashes checked)" \
-      pip_install "$python" --require-hashes --no-deps -r "$lock"
+      "$python" -m pip install --require-hashes --no-deps -r "$lock"
     setup_step "installing the project (editable, its dependencies from the lock)" \
-      pip_install "$python" --no-deps --no-build-isolation -e "$root"
+      "$python" -m pip install --no-deps --no-build-isolation -e "$root"
   else
     echo "[setup] not using the lock ($why): the newest releases pyproject.toml allows"
-    setup_step "installing: pip install $*" pip_install "$python" "$@"
+    setup_step "installing: pip install $*" "$python" -m pip install "$@"
   fi
   {
     echo "== installed in $("$python" -c 'import sys; print(sys.prefix)') (pip freeze)"
@@ -85,7 +75,7 @@ install_torch() {
   local python="$1" index="${TORCH_INDEX_URL:-}"
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     setup_step "GPU found: installing $torch_spec (default CUDA build)" \
-      pip_install "$python" "$torch_spec"
+      "$python" -m pip install "$torch_spec"
     return
   fi
   if [ -z "$index" ] && "$python" - <<'PY' 2>/dev/null
@@ -97,8 +87,8 @@ PY
   fi
   if [ -n "$index" ]; then
     setup_step "no GPU: installing $torch_spec from $index" \
-      pip_install "$python" "$torch_spec" --extra-index-url "$index"
+      "$python" -m pip install "$torch_spec" --extra-index-url "$index"
   else
-    setup_step "no GPU: installing $torch_spec" pip_install "$python" "$torch_spec"
+    setup_step "no GPU: installing $torch_spec" "$python" -m pip install "$torch_spec"
   fi
 }
