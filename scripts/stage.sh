@@ -54,23 +54,25 @@ stage_progress() {
 
 # stage_ticker LABEL LOG: the live line, until killed or until the script is gone.
 stage_ticker() {
-  local label="$1" log="$2" t0=$SECONDS width line sleeper=""
-  # Its sleep goes with it: left running, it would hold the script's stdout open (a caller
-  # reading it to the end, a pipe or a test, would wait up to a minute after the script).
-  trap 'if [ -n "$sleeper" ]; then kill "$sleeper" 2>/dev/null; fi; exit 0' TERM
+  local label="$1" log="$2" t0=$SECONDS width line sleeper
+  # Its sleep goes with it, and holds none of the script's output open. The trap kills the
+  # jobs the shell knows (`jobs -p`), not `$sleeper`: a kill that landed between `sleep &`
+  # and `sleeper=$!` left the sleep running, holding stdout, and a caller reading it to the
+  # end (a pipe, a test) waited up to a minute after the script.
+  trap 'kill $(jobs -p) 2>/dev/null; exit 0' TERM
   if [ -t 1 ]; then
     width=$( (stty size </dev/tty) 2>/dev/null | cut -d' ' -f2)
     [ "${width:-0}" -gt 20 ] || width=100
     while kill -0 "$$" 2>/dev/null; do
       line="$label ... $((SECONDS - t0)) s  $(stage_progress "$log")"
       printf '\r\033[K%s' "${line:0:$((width - 1))}"
-      sleep 1 &
+      sleep 1 </dev/null >/dev/null 2>&1 &
       sleeper=$!
       wait "$sleeper"
     done
   else
     while kill -0 "$$" 2>/dev/null; do
-      sleep 60 &
+      sleep 60 </dev/null >/dev/null 2>&1 &
       sleeper=$!
       wait "$sleeper"
       echo "$label ... $((SECONDS - t0)) s  $(stage_progress "$log")"
