@@ -259,6 +259,9 @@ class Trainer:
         if self.distiller is not None:  # outside the engine: no optimizer, checkpoint, ZeRO
             self.distiller.prepare(model, self.info.device, fresh=self.resume is None)
         self.own_grad_norm = False
+        # Whether a non-finite step leaves the weights as they were (trainer/engine.py), so
+        # a step that only logs may check it after its update, in the log's one read.
+        self.skips_non_finite_updates = False
         if self.engine_name == "torch":  # trainer/engine.py
             with _without_scheduler_start_warning():
                 self.engine = TorchEngine(
@@ -271,6 +274,7 @@ class Trainer:
                     accumulation=self.sizes.accumulation,
                     scheduler_factory=self.scheduler_factory,
                 )
+            self.skips_non_finite_updates = self.engine.skips_non_finite_updates
         else:
             self._deepspeed_engine(model)
         compiling.apply(self.engine, self.config)  # --compile: in place (trainer/compiling.py)
@@ -440,7 +444,7 @@ class Trainer:
         # An engine that skips a non-finite update on the device (trainer/engine.py) lets a
         # step that only logs check in the log's one read; a save, an evaluation or the last
         # step checks before its update, as every step of an engine that would apply it.
-        skips = getattr(self.engine, "skips_non_finite_updates", False)
+        skips = self.skips_non_finite_updates
         s.check_at_log = logging and skips and not (last or saving or evaluating)
         if (last or logging or saving or evaluating) and not s.check_at_log:
             self._stop_if_non_finite(step)
@@ -478,11 +482,15 @@ class Trainer:
             found = int(self._non_finite_key().item())
         if found:
             first, s = NEVER - found, self.state
-            when = "before the update" if read_now else "after the skipped update"
-            where = "" if first == step else f"; found {when} of step {step}"
+            if read_now:
+                where = "" if first == step else f"; found before the update of step {step}"
+                stopped = "stopped before the update"
+            else:  # the engine skipped that step's update; later steps' updates were made
+                where = "" if first == step else f"; found at the log of step {step}"
+                stopped = f"step {first}'s update skipped on the device"
             raise checkpoint.NonFiniteError(
                 f"non-finite loss at step {first}{where} (stream position {s.position}); "
-                f"stopped before the update, resume from the last checkpoint"
+                f"{stopped}, resume from the last checkpoint"
             )
 
     def _log(self, writer: metrics.MetricsWriter) -> dict:
@@ -493,7 +501,10 @@ class Trainer:
         device = self.info.device
         summed = torch.cat([s.counts.double(), host.to(device, non_blocking=True)])
         norm = s.grad_norm if self.own_grad_norm else self.engine.get_global_grad_norm()
-        extra = [norm.detach().double().reshape(1)] if isinstance(norm, torch.Tensor) else []
+        if isinstance(norm, torch.Tensor):
+            extra = [norm.detach().double().reshape(1).to(device)]
+        else:
+            extra = []
         if s.check_at_log:  # exact in float64: a step count is far below 2**53
             extra.append(self._non_finite_key().double())
         read = torch.cat([distributed.all_reduce_sum(summed), *extra]).cpu()  # the one read

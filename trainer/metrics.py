@@ -79,11 +79,11 @@ def model_flops(config: BertConfig, attention_mask: torch.Tensor, num_prediction
     return config.training_flops(tokens, squares, num_predictions, attention_mask.shape[0])
 
 
-def grad_norm(module: torch.nn.Module) -> torch.Tensor | None:
+def grad_norm(module: torch.nn.Module) -> torch.Tensor:
     """L2 norm of all gradients of ``module`` (before clipping, as DeepSpeed reports it), on
-    their device (read with the log's counts); None without gradients."""
+    their device (read with the log's counts); 0 without gradients."""
     norms = [p.grad.detach().float().norm() for p in module.parameters() if p.grad is not None]
-    return torch.linalg.vector_norm(torch.stack(norms)) if norms else None
+    return torch.linalg.vector_norm(torch.stack(norms)) if norms else torch.zeros(())
 
 
 def peak_tflops(override: float | None, dtype: str) -> float | None:

@@ -25,8 +25,9 @@ interpreter writes each signal's number to a pipe (``signal.set_wakeup_fd``) tha
 thread reads. The watcher unblocks SIGINT and SIGTERM for itself: a process can start with
 them blocked (a signal mask survives fork and exec, so a launcher that spawns with them
 blocked passes that on), and a run with them blocked in every thread could only be SIGKILLed,
-its step and checkpoint lost. DataLoader workers ignore SIGINT and SIGTERM (:func:`ignore_in_worker`): a
-terminal or SLURM signals them too, and a worker killed mid-step would fail the step.
+its step and checkpoint lost. DataLoader workers ignore SIGINT and SIGTERM
+(:func:`ignore_in_worker`): a terminal or SLURM signals them too, and a worker killed
+mid-step would fail the step.
 
 Grace: a scheduler allows some seconds between SIGTERM and SIGKILL (SLURM's KillWait and
 Kubernetes' terminationGracePeriodSeconds default to 30; the deepspeed launcher SIGKILLs its

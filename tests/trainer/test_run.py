@@ -395,9 +395,9 @@ def test_non_finite_loss_stops_before_the_update_and_saves_nothing(
         # The flag stays on the device on steps that read nothing back (3); a save step (4)
         # reads it before its update.
         (2, "found before the update of step 4", "step00000002"),
-        # A step that only logs (4) reads it in the log's one read, after the update that the
-        # torch engine (this config's) skipped on the device.
-        (6, "found after the skipped update of step 4", None),
+        # A step that only logs (4) reads it in the log's one read, after its update; the
+        # torch engine (this config's) skipped step 3's on the device.
+        (6, "found at the log of step 4 (stream position 32); step 3's update skipped", None),
     ],
 )
 def test_non_finite_loss_between_reads_is_named_and_no_checkpoint_holds_it(
