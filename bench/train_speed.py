@@ -8,9 +8,10 @@ alternating step by step (after 3 warm-ups each) so that machine noise hits both
 medians of ``--steps`` steps:
 
 - trainer: one optimizer step of trainer/loop.py's Trainer, built by the code
-  ``trainer/run.py`` runs, with deploy/cpu.json (DeepSpeed ZeRO-2 on one rank, torch
-  AdamW, gradient clipping) on synthetic seq-128 shards (bench/loader_speed.py): data
-  loading, DeepSpeed's forward/backward/step, the non-finite check and the metric counts;
+  ``trainer/run.py`` runs, with deploy/cpu.json (ZeRO stage 0, so the torch engine of
+  trainer/engine.py: AdamW, gradient clipping) on synthetic seq-128 shards
+  (bench/loader_speed.py): data loading, the engine's forward/backward/step, the non-finite
+  check and the metric counts;
 - bare: forward, backward and a torch AdamW step of the same model, padded or unpadded as
   the trainer's ``--unpad`` resolves, fed 8 batches the trainer's loader made (so both
   arms see the same rows and lengths: bench/step_overhead.py's bare step).

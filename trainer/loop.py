@@ -80,12 +80,12 @@ MODEL_INPUTS = (
     "next_sentence_label",
 )
 
+# Above any step count, and exact in float64 (the log's packed read): the non-finite key.
+NEVER = 1 << 50
 
 # DeepSpeed's WarmupLR, WarmupDecayLR and WarmupCosineLR (and our TimeBudgetLR) set the first
 # rate in their __init__ by calling their own get_lr() at iteration -1, which logs this
 # warning on every run: DeepSpeed's own start-up, nothing wrong with the run.
-# Above any step count, and exact in float64 (the log's packed read): the non-finite key.
-NEVER = 1 << 50
 SCHEDULER_START_WARNING = "Attempting to get learning rate from scheduler before it has started"
 
 
