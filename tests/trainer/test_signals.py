@@ -142,6 +142,7 @@ def stderr_until(p: subprocess.Popen, text: str, timeout: float = 30) -> str:
             if not selector.select(deadline - time.monotonic()):
                 masks = signal_masks(p.pid)
                 p.kill()
+                p.communicate()  # reaped, not left behind
                 pytest.fail(f"no {text!r} in {timeout:.0f} s: {got!r}\n{masks}")
             chunk = os.read(fd, 4096)
             assert chunk, (got, p.communicate())  # the process ended without the line
