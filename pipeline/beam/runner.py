@@ -21,6 +21,7 @@ import difflib
 import logging
 import os
 import re
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -310,7 +311,6 @@ def run_pipeline(
     its message alone. Unless verbose, descriptor 2
     (Beam's workers included) goes to the log file meanwhile. ``dry_run``: build the job
     without running it (:func:`_dry_run`), then one line saying what was checked."""
-    import apache_beam as beam
 
     from pipeline.console import stderr_to
 
@@ -320,7 +320,7 @@ def run_pipeline(
             if dry_run:
                 checked = _dry_run(options, add_steps, what)
             else:
-                with beam.Pipeline(options=options) as p:
+                with _pipeline(options) as p, p:
                     add_steps(p)
     except Exception as e:  # the runner's failure, whatever its type: exit 1, not a traceback
         usage = usage_message(e)
@@ -343,6 +343,21 @@ def run_pipeline(
     return 0
 
 
+@contextlib.contextmanager
+def _pipeline(options):
+    """``beam.Pipeline(options=options)``, its local temporary directory removed on the way
+    out. Beam makes one (``beam-pipeline-temp*``) when the pipeline is made and removes it
+    only at the end of ``run()``: a dry run, or a graph whose construction failed, left it
+    in the temporary directory for good."""
+    import apache_beam as beam
+
+    p = beam.Pipeline(options=options)
+    try:
+        yield p
+    finally:
+        shutil.rmtree(p.local_tempdir, ignore_errors=True)
+
+
 def _dry_run(options, add_steps, what: str) -> str:
     """Build the job on ``options`` without running it; returns what was checked.
 
@@ -354,22 +369,21 @@ def _dry_run(options, add_steps, what: str) -> str:
     the graph is built and encoded as Beam's runner API protos (every step pickled, every
     coder chosen), which is what such a runner receives, and nothing runs.
     """
-    import apache_beam as beam
     from apache_beam.options.pipeline_options import TestOptions
     from apache_beam.runners.dataflow.dataflow_runner import DataflowRunner
 
     # Before the Pipeline: its option checks skip the bucket look-ups (network) on a dry run.
     options.view_as(TestOptions).dry_run = True
-    p = beam.Pipeline(options=options)
-    add_steps(p)
-    runner = type(p.runner).__name__
-    if isinstance(p.runner, DataflowRunner):
-        p.run().wait_until_finish()
-        return (
-            f"the {what} job was translated and validated for {runner}; nothing was "
-            "staged or submitted and nothing was written"
-        )
-    p.to_runner_api()
+    with _pipeline(options) as p:
+        add_steps(p)
+        runner = type(p.runner).__name__
+        if isinstance(p.runner, DataflowRunner):
+            p.run().wait_until_finish()
+            return (
+                f"the {what} job was translated and validated for {runner}; nothing was "
+                "staged or submitted and nothing was written"
+            )
+        p.to_runner_api()
     return (
         f"{runner} has no dry run of its own: the {what} graph was built and encoded "
         "(every step pickled); nothing ran and nothing was written"

@@ -14,6 +14,7 @@ The other runners have no dry run: the graph is built and encoded, nothing runs.
 import hashlib
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import apache_beam as beam
@@ -68,13 +69,30 @@ def test_dry_run_flag_spellings():
     assert stop.value.code == 2
 
 
-def test_a_local_dry_run_builds_the_graph_and_writes_nothing(tmp_path, capfd):
+@pytest.fixture
+def temp_dir(tmp_path, monkeypatch):
+    """The process's temporary directory (``tempfile.gettempdir()``) for this test: an empty
+    directory whose leftovers the test can see."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    return temp
+
+
+def beam_leftovers(temp: Path) -> list[str]:
+    """Beam's local temporary directories (``beam-pipeline-temp*``) left in ``temp``."""
+    return sorted(p.name for p in temp.glob("beam-pipeline-temp*"))
+
+
+def test_a_local_dry_run_builds_the_graph_and_writes_nothing(tmp_path, capfd, temp_dir):
     corpus = make_corpus(tmp_path / "corpus", n_docs=20)
     out = tmp_path / "shards"
     assert main(["build", "--input", corpus, "--output", str(out), *BASE, "--dry_run"]) == 0
     err = capfd.readouterr().err
     assert "dry run: FnApiRunner has no dry run of its own: the build graph was built" in err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus"]  # no output, no log beside
+    # No output, no log beside it, and no temporary directory of Beam's left behind.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus", "tmp"]
+    assert beam_leftovers(temp_dir) == []
 
 
 class Unpicklable:
@@ -82,7 +100,7 @@ class Unpicklable:
         raise TypeError("an Unpicklable cannot be pickled")
 
 
-def test_a_dry_run_encodes_every_step(tmp_path, capfd, monkeypatch):
+def test_a_dry_run_encodes_every_step(tmp_path, capfd, monkeypatch, temp_dir):
     """The graph is really encoded: a step that cannot be pickled fails the dry run."""
     held = Unpicklable()
 
@@ -96,6 +114,7 @@ def test_a_dry_run_encodes_every_step(tmp_path, capfd, monkeypatch):
     err = capfd.readouterr().err
     assert "the dry run of the build failed" in err and "cannot be pickled" in err, err
     assert not out.exists()
+    assert beam_leftovers(temp_dir) == []
 
 
 def test_a_dry_run_leaves_an_earlier_build_as_it_was(small_shards, tmp_path, capfd):
