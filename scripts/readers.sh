@@ -54,9 +54,9 @@ else
   mapfile -t reader_deps < <(grep -v -e '^#' -e '^-r' "$root/locks/readers.in")
   lock_install "$python" "" -e "$root"
   setup_step "installing ${readers[*]} (without their declared dependencies)" \
-    "$python" -m pip install --no-deps "${readers[@]}"
+    pip_install "$python" --no-deps "${readers[@]}"
   setup_step "installing what they import: ${reader_deps[*]}" \
-    "$python" -m pip install "${reader_deps[@]}"
+    pip_install "$python" "${reader_deps[@]}"
 fi
 
 # torchvision_stub: the two names streaming/vision/base.py imports, and nothing else.
