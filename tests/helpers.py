@@ -138,6 +138,8 @@ def args(tmp_path, data, *extra, **ds) -> list[str]:
         str(tmp_path / "out"),
         "--num-workers",
         "0",
+        "--plots",  # only the tests that check plots make them (about 0.5 s of CPU a run)
+        "false",
         *extra,
     ]
 
@@ -323,6 +325,8 @@ def trainer_argv(
         "--record-samples",
         "true",
         "--export-hf",
+        "false",
+        "--plots",  # only the tests that check plots make them (about 0.5 s of CPU a run)
         "false",
         *extra,
     ]

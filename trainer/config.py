@@ -184,6 +184,7 @@ class TrainConfig:
         None, "inductor's cache directory for --compile (default: OUTPUT_DIR/compile-cache)"
     )
     export_hf: bool = option(True, "write a Hugging Face export to OUTPUT_DIR/hf at the end")
+    plots: bool = option(True, "write PNGs of the run's metrics to OUTPUT_DIR/plots at the end")
     record_samples: bool = option(
         False, "append each rank's trained row ids to OUTPUT_DIR/samples-rankN.txt"
     )
@@ -295,6 +296,7 @@ class TrainConfig:
             "skip_corrupt",
             "verify_shards",
             "export_hf",
+            "plots",
             "record_samples",
             "distill_nsp",
             "overwrite",

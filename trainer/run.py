@@ -145,7 +145,7 @@ def _train(config, info, stop, watch) -> int:
         return watch.fail(err)
     if trainer.state.stopped_by is not None:  # agreed by all ranks, not this rank's alone
         return stop.finish(trainer.last_checkpoint())
-    if info.is_main:
+    if info.is_main and config.plots:
         _plot(config.output_dir)
     return 0
 

@@ -378,6 +378,9 @@ def test_ranks_that_end_well_first_are_not_taken_for_dead(zero2_files, small_sha
     """Rank 0 plots after the last barrier while rank 1 has ended and exited: a finished
     rank is not a dead one (trainer/failure.py's done marks), so the run ends 0, quietly."""
     out = zero2_files / "slow-plot"
-    done = launch(zero2_files, small_shards, out, fault="slowplot@3:0", steps=2, save_every=0)
+    fault = "slowplot@3:0"
+    done = launch(
+        zero2_files, small_shards, out, "--plots", "true", fault=fault, steps=2, save_every=0
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "ERROR" not in done.stderr and (out / "plots" / "loss.png").is_file()

@@ -37,6 +37,8 @@ def finished_run(tiny_shards, tmp_path_factory):
         str(tiny_shards),
         "--eval-every",
         "3",
+        "--plots",
+        "true",
     ]
     old_umask = os.umask(0o022)  # so that files written as usual are 0644
     try:
@@ -128,7 +130,8 @@ def test_checkpoints_hold_the_data_position_and_configs(finished_run):
     assert ds["scheduler"]["params"]["total_num_steps"] == 6  # "auto" resolved
     assert BertConfig.from_json(ckpt / "step00000006" / "config.json") == BertConfig(**TINY)
     # Readable by others as written (umask 022), not tempfile.mkstemp's 0600.
-    for directory in (ckpt, ckpt / "step00000006", finished_run / "hf"):
+    assert (finished_run / "plots" / "loss.png").is_file()  # --plots true
+    for directory in (ckpt, ckpt / "step00000006", finished_run / "hf", finished_run / "plots"):
         modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in directory.iterdir() if p.is_file()}
         assert {name for name, mode in modes.items() if mode != 0o644} == set(), directory
 
@@ -195,10 +198,13 @@ def test_loss_falls_on_a_small_repeated_dataset(small_shards, tmp_path):
         "10",
         "--export-hf",
         "false",
+        "--plots",
+        "false",
         "--save-every",
         "0",
     ]
     assert main(argv) == 0
+    assert not (tmp_path / "out" / "plots").exists()  # finished_run's has them
     train = records(tmp_path / "out")
     assert train[-1]["epoch"] > 2.5  # 161 rows seen three times
     assert train[-1]["mlm_loss"] < train[0]["mlm_loss"] - 0.5
