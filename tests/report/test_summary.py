@@ -115,6 +115,8 @@ def test_a_plain_trainer_output_dir_is_summarised(small_shards, tmp_path, capsys
         str(small_shards),
         "--eval-every",
         "2",
+        "--plots",
+        "true",
     ]
     assert train(args(tmp_path, small_shards, *extra)) == 0
     out = tmp_path / "out"
