@@ -192,8 +192,8 @@ deploy=""
 if [ "$streams" != 0 ]; then
   # The two streams share the cores: torch in each pytest process takes half of them
   # (launches' ranks already take one each, tests/helpers.py). Between a tiny model's small
-  # ops OpenMP's idle threads spin, taking a core from the other stream (tests/model alone,
-  # 2 cores: 61 core-seconds on one thread, 70 on two, and no slower).
+  # ops OpenMP's idle threads spin, taking a core from the other stream; one thread each is
+  # also no slower alone on 2 cores (docs/results.md, "The test suite").
   cores="$(nproc)"
   export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$((cores > 1 ? cores / 2 : 1))}"
   echo "[test] tests/trainer in the background (its output follows the rest's)"

@@ -138,7 +138,7 @@ def args(tmp_path, data, *extra, **ds) -> list[str]:
         str(tmp_path / "out"),
         "--num-workers",
         "0",
-        "--plots",  # only the tests that check plots make them (about 0.5 s of CPU a run)
+        "--plots",  # only tests that check plots make them: costly beside a short run
         "false",
         *extra,
     ]
@@ -326,7 +326,7 @@ def trainer_argv(
         "true",
         "--export-hf",
         "false",
-        "--plots",  # only the tests that check plots make them (about 0.5 s of CPU a run)
+        "--plots",  # only tests that check plots make them: costly beside a short run
         "false",
         *extra,
     ]
