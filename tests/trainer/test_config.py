@@ -21,6 +21,8 @@ REQUIRED = ["--ds-config", "ds.json", "--data", "shards", "--output-dir", "out",
 
 def test_defaults_json_file_then_flags(tmp_path):
     assert parse_args(REQUIRED).step_limit == 1000
+    assert parse_args(REQUIRED).plots  # a run plots unless told not to (tests/helpers.py does)
+    assert not parse_args([*REQUIRED, "--plots", "false"]).plots
     assert parse_args([*REQUIRED, "--max-minutes", "2"]).step_limit is None
     config_file = tmp_path / "run.json"
     config_file.write_text(json.dumps({"max_steps": 200, "log_every": 5, "masking": "dynamic"}))
